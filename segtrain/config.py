@@ -1,0 +1,403 @@
+"""Structured config schema, registered with Hydra, and `compose()` for tools and tests.
+
+The schema exists so that a mistyped key (``trainer.max_epoch=3``) or a wrong type
+(``trainer.epochs=three``) fails while the config is composed, naming the key, before
+any data is read or any process group is started.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+VERSION_BASE = "1.3"
+IGNORE_LABEL = 255
+
+
+def config_dir() -> Path:
+    """The shipped config tree: inside the installed package, or the repository's ``configs/``."""
+    packaged = Path(__file__).resolve().parent / "configs"
+    if packaged.is_dir():
+        return packaged
+    repo = Path(__file__).resolve().parent.parent / "configs"
+    if repo.is_dir():
+        return repo
+    raise FileNotFoundError(f"segtrain configs not found in {packaged} or {repo}; reinstall segtrain")
+
+
+# --------------------------------------------------------------------------- model
+@dataclass
+class ModelConfig:
+    name: str = "tiny_panoptic"
+    num_classes: int = MISSING
+    backbone: str = "resnet18"
+    # Local file with backbone or full-model weights, or a torchvision weights name
+    # (e.g. "ResNet50_Weights.IMAGENET1K_V2", downloads: needs internet). None: random init.
+    pretrained: str | None = None
+    width: int = 32  # channel width of the tiny model
+    decoder_channels: int = 128
+    head_channels: int = 64
+    output_stride: int = 16
+
+
+# --------------------------------------------------------------------------- dataset
+@dataclass
+class SplitConfig:
+    images: str | None = None  # COCO: folder the `file_name`s are relative to
+    annotations: str | None = None  # COCO: instances JSON
+    dir: str | None = None  # LabelMe: folder of *.json (+ images)
+
+
+@dataclass
+class SyntheticConfig:
+    num_train: int = 160
+    num_val: int = 40
+    image_size: list[int] = field(default_factory=lambda: [128, 128])  # H, W
+    max_instances: int = 6
+    seed: int = 0
+
+
+@dataclass
+class TargetsConfig:
+    sigma: float = 8.0
+    small_instance_area: int = 0  # instances smaller than this (px) get small_instance_weight
+    small_instance_weight: float = 1.0
+
+
+@dataclass
+class DatasetConfig:
+    name: str = "synthetic"
+    format: str = "coco"  # coco | labelme | synthetic
+    root: str | None = None
+    train: SplitConfig = field(default_factory=SplitConfig)
+    val: SplitConfig = field(default_factory=SplitConfig)
+    # Training classes; index 0 is the background class.
+    classes: list[str] = field(default_factory=lambda: ["background"])
+    # Source label (COCO category name or LabelMe label) -> class name in `classes`,
+    # or "__ignore__" (region ignored by the loss), or null (annotation dropped).
+    # Labels not listed map to the class of the same name.
+    class_map: dict[str, Any] = field(default_factory=dict)
+    stuff_classes: list[str] = field(default_factory=list)
+    input_size: list[int] = field(default_factory=lambda: [512, 512])  # H, W of every item
+    on_error: str = "raise"  # raise | skip
+    cache_dir: str = "${oc.env:SEGTRAIN_CACHE,'~/.cache/segtrain'}"
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    targets: TargetsConfig = field(default_factory=TargetsConfig)
+
+
+# --------------------------------------------------------------------------- augment
+@dataclass
+class AugmentConfig:
+    name: str = "default"
+    device: str = "cpu"  # cpu: in loader workers | cuda / auto: on the batch, on the training device
+    hflip_p: float = 0.5
+    vflip_p: float = 0.0
+    scale_min: float = 0.5
+    scale_max: float = 2.0
+    rotate_limit: float = 10.0
+    rotate_p: float = 0.3
+    color_p: float = 0.5
+    brightness: float = 0.2
+    contrast: float = 0.2
+    saturation: float = 0.2
+    hue: float = 0.05
+    noise_p: float = 0.2
+    noise_std: float = 0.05  # of the [0,1] intensity range
+    shadow_p: float = 0.1
+
+
+# --------------------------------------------------------------------------- optim / schedule
+@dataclass
+class OptimConfig:
+    name: str = "adamw"  # adamw | sgd | adam
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    momentum: float = 0.9
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    no_decay_norm_bias: bool = True
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = "poly"  # poly | cosine | step | constant
+    warmup_steps: int = 0
+    warmup_factor: float = 0.001
+    power: float = 0.9
+    min_lr: float = 0.0
+    step_size: int = 1000  # step schedule: decay every N steps
+    gamma: float = 0.1
+
+
+# --------------------------------------------------------------------------- trainer
+@dataclass
+class LossConfig:
+    semantic: float = 1.0
+    center: float = 200.0
+    offset: float = 0.01
+    top_k_percent: float = 0.2  # hard pixel mining: mean of the worst 20% pixel losses (Panoptic-DeepLab); 1.0 = all
+
+
+@dataclass
+class DDPConfig:
+    backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | nccl | gloo
+    find_unused_parameters: str = "auto"  # auto | true | false
+    static_graph: bool = False
+    timeout_s: int = 1800
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 0  # also save last.pt every N optimiser steps (0: only at epoch end)
+    keep_last: int = 3  # periodic step checkpoints kept besides last.pt / best.pt
+    metric: str = "miou"
+    mode: str = "max"  # max | min
+
+
+@dataclass
+class ProfileConfig:
+    nvtx: bool = False
+    mode: str = "off"  # off | torch
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = 10
+    max_steps: int | None = None  # stop after this many optimiser steps (all epochs)
+    batch_size: int = 8  # global, over all ranks
+    val_batch_size: int | None = None  # global; default batch_size
+    num_workers: int = 2  # per rank
+    pin_memory: bool = True
+    persistent_workers: bool = True
+    prefetch_factor: int = 2
+    device: str = "auto"  # auto | cpu | cuda
+    precision: str = "fp32"  # fp32 | fp16 | bf16 (autocast; fp16 uses a GradScaler)
+    grad_clip: float = 0.0  # max global grad norm; 0 disables
+    seed: int = 0
+    deterministic: bool = False
+    sync_bn: bool = False
+    compile: bool = False
+    log_every: int = 10  # steps between scalar logs
+    val_every: int = 1  # epochs
+    num_log_images: int = 4
+    data_wait_warn: float = 0.1
+    progress: bool = True
+    loss: LossConfig = field(default_factory=LossConfig)
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+
+
+# --------------------------------------------------------------------------- tools
+@dataclass
+class DoctorConfig:
+    json: bool = False
+    num_images: int = 32
+    workers: list[int] = field(default_factory=lambda: [0, 1, 2, 4])
+    steps: int = 5
+
+
+@dataclass
+class SegtrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    experiment: str | None = None  # name of the selected experiment preset, for the record
+    resume: str | None = None  # auto | PATH
+    # finetune / evaluate / predict
+    ckpt: str | None = None
+    freeze: Any = None  # "backbone", a list of groups, or parameter-name patterns
+    ckpt_strict: bool = True
+    trust_checkpoint: bool = False
+    input: str | None = None
+    output: str | None = None
+    doctor: DoctorConfig = field(default_factory=DoctorConfig)
+
+
+def _register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="segtrain_schema", node=SegtrainConfig)
+    if not OmegaConf.has_resolver("len"):
+        OmegaConf.register_new_resolver("len", lambda x: len(x))
+
+
+_register()
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:
+    """The resolved config exactly as ``python -m segtrain.<config_name> <overrides>`` sees it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = list(overrides or [])
+    check_overrides(overrides)
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=VERSION_BASE, job_name=config_name):
+        cfg = hydra_compose(config_name=config_name, overrides=overrides)
+    return finalize(cfg)
+
+
+def finalize(cfg: DictConfig) -> DictConfig:
+    """Resolve interpolations once (so every rank sees the same values) and keep the schema."""
+    try:  # keys added with `+key=value` bypass Hydra's struct check; the schema still rejects them
+        OmegaConf.merge(OmegaConf.structured(SegtrainConfig), cfg)
+    except Exception as e:  # noqa: BLE001 - re-raised with the key named
+        raise ConfigError(f"config does not fit the schema: {e}") from e
+    check_missing(cfg)
+    OmegaConf.resolve(cfg)
+    validate(cfg)
+    return cfg
+
+
+_GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment")
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Reject a mistyped key before Hydra does, with a suggestion instead of Hydra's hint to use '+'."""
+    import difflib
+
+    schema = OmegaConf.structured(SegtrainConfig)
+    for ov in overrides:
+        if "=" not in ov:
+            continue
+        key = ov.split("=", 1)[0].lstrip("+~")
+        if key.startswith("hydra") or key in _GROUPS or key.startswith("hydra/"):
+            continue
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(schema, parent) if parent else schema
+        if node is None:
+            raise ConfigError(f"unknown config key {key!r}: there is no section {parent!r}")
+        if not isinstance(node, DictConfig):
+            raise ConfigError(f"unknown config key {key!r}: {parent!r} is a value, not a section")
+        if leaf not in node and not _is_free_form(parent):
+            near = difflib.get_close_matches(leaf, [str(k) for k in node], n=3)
+            hint = f" Did you mean {', '.join(repr(f'{parent}.{n}' if parent else n) for n in near)}?" if near else ""
+            raise ConfigError(
+                f"unknown config key {key!r}.{hint} Valid keys of {parent or 'the root'}: "
+                f"{', '.join(map(str, node.keys()))}"
+            )
+
+
+def _is_free_form(parent: str) -> bool:
+    return parent == "dataset.class_map" or parent.startswith("dataset.class_map.")
+
+
+class ConfigError(ValueError):
+    """A config value is missing or invalid; the message names the key and the fix."""
+
+
+def check_missing(cfg: DictConfig) -> None:
+    missing = set(OmegaConf.missing_keys(cfg))
+    if cfg.dataset.format in ("coco", "labelme"):
+        keys = ("images", "annotations") if cfg.dataset.format == "coco" else ("dir",)
+        for split in ("train", "val"):
+            for k in keys:
+                node = cfg.dataset[split]._get_node(k)
+                raw = node._value() if node is not None else None
+                if raw is None:
+                    missing.add(f"dataset.{split}.{k}")
+                elif "${dataset.root}" in str(raw) and cfg.dataset.root is None:
+                    missing.add("dataset.root")
+    missing = sorted(missing)
+    if missing:
+        exp = OmegaConf.select(cfg, "experiment", default=None)
+        which = f"experiment={exp}" if exp else "this config"
+        lines = "\n".join(f"  {k}=..." for k in missing)
+        raise ConfigError(f"{which} needs values for: {', '.join(missing)}. Set them on the command line:\n{lines}")
+
+
+_CHOICES = {
+    "dataset.format": ("coco", "labelme", "synthetic"),
+    "dataset.on_error": ("raise", "skip"),
+    "augment.device": ("cpu", "cuda", "auto"),
+    "optim.name": ("adamw", "adam", "sgd"),
+    "schedule.name": ("poly", "cosine", "step", "constant"),
+    "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.precision": ("fp32", "fp16", "bf16"),
+    "trainer.ddp.backend": ("auto", "nccl", "gloo"),
+    "trainer.ddp.find_unused_parameters": ("auto", "true", "false"),
+    "trainer.checkpoint.mode": ("max", "min"),
+    "trainer.profile.mode": ("off", "torch"),
+}
+
+
+def validate(cfg: DictConfig) -> None:
+    """Checks that a type cannot express; each message names the key."""
+    for key, allowed in _CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, bool):  # YAML turns true/false into bools
+            value = str(value).lower()
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not one of {list(allowed)}")
+    classes = list(cfg.dataset.classes)
+    if len(classes) < 2:
+        raise ConfigError(
+            f"dataset.classes={classes} must list the background class first, then at least one class; "
+            "e.g. dataset.classes=[background,person,car]"
+        )
+    if len(classes) >= IGNORE_LABEL:
+        raise ConfigError(f"dataset.classes has {len(classes)} entries; at most {IGNORE_LABEL - 1} are supported")
+    for s in cfg.dataset.stuff_classes:
+        if s not in classes:
+            raise ConfigError(f"dataset.stuff_classes: {s!r} is not in dataset.classes {classes}")
+    if len(cfg.dataset.input_size) != 2 or min(cfg.dataset.input_size) < 8:
+        raise ConfigError(f"dataset.input_size must be [H, W] with H, W >= 8, got {list(cfg.dataset.input_size)}")
+    if cfg.model.num_classes != len(classes):
+        raise ConfigError(
+            f"model.num_classes={cfg.model.num_classes} but dataset.classes has {len(classes)} entries; "
+            "leave model.num_classes to its default ${len:${dataset.classes}}"
+        )
+    if cfg.trainer.batch_size < 1:
+        raise ConfigError(f"trainer.batch_size must be >= 1, got {cfg.trainer.batch_size}")
+    if not 0.0 < cfg.trainer.loss.top_k_percent <= 1.0:
+        raise ConfigError("trainer.loss.top_k_percent must be in (0, 1]")
+
+
+def to_container(cfg: DictConfig) -> dict:
+    """Plain dicts/lists/strings: what checkpoints store (never a DictConfig)."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+
+
+def expand_path(path: str | os.PathLike) -> Path:
+    return Path(os.path.expandvars(os.path.expanduser(str(path))))
+
+
+CHECKPOINT_SECTIONS = ("model", "dataset")
+
+
+def config_from_checkpoint(cli_cfg: DictConfig, stored: dict | None, overrides: list[str]) -> DictConfig:
+    """The config to rebuild a checkpoint's model: ``model`` and ``dataset`` from the checkpoint's
+    stored config, everything else from the current command line; then every command-line
+    override is applied on top (a group override such as ``dataset=labelme`` takes that whole
+    section from the current configs). A bare state dict has no stored config: ``cli_cfg`` is used.
+    """
+    if not stored:
+        return cli_cfg
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    base = OmegaConf.structured(SegtrainConfig)
+    cfg = OmegaConf.merge(base, cli_cfg)
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    groups = {o.key_or_group for o in parsed if "." not in o.key_or_group}
+    for section in CHECKPOINT_SECTIONS:
+        if section in stored and section not in groups:
+            cfg[section] = OmegaConf.merge(base[section], stored[section])
+    for o in parsed:
+        key = o.key_or_group
+        if key.split(".")[0] in CHECKPOINT_SECTIONS and "." in key and not o.is_delete():
+            OmegaConf.update(cfg, key, o.value(), merge=True)
+    if "model.pretrained" not in {o.key_or_group for o in parsed}:
+        cfg.model.pretrained = None  # the checkpoint carries the weights
+    return finalize(cfg)
