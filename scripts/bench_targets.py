@@ -1,0 +1,343 @@
+#!/usr/bin/env python
+"""Benchmark ``segtrain.data.targets.make_targets`` against a per-instance reference.
+
+The reference follows Panoptic-DeepLab's ``PanopticTargetGenerator``: one full-image ``mask == k`` /
+``np.where`` pass per instance.  Every case also checks that both produce identical outputs, and the
+timings are put next to a memory-bandwidth bound (the time to merely write arrays of the outputs' total
+size on this machine).  Prints one JSON object to stdout.
+
+    python scripts/bench_targets.py            # full run, about a minute on 2 shared cores
+    python scripts/bench_targets.py --quick    # smoke run, a few seconds
+"""
+
+from __future__ import annotations
+
+import os
+
+# Single-threaded, before numpy/cv2 are imported, so timings are comparable between machines.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import ctypes  # noqa: E402
+import ctypes.util  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import cv2  # noqa: E402
+import numpy as np  # noqa: E402
+
+cv2.setNumThreads(1)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from segtrain.data.targets import gaussian_radius, make_targets  # noqa: E402
+
+OUTPUT_KEYS = ("semantic", "center", "offset", "semantic_weight", "center_weight", "offset_weight")
+THING_CLASSES = (1, 2, 3, 4, 5, 6)
+STUFF_CLASSES = (7, 8)
+CROWD = 255
+
+
+def reference_targets(
+    mask: np.ndarray,
+    classes: np.ndarray,
+    sigma: float = 8.0,
+    *,
+    stuff_classes=(),
+    ignore_label: int = 255,
+    valid: np.ndarray | None = None,
+    small_instance_area: int = 0,
+    small_instance_weight: float = 1.0,
+) -> dict[str, np.ndarray]:
+    """Straightforward per-instance implementation in the style of Panoptic-DeepLab."""
+    h, w = mask.shape
+    ok = np.ones((h, w), bool) if valid is None else np.asarray(valid).astype(bool)
+    semantic = np.full((h, w), ignore_label, np.uint8)
+    center = np.zeros((1, h, w), np.float32)
+    offset = np.zeros((2, h, w), np.float32)
+    semantic_weight = np.zeros((h, w), np.float32)
+    center_weight = np.zeros((h, w), np.float32)
+    offset_weight = np.zeros((h, w), np.float32)
+    y_coord = np.cumsum(np.ones((h, w), np.float32), axis=0) - 1
+    x_coord = np.cumsum(np.ones((h, w), np.float32), axis=1) - 1
+    r = gaussian_radius(sigma)
+    size = 2 * r + 1
+    x = np.arange(0, size, 1, float)
+    y = x[:, np.newaxis]
+    g = np.exp(-((x - r) ** 2 + (y - r) ** 2) / (2 * sigma**2))
+    background = int(classes[0])
+    for k in range(len(classes)):
+        cat = int(classes[k])
+        sel = (mask == k) & ok
+        if cat == ignore_label:
+            continue  # crowd / ignore: semantic stays ignore_label, all weights stay 0
+        semantic[sel] = cat
+        semantic_weight[sel] = 1
+        center_weight[sel] = 1
+        if k == 0 or cat == background or cat in stuff_classes:
+            continue
+        mask_index = np.where(sel)
+        if len(mask_index[0]) == 0:
+            continue  # the instance was cropped away
+        offset_weight[sel] = 1
+        if len(mask_index[0]) < small_instance_area:
+            semantic_weight[sel] = small_instance_weight
+        center_y, center_x = np.mean(mask_index[0]), np.mean(mask_index[1])
+        yc, xc = int(round(center_y)), int(round(center_x))
+        ul = xc - r, yc - r
+        br = xc + r + 1, yc + r + 1
+        gx0, gx1 = max(0, -ul[0]), min(br[0], w) - ul[0]
+        gy0, gy1 = max(0, -ul[1]), min(br[1], h) - ul[1]
+        cx0, cx1 = max(0, ul[0]), min(br[0], w)
+        cy0, cy1 = max(0, ul[1]), min(br[1], h)
+        center[0, cy0:cy1, cx0:cx1] = np.maximum(center[0, cy0:cy1, cx0:cx1], g[gy0:gy1, gx0:gx1])
+        offset[(np.zeros_like(mask_index[0]), *mask_index)] = center_y - y_coord[mask_index]
+        offset[(np.ones_like(mask_index[0]), *mask_index)] = center_x - x_coord[mask_index]
+    return {
+        "semantic": semantic,
+        "center": center,
+        "offset": offset,
+        "semantic_weight": semantic_weight,
+        "center_weight": center_weight,
+        "offset_weight": offset_weight,
+    }
+
+
+def random_instances(h: int, w: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A realistic-ish int32 instance mask: stuff regions, then overlapping star polygons/ellipses.
+
+    Returns (mask, classes, valid); valid is a rotated-rectangle mask as left by a rotation augment.
+    Instances drawn later occlude earlier ones, several touch or cross the border, and some ids end up
+    fully occluded (absent).
+    """
+    rng = np.random.default_rng(seed)
+    mask = np.zeros((h, w), np.int32)
+    classes = [0]
+    # Two stuff regions (e.g. road, sky) as large polygons along the bottom/top.
+    for k, (cls, band) in enumerate(zip(STUFF_CLASSES, ((0.6, 1.0), (0.0, 0.25))), start=1):
+        ys = rng.uniform(band[0], band[1], 6) * h
+        xs = np.sort(rng.uniform(0, w, 6))
+        edge = h - 1 if band[1] == 1.0 else 0
+        pts = np.stack([np.r_[0, xs, w - 1], np.r_[edge, ys, edge]], 1).astype(np.int32)
+        cv2.fillPoly(mask, [pts], k)
+        classes.append(cls)
+    scale = min(h, w)
+    for k in range(len(classes), len(classes) + n):
+        cx, cy = rng.uniform(-0.05, 1.05) * w, rng.uniform(-0.05, 1.05) * h
+        radius = scale * rng.uniform(0.02, 0.2)
+        if rng.random() < 0.5:
+            nv = int(rng.integers(5, 12))
+            ang = np.sort(rng.uniform(0, 2 * np.pi, nv))
+            rad = radius * rng.uniform(0.5, 1.0, nv)
+            pts = np.stack([cx + rad * np.cos(ang), cy + rad * 0.8 * np.sin(ang)], 1)
+        else:
+            pts = cv2.ellipse2Poly(
+                (int(cx), int(cy)),
+                (int(radius), int(radius * rng.uniform(0.3, 1.0))),
+                int(rng.integers(0, 180)),
+                0,
+                360,
+                5,
+            )
+        cv2.fillPoly(mask, [np.round(pts).astype(np.int32)], k)
+        classes.append(CROWD if rng.random() < 0.1 else int(rng.choice(THING_CLASSES)))
+    valid = np.zeros((h, w), np.uint8)
+    rect = ((w / 2, h / 2), (w * 1.1, h * 0.9), float(rng.uniform(-10, 10)))
+    cv2.fillPoly(valid, [np.round(cv2.boxPoints(rect)).astype(np.int32)], 1)
+    return mask, np.asarray(classes, np.int64), valid.astype(bool)
+
+
+def timings(fn, repeats: int) -> dict:
+    """Median and min wall time, and median CPU time of this thread, over `repeats` calls.
+
+    The machine is shared: wall medians include time the process was descheduled; the thread CPU
+    time does not (it still includes page faults and memory stalls), so it is reported as well."""
+    wall, cpu = [], []
+    for _ in range(repeats):
+        c0 = time.thread_time()
+        t0 = time.perf_counter()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+    return {"median": float(np.median(wall)), "min": float(np.min(wall)), "cpu": float(np.median(cpu))}
+
+
+def compare(ours: dict, ref: dict) -> dict:
+    out = {"identical": True, "max_abs_diff": {}}
+    for key in OUTPUT_KEYS:
+        a, b = ours[key], ref[key]
+        if a.shape != b.shape:
+            out["max_abs_diff"][key] = None
+            out["identical"] = False
+            continue
+        out["max_abs_diff"][key] = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+        same = a.dtype == b.dtype and a.flags.c_contiguous and np.array_equal(a, b)
+        out["identical"] &= bool(same)
+    return out
+
+
+def warm_allocator() -> bool:
+    """Stop glibc from returning freed memory to the OS (M_TRIM_THRESHOLD) and from serving big blocks
+    with fresh mmaps (M_MMAP_THRESHOLD), like MALLOC_TRIM_THRESHOLD_/MALLOC_MMAP_THRESHOLD_ do.  Then a
+    loop that allocates and frees the same sizes reuses already-mapped memory instead of paying page
+    faults (on this VM ~10 ms per 52 MB) on every call."""
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    ok = mallopt(m_mmap_threshold, 1 << 30) or mallopt(m_mmap_threshold, 1 << 25)
+    return bool(ok) and bool(mallopt(m_trim_threshold, (1 << 31) - 1))
+
+
+def write_bounds(outputs: dict, repeats: int) -> dict:
+    """Times to merely write the outputs' bytes: the memory-bandwidth bound for make_targets."""
+    nbytes = sum(v.nbytes for v in outputs.values())
+    buf = np.ones(nbytes, np.uint8)  # pre-faulted
+    src = np.zeros(nbytes, np.uint8)
+    fill = timings(lambda: buf.fill(1), repeats)
+    copy = timings(lambda: np.copyto(buf, src), repeats)
+    layout = [(v.shape, v.dtype) for v in outputs.values()]
+
+    def alloc_fill():  # fresh arrays of the outputs' shapes/dtypes, all alive together, each written once
+        arrays = [np.empty(shape, dtype) for shape, dtype in layout]
+        for a in arrays:
+            a.fill(1)
+        return arrays
+
+    alloc = timings(alloc_fill, repeats)
+    return {"fill": fill, "copyto": copy, "alloc_fill": alloc}
+
+
+def time_case(case: dict, repeats: int, ref_repeats: int) -> dict:
+    mask, classes, kwargs = case["mask"], case["classes"], case["kwargs"]
+    ours = timings(lambda: make_targets(mask, classes, 8.0, **kwargs), repeats)
+    ref = timings(lambda: reference_targets(mask, classes, 8.0, **kwargs), ref_repeats)
+    bound = write_bounds(case["outputs"], repeats)
+    fill = bound["fill"]
+    return {
+        "t_make_targets_s": ours["median"],
+        "t_make_targets_min_s": ours["min"],
+        "t_make_targets_cpu_s": ours["cpu"],
+        "t_reference_s": ref["median"],
+        "t_reference_cpu_s": ref["cpu"],
+        "speedup": ref["median"] / ours["median"],
+        "speedup_cpu": ref["cpu"] / ours["cpu"],
+        "t_write_outputs_s": fill["median"],
+        "t_write_outputs_min_s": fill["min"],
+        "write_GBps": case["info"]["output_bytes"] / fill["median"] / 1e9,
+        "ratio_to_bandwidth_bound": ours["median"] / fill["median"],
+        "ratio_to_bandwidth_bound_min": ours["min"] / fill["min"],
+        "ratio_to_bandwidth_bound_cpu": ours["cpu"] / fill["cpu"],
+        "t_copyto_outputs_s": bound["copyto"]["median"],
+        "ratio_to_copyto": ours["median"] / bound["copyto"]["median"],
+        "t_alloc_write_outputs_s": bound["alloc_fill"]["median"],
+        "ratio_to_alloc_write_outputs": ours["median"] / bound["alloc_fill"]["median"],
+    }
+
+
+def make_case(h: int, w: int, n: int, use_valid: bool, seed: int) -> dict:
+    mask, classes, valid = random_instances(h, w, n, seed)
+    kwargs = dict(
+        stuff_classes=STUFF_CLASSES,
+        ignore_label=255,
+        valid=valid if use_valid else None,
+        small_instance_area=max(16, h * w // 512),
+        small_instance_weight=3.0,
+    )
+    outputs = make_targets(mask, classes, 8.0, **kwargs)
+    check = compare(outputs, reference_targets(mask, classes, 8.0, **kwargs))
+    info = {
+        "shape": [h, w],
+        "instances": n,
+        "instances_present": int(np.count_nonzero(np.unique(mask) > len(STUFF_CLASSES))),
+        "valid_mask": use_valid,
+        "mask_dtype": str(mask.dtype),
+        "output_bytes": sum(v.nbytes for v in outputs.values()),
+        **check,
+    }
+    return {"mask": mask, "classes": classes, "kwargs": kwargs, "outputs": outputs, "info": info}
+
+
+def main(argv: list[str] | None = None) -> int:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=fmt)
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run (small images, few repeats)")
+    parser.add_argument("--repeats", type=int, default=21, help="timing repeats for make_targets")
+    parser.add_argument("--ref-repeats", type=int, default=5, help="timing repeats for the slow reference")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--allocator",
+        choices=("default", "warm", "both"),
+        default="both",
+        help="time with glibc's default malloc behaviour, with freed memory kept mapped (see "
+        "warm_allocator), or both (default, then warm; warm cannot be undone in-process)",
+    )
+    args = parser.parse_args(argv)
+
+    if args.quick:
+        specs = [(256, 512, 5, False), (256, 512, 20, False), (256, 512, 20, True)]  # 2 x-offset blocks
+        repeats, ref_repeats = 3, 1
+    else:
+        specs = [(h, w, n, False) for h, w in ((512, 512), (1024, 2048)) for n in (5, 20, 60)]
+        specs.append((1024, 2048, 20, True))
+        repeats, ref_repeats = args.repeats, args.ref_repeats
+    cases = [make_case(h, w, n, v, args.seed + i) for i, (h, w, n, v) in enumerate(specs)]
+
+    modes = ["default", "warm"] if args.allocator == "both" else [args.allocator]
+    for case in cases:
+        case["info"]["timings"] = {}
+    warm_ok = None
+    for mode in modes:
+        if mode == "warm":
+            warm_ok = warm_allocator()
+            if not warm_ok:
+                continue
+        for case in cases:
+            case["info"]["timings"][mode] = time_case(case, repeats, ref_repeats)
+
+    results = [case["info"] for case in cases]
+    report = {
+        "benchmark": "segtrain.data.targets.make_targets vs per-instance (Panoptic-DeepLab style) reference",
+        "command": "python scripts/bench_targets.py" + (" --quick" if args.quick else ""),
+        "quick": args.quick,
+        "threads": 1,
+        "numpy": np.__version__,
+        "opencv": cv2.__version__,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared)",
+        "repeats": {"make_targets": repeats, "reference": ref_repeats, "bounds": repeats},
+        "bound": "t_write_outputs_s: fill a pre-faulted buffer of the outputs' total size (pure write "
+        "bandwidth, the strict bound); t_copyto_outputs_s: np.copyto of that size; "
+        "t_alloc_write_outputs_s: allocate fresh arrays of the outputs' shapes and fill them",
+        "timing_kinds": "*_s: median wall; *_min_s: min wall; *_cpu_s: median thread CPU time",
+        "warm_allocator_applied": warm_ok,
+        "all_identical": all(r["identical"] for r in results),
+        "cases": results,
+    }
+    goal = next((r for r in results if r["shape"] == [1024, 2048] and r["instances"] == 20), None)
+    if goal is not None:
+        report["goals_1024x2048_20"] = {
+            mode: {
+                "speedup_goal": 15.0,
+                "speedup": t["speedup"],
+                "speedup_cpu": t["speedup_cpu"],
+                "ratio_goal": 3.0,
+                "ratio_to_bandwidth_bound": t["ratio_to_bandwidth_bound"],
+                "ratio_to_bandwidth_bound_min": t["ratio_to_bandwidth_bound_min"],
+                "ratio_to_bandwidth_bound_cpu": t["ratio_to_bandwidth_bound_cpu"],
+                "met_by_wall_median": t["speedup"] >= 15.0 and t["ratio_to_bandwidth_bound"] <= 3.0,
+                "met_by_cpu_time": t["speedup_cpu"] >= 15.0 and t["ratio_to_bandwidth_bound_cpu"] <= 3.0,
+            }
+            for mode, t in goal["timings"].items()
+        }
+    json.dump(report, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0 if report["all_identical"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

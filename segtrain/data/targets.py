@@ -1,0 +1,288 @@
+"""Panoptic-DeepLab training targets (semantic, centre heatmap, offsets, loss weights) from an id mask.
+
+Building targets runs in the data loader for every sample, so it must cost about as much as writing
+its ~25 bytes/pixel of outputs, not a full-image pass per instance as in Panoptic-DeepLab's reference
+generator.  Hence all per-pixel work is done on *row runs* (maximal stretches of one id within one
+image row): a mask has thousands of runs but millions of pixels.  Centres of mass and areas are exact
+integer sums over runs; every output that is constant along a run is written by one run-length decode
+(``np.repeat``); the x offset, the only output that varies inside a run, is decoded in cache-sized
+float64 blocks.  The only full-image temporary is one bool plane.  Gaussians are pasted by a loop over
+instances touching (6 sigma + 3)^2 windows only: measured 2-3x faster than gathering all window indices
+for ``np.maximum.at`` (0.22 vs 0.72 ms for 60 instances at 1024x2048).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import cv2
+import numpy as np
+
+__all__ = ["gaussian_kernel", "gaussian_radius", "make_targets"]
+
+# Rows per block for the x-offset pass: 32 rows x 2048 px x 8 B = 512 KiB of float64, L2-sized.
+_BLOCK_PIXELS = 1 << 16
+
+
+def gaussian_radius(sigma: float) -> int:
+    """Half-width r of the truncated Gaussian window ((2r+1)^2 px, centre at offset r).
+
+    ``r = ceil(3*sigma) + 1``: for integer sigma the window is exactly Panoptic-DeepLab's 6*sigma+3,
+    and for any sigma the peak stays on a pixel (so it is exactly 1.0 there).
+    """
+    return int(np.ceil(3.0 * sigma)) + 1
+
+
+@lru_cache(maxsize=8)
+def _gaussian_kernel(sigma: float) -> np.ndarray:
+    r = gaussian_radius(sigma)
+    # Same expression and evaluation order as Panoptic-DeepLab's PanopticTargetGenerator (float64), so
+    # the float32 heatmap matches it bit for bit.
+    x = np.arange(0, 2 * r + 1, 1, float)
+    y = x[:, np.newaxis]
+    g = np.exp(-((x - r) ** 2 + (y - r) ** 2) / (2 * sigma**2)).astype(np.float32)
+    g.setflags(write=False)
+    return g
+
+
+def gaussian_kernel(sigma: float) -> np.ndarray:
+    """The read-only float32 (2r+1, 2r+1) Gaussian pasted at every instance centre."""
+    return _gaussian_kernel(float(sigma))
+
+
+@lru_cache(maxsize=4)
+def _x_coords(width: int, rows: int) -> np.ndarray:
+    """x of every pixel of a flattened block of `rows` rows (read-only, cached per image width)."""
+    x = np.tile(np.arange(width, dtype=np.float64), rows)
+    x.setflags(write=False)
+    return x
+
+
+def _as_int_array(name: str, a: object, ndim: int) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{name} must have an integer dtype, got {arr.dtype}")
+    return arr
+
+
+def make_targets(
+    instance_mask: np.ndarray,
+    instance_classes: np.ndarray,
+    sigma: float = 8.0,
+    *,
+    stuff_classes: Sequence[int] = (),
+    ignore_label: int = 255,
+    valid: np.ndarray | None = None,
+    small_instance_area: int = 0,
+    small_instance_weight: float = 1.0,
+) -> dict[str, np.ndarray]:
+    """Semantic, centre-heatmap and offset targets (plus loss weights) for one image.
+
+    Args:
+        instance_mask: (H, W) integer ids; 0 = background, k >= 1 = instance k.  Ids may be missing
+            (e.g. cropped away by augmentation); a missing id simply produces nothing.
+        instance_classes: (N+1,) class of each id; ``[0]`` is the background class.  A class equal to
+            ``ignore_label`` marks crowd / unlabelled regions.
+        sigma: Gaussian sigma of the centre heatmap, in pixels.
+        stuff_classes: classes that are labelled semantically but are not countable (no centre, no
+            offset).  Every other class except the background class and ``ignore_label`` is a "thing"
+            (an id > 0 whose class equals the background class is background).
+        ignore_label: semantic label for pixels that must not be learned from.
+        valid: optional (H, W) bool/0-1 mask, False on padding or outside a rotated image.
+        small_instance_area: things with fewer (valid) pixels than this get ``small_instance_weight``
+            in ``semantic_weight`` (Panoptic-DeepLab up-weights small instances so they are not drowned
+            by large ones in the pixel-averaged semantic loss).
+        small_instance_weight: see above.
+
+    Returns:
+        dict of C-contiguous NumPy arrays:
+
+        - ``semantic`` (H, W) uint8: class of each pixel; ``ignore_label`` on crowd/ignore and invalid.
+        - ``center`` (1, H, W) float32: per thing instance, a Gaussian
+          ``exp(-(dx^2+dy^2) / (2 sigma^2))`` truncated to a (2r+1)^2 window (r = ceil(3 sigma) + 1,
+          i.e. Panoptic-DeepLab's 6 sigma + 3 for integer sigma), clipped at the border, peaking at
+          exactly 1.0 on the centre of mass rounded half-to-even (``np.rint``, identical to Python's
+          ``round`` used by Panoptic-DeepLab); overlapping Gaussians combine by maximum, so nearby
+          centres stay separate peaks rather than merging into one.
+        - ``offset`` (2, H, W) float32: on thing pixels ``(cy - y, cx - x)`` towards the *exact*
+          (unrounded) centre of mass of the instance's valid pixels, i.e. the vector a pixel votes with
+          at inference; computed in float64 and rounded once to float32.  0 elsewhere.
+        - ``semantic_weight`` (H, W) float32: 1, ``small_instance_weight`` on small things, 0 on
+          crowd/ignore/invalid.
+        - ``center_weight`` (H, W) float32: 1, 0 on crowd/ignore/invalid: a crowd contains
+          unannotated centres, so penalising the heatmap there would teach the net to miss real ones.
+        - ``offset_weight`` (H, W) float32: 1 on valid non-crowd thing pixels, 0 elsewhere (offsets are
+          only defined for countable instances).
+
+        Invalid pixels are treated as belonging to no instance: they do not count towards any centre
+        of mass or area, so an instance cut by padding is centred on its visible part.
+
+    Raises:
+        ValueError: on malformed inputs (wrong shapes/dtypes, an id without a class, classes that do
+            not fit a uint8 semantic map, non-positive sigma, ...).
+    """
+    # ---------------------------------------------------------------- validation (cheap checks only)
+    mask = _as_int_array("instance_mask", instance_mask, 2)
+    height, width = mask.shape
+    if height == 0 or width == 0:
+        raise ValueError(f"instance_mask must be non-empty, got shape {mask.shape}")
+    classes = _as_int_array("instance_classes", instance_classes, 1)
+    n_ids = classes.size
+    if n_ids == 0:
+        raise ValueError("instance_classes must have at least one entry (the background class, index 0)")
+    if classes.min() < 0 or classes.max() > 255:
+        raise ValueError(
+            "instance_classes must be in [0, 255] (semantic is uint8), "
+            f"got values in [{classes.min()}, {classes.max()}]"
+        )
+    if not 0 <= int(ignore_label) <= 255:
+        raise ValueError(f"ignore_label must be in [0, 255], got {ignore_label}")
+    ignore_label = int(ignore_label)
+    sigma = float(sigma)
+    if not (np.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"sigma must be a positive finite number, got {sigma}")
+    stuff = np.asarray(list(stuff_classes))
+    if stuff.size and (stuff.ndim != 1 or stuff.dtype.kind not in "iu"):
+        raise ValueError(f"stuff_classes must be a sequence of ints, got {stuff_classes!r}")
+    if int(small_instance_area) != small_instance_area or small_instance_area < 0:
+        raise ValueError(f"small_instance_area must be a non-negative int, got {small_instance_area}")
+    small_instance_weight = float(small_instance_weight)
+    if not np.isfinite(small_instance_weight):
+        raise ValueError(f"small_instance_weight must be finite, got {small_instance_weight}")
+    vflat = None
+    if valid is not None:
+        valid = np.asarray(valid)
+        if valid.shape != mask.shape:
+            raise ValueError(f"valid must have the mask's shape {mask.shape}, got {valid.shape}")
+        if valid.dtype.kind not in "biu":
+            raise ValueError(f"valid must be bool or integer (nonzero = valid), got {valid.dtype}")
+        vflat = np.ascontiguousarray(valid, dtype=bool).reshape(-1)
+
+    # ---------------------------------------------------------------- row runs
+    flat = np.ascontiguousarray(mask).reshape(-1)
+    npix = flat.size
+    # is_start[p]: pixel p starts a run (differs from its left neighbour, or starts a row).  Padded to
+    # whole 8-byte words so the (sparse) starts can be found word-wise: scanning 8x fewer elements
+    # and expanding only the non-zero words is much faster than np.flatnonzero on the full mask.
+    is_start = np.empty(-(-npix // 8) * 8, bool)
+    is_start[npix:] = False
+    np.not_equal(flat[1:], flat[:-1], out=is_start[1:npix])
+    if vflat is not None:
+        is_start[1:npix] |= vflat[1:] != vflat[:-1]
+    is_start[:npix:width] = True
+    words = is_start.view(np.uint64)
+    nz_words = np.flatnonzero(words != 0)
+    in_word = np.flatnonzero(words[nz_words].view(bool))
+    starts = nz_words[in_word >> 3] * 8 + (in_word & 7)
+    del is_start, words, nz_words, in_word
+    lengths = np.diff(starts, append=npix)
+    labels = flat[starts]  # every pixel lies in a run, so min/max over runs validate the whole mask
+    lo, hi = labels.min(), labels.max()
+    if lo < 0:
+        raise ValueError(f"instance_mask contains negative id {lo}")
+    if hi >= n_ids:
+        raise ValueError(
+            f"instance_mask contains id {hi} but instance_classes has only {n_ids} entries "
+            f"(ids 0..{n_ids - 1}); pass one class per id, index 0 = background"
+        )
+    labels = labels.astype(np.intp)
+    inv = n_ids  # pseudo-id of invalid pixels
+    if vflat is not None:
+        labels[~vflat[starts]] = inv
+    rows = starts // width
+    xs = starts - rows * width
+
+    # ---------------------------------------------------------------- per-id statistics (exact)
+    # Integer-valued float64 sums are exact (< 2**53), so cy/cx equal numpy's mean of the pixel
+    # coordinates bit for bit.
+    n_lut = n_ids + 1
+    area = np.bincount(labels, weights=lengths, minlength=n_lut)
+    sum_y = np.bincount(labels, weights=lengths * rows, minlength=n_lut)
+    sum_x = np.bincount(labels, weights=lengths * xs + (lengths * (lengths - 1)) // 2, minlength=n_lut)
+
+    cls = np.empty(n_lut, np.intp)
+    cls[:n_ids] = classes
+    cls[inv] = ignore_label
+    ignored = cls == ignore_label
+    thing = ~ignored & (cls != cls[0]) & (area > 0)
+    thing[0] = False
+    if stuff.size:
+        thing &= ~np.isin(cls, stuff)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cy = np.where(thing, sum_y / area, 0.0)
+        cx = np.where(thing, sum_x / area, 0.0)
+
+    sem_lut = cls.astype(np.uint8)
+    sw_lut = np.where(ignored, 0.0, 1.0).astype(np.float32)
+    sw_lut[thing & (area < small_instance_area)] = small_instance_weight
+    cw_lut = np.where(ignored, 0.0, 1.0).astype(np.float32)
+    ow_lut = thing.astype(np.float32)
+
+    # ---------------------------------------------------------------- constant-per-run outputs
+    shape = (height, width)
+    semantic = np.repeat(sem_lut[labels], lengths).reshape(shape)
+    semantic_weight = np.repeat(sw_lut[labels], lengths).reshape(shape)
+    center_weight = np.repeat(cw_lut[labels], lengths).reshape(shape)
+    offset_weight = np.repeat(ow_lut[labels], lengths).reshape(shape)
+
+    # ---------------------------------------------------------------- offsets
+    run_thing = thing[labels]
+    # Both planes in one run-length decode: the y offset is constant along a run (the exact float64
+    # difference rounded once); the x plane starts as 0 and is overwritten below on thing pixels only.
+    vals = np.zeros((2, labels.size), np.float32)
+    np.subtract(cy[labels], rows, out=vals[0], where=run_thing, casting="same_kind")
+    offset = np.repeat(vals, lengths, axis=1).reshape(2, height, width)
+    # The x offset varies along a run: decode cx per pixel in float64 blocks of rows (cache-sized),
+    # subtract x, round once to float32.  Only the stretch from a block's first to its last thing run is
+    # touched (the plane is already 0 elsewhere); non-thing runs inside it decode to NaN, patched to +0.
+    thing_runs = np.flatnonzero(run_thing)
+    if thing_runs.size:
+        run_cx = np.where(run_thing, cx[labels], np.nan)
+        block = max(1, _BLOCK_PIXELS // width)
+        block_y0 = np.arange(0, height, block)
+        bounds = np.searchsorted(starts, np.append(block_y0, height) * width)
+        first = np.searchsorted(thing_runs, bounds[:-1])
+        last = np.searchsorted(thing_runs, bounds[1:]) - 1
+        busy = first <= last
+        r0 = thing_runs[first[busy]]
+        r1 = thing_runs[last[busy]] + 1
+        p0 = starts[r0]
+        p1 = starts[r1 - 1] + lengths[r1 - 1]
+        q0 = p0 - block_y0[busy] * width
+        x_flat = _x_coords(width, block)
+        off_x = offset[1].reshape(-1)
+        # cv2 is used for the two elementwise passes only because it is faster than numpy here.  Its
+        # arguments must be 2-D: OpenCV's bindings read a 1-D array of <= 4 elements as a Scalar.
+        for a, b, s0, s1, q in zip(r0.tolist(), r1.tolist(), p0.tolist(), p1.tolist(), q0.tolist()):
+            t = np.repeat(run_cx[a:b], lengths[a:b]).reshape(1, -1)
+            cv2.subtract(t, x_flat[q : q + s1 - s0].reshape(1, -1), dst=t)
+            dst = off_x[s0:s1].reshape(1, -1)
+            np.copyto(dst, t, casting="same_kind")
+            cv2.patchNaNs(dst, 0.0)
+
+    # ---------------------------------------------------------------- centre heatmap
+    center = np.zeros((1, height, width), np.float32)
+    ids = np.flatnonzero(thing)
+    if ids.size:
+        g = gaussian_kernel(sigma)
+        r = gaussian_radius(sigma)
+        cys = np.rint(cy[ids]).astype(np.intp)
+        cxs = np.rint(cx[ids]).astype(np.intp)
+        heat = center[0]
+        for yc, xc in zip(cys.tolist(), cxs.tolist()):
+            y0, y1 = max(0, yc - r), min(height, yc + r + 1)
+            x0, x1 = max(0, xc - r), min(width, xc + r + 1)
+            win = heat[y0:y1, x0:x1]
+            np.maximum(win, g[y0 - yc + r : y1 - yc + r, x0 - xc + r : x1 - xc + r], out=win)
+
+    return {
+        "semantic": semantic,
+        "center": center,
+        "offset": offset,
+        "semantic_weight": semantic_weight,
+        "center_weight": center_weight,
+        "offset_weight": offset_weight,
+    }
