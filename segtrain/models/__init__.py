@@ -1,0 +1,22 @@
+"""Model factory: ``build_model(cfg.model)`` picks a registered builder by ``cfg.model.name``.
+
+Importing this package registers the built-in models: tiny_panoptic, panoptic_deeplab, deeplabv3, fcn, lraspp.
+"""
+
+from segtrain.models import panoptic_deeplab, tiny, torchvision_models  # noqa: F401 - register the models
+from segtrain.models.backbones import SUPPORTED_BACKBONES
+from segtrain.models.heads import SegmentationModel
+from segtrain.models.pretrained import LoadReport, load_pretrained
+from segtrain.models.registry import ModelSpec, build_model, list_models, model_spec, register_model
+
+__all__ = [
+    "SUPPORTED_BACKBONES",
+    "LoadReport",
+    "ModelSpec",
+    "SegmentationModel",
+    "build_model",
+    "list_models",
+    "load_pretrained",
+    "model_spec",
+    "register_model",
+]
