@@ -1,0 +1,32 @@
+"""``python -m segtrain.doctor [the same overrides as train]``: is training input- or compute-bound,
+by how much, which stage, and what to change. ``doctor.json=true`` also writes ``doctor.json``."""
+
+from __future__ import annotations
+
+import json
+
+from omegaconf import DictConfig
+
+from segtrain.engine.doctor import diagnose, format_report
+from segtrain.engine.session import session
+from segtrain.entry import run_entry
+
+
+def job(cfg: DictConfig, output_dir: str) -> None:
+    with session(cfg, output_dir, "doctor.log") as (dist, run_dir):
+        if not dist.is_main:
+            return
+        report = diagnose(cfg, dist)
+        print(format_report(report), flush=True)
+        if cfg.doctor.json:
+            path = run_dir / "doctor.json"
+            path.write_text(json.dumps(report, indent=1))
+            print(f"\nwrote {path}", flush=True)
+
+
+def main() -> None:
+    run_entry("doctor", job)
+
+
+if __name__ == "__main__":
+    main()

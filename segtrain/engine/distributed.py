@@ -1,0 +1,134 @@
+"""Process-group setup from the torchrun environment, per-rank device placement, and `unwrap()`.
+
+The whole program is the same for 1 process and N: everything that differs is read here from
+RANK / LOCAL_RANK / WORLD_SIZE (set by torchrun; never a ``--local_rank`` argument).
+On GPU each rank pins ``cuda:LOCAL_RANK`` *before* the process group exists, which is what
+avoids ``All tensors must be on devices[0]`` and ranks allocating memory on GPU 0.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    backend: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def env_rank() -> int:
+    """Global rank from the launcher's environment (0 when not launched by torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but CUDA is not available; use trainer.device=cpu or auto")
+    n = torch.cuda.device_count()
+    if local_rank >= n:
+        raise RuntimeError(
+            f"LOCAL_RANK={local_rank} but this node has {n} visible GPU(s); "
+            f"use --nproc_per_node {n} or fix CUDA_VISIBLE_DEVICES"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 1800) -> DistInfo:
+    """Pin this rank's device, then (under torchrun with WORLD_SIZE > 1) join the process group."""
+    rank = env_rank()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    dev = pick_device(device, local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # before init_process_group: NCCL binds to the current device
+    if world_size == 1:
+        return DistInfo(rank, local_rank, 1, dev, None)
+    if backend == "auto":
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+    if backend == "nccl" and dev.type != "cuda":
+        raise RuntimeError("trainer.ddp.backend=nccl needs CUDA devices; use gloo on CPU")
+    if not dist.is_initialized():
+        kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
+        if dev.type == "cuda":
+            kwargs["device_id"] = dev  # binds the NCCL communicator eagerly to this rank's GPU
+        dist.init_process_group(**kwargs)
+    info = DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), dev, backend)
+    log.debug("rank %d/%d on %s (%s)", info.rank, info.world_size, dev, backend)
+    return info
+
+
+def cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def barrier() -> None:
+    if is_dist():
+        dist.barrier()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s object on every rank (run dir, resume decisions)."""
+    if not is_dist():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_(tensor: torch.Tensor, op: Any = None) -> torch.Tensor:
+    if is_dist():
+        dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    if not is_dist():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model under any stack of DDP / torch.compile wrappers.
+
+    Engine code reaches the model only through this, so ``model.freeze_part()`` or
+    ``model.backbone`` mean the same wrapped or not, and state dicts carry no
+    ``module.`` / ``_orig_mod.`` prefixes.
+    """
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        else:
+            return model

@@ -1,0 +1,290 @@
+"""Say what limits training speed, measured on the configured data set and model.
+
+The questions users otherwise answer with nsys, cProfile and htop: which dataset stage costs
+most per image, how loader throughput scales with workers, whether the workers compute or sit
+in I/O wait, and whether the model could consume batches faster than the loader makes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import warnings
+from collections import Counter
+from typing import Any
+
+import psutil
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from segtrain.data import build_dataset
+from segtrain.data.dataset import collate
+from segtrain.engine.distributed import DistInfo
+from segtrain.engine.loaders import per_rank_batch, worker_init
+from segtrain.engine.losses import compute_losses
+from segtrain.engine.optim import build_optimizer
+from segtrain.engine.trainer import DeviceBatchAugment, autocast, effective_precision, to_device
+from segtrain.models import build_model
+
+log = logging.getLogger("segtrain.doctor")
+
+INPUT_BOUND_MARGIN = 1.1  # loader must be 10% faster than the model to call the run compute-bound
+
+
+def stage_times(dataset: Any, num_images: int) -> dict[str, float]:
+    """Mean milliseconds per image of each stage inside the dataset (read, decode, rasterise, ...)."""
+    n = min(num_images, len(dataset))
+    dataset.stage_times = {}
+    try:
+        for i in range(n):
+            dataset[(0, i)]
+        times = dict(dataset.stage_times)
+    finally:
+        dataset.stage_times = None
+    return {k: 1000.0 * v / n for k, v in times.items()}
+
+
+def collate_ms(dataset: Dataset, batch_size: int) -> float:
+    items = [dataset[(0, i % len(dataset))] for i in range(batch_size)]
+    t0 = time.perf_counter()
+    for _ in range(3):
+        collate(items)
+    return 1000.0 * (time.perf_counter() - t0) / 3 / batch_size
+
+
+class ProcessSampler:
+    """Samples the state of the loader's worker processes, as htop would show them.
+
+    ``R`` running (computing), ``D`` uninterruptible sleep (waiting on disk/NFS I/O), ``S``
+    sleeping (idle: waiting for work or for the main process to take batches).
+    """
+
+    def __init__(self, interval: float = 0.01) -> None:
+        self.interval = interval
+        self.states: Counter[str] = Counter()
+        self.cpu_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._cpu: dict[int, float] = {}
+
+    def _children(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for p in self._children():
+                try:
+                    self.states[p.status()] += 1
+                    t = p.cpu_times()
+                    self._cpu[p.pid] = t.user + t.system
+                except psutil.Error:
+                    continue
+            time.sleep(self.interval)
+
+    def __enter__(self) -> ProcessSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.cpu_s = sum(self._cpu.values())
+
+    def split(self) -> dict[str, float]:
+        total = max(sum(self.states.values()), 1)
+        running = self.states.get(psutil.STATUS_RUNNING, 0)
+        io = self.states.get(psutil.STATUS_DISK_SLEEP, 0)
+        return {"computing": running / total, "io_wait": io / total, "idle": 1 - (running + io) / total}
+
+
+def loader_throughput(dataset: Dataset, batch_size: int, workers: int, batches: int, pin: bool) -> dict[str, Any]:
+    """Images/s of a DataLoader with ``workers`` processes (first batch excluded: worker start-up)."""
+    with warnings.catch_warnings():  # more workers than cores is the point of the sweep
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        return _throughput(dataset, batch_size, workers, batches, pin)
+
+
+def _throughput(dataset: Dataset, batch_size: int, workers: int, batches: int, pin: bool) -> dict[str, Any]:
+    sampler = [(0, i % len(dataset)) for i in range(batch_size * (batches + 1))]
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+        worker_init_fn=worker_init if workers else None,
+        pin_memory=pin,
+        prefetch_factor=2 if workers else None,
+    )
+    it = iter(loader)
+    next(it)
+    with ProcessSampler() as sampler_:
+        t0 = time.perf_counter()
+        n = 0
+        for b in it:
+            n += b["image"].shape[0]
+        wall = time.perf_counter() - t0
+    del it
+    out: dict[str, Any] = {"workers": workers, "images_per_s": n / max(wall, 1e-9)}
+    if workers:
+        out["worker_cpu"] = sampler_.split()
+        out["worker_cpu_utilisation"] = sampler_.cpu_s / max(wall, 1e-9) / workers
+    return out
+
+
+def model_throughput(cfg: Any, batch: dict[str, torch.Tensor], dist: DistInfo, steps: int,
+                     device_aug: DeviceBatchAugment | None = None) -> dict[str, float]:
+    """Training steps per second on in-memory batches: what the model could consume with a free loader
+    (including augmentation and targets when they run on the device)."""
+    model = build_model(cfg.model).to(dist.device).train()
+    optimizer = build_optimizer(model, cfg.optim)
+    precision = effective_precision(cfg.trainer.precision, dist.device)
+    scaler = torch.amp.GradScaler(dist.device.type, enabled=precision == "fp16")
+    raw = to_device(batch, dist.device)
+
+    def step() -> None:
+        batch = device_aug(raw, 0, 0) if device_aug is not None else raw
+        with autocast(dist.device, precision):
+            out = model(batch["image"])
+        loss = compute_losses(out, batch, cfg.trainer.loss)["total"]
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    for _ in range(3):  # warm-up: oneDNN/cuDNN build kernels per shape on the first two passes
+        step()
+    if dist.device.type == "cuda":
+        torch.cuda.synchronize(dist.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if dist.device.type == "cuda":
+        torch.cuda.synchronize(dist.device)
+    dt = (time.perf_counter() - t0) / steps
+    return {"step_s": dt, "images_per_s": raw["image"].shape[0] / dt}
+
+
+ADVICE = {
+    "read": "reading files dominates: copy the data set to local SSD/NVMe (or page cache) instead of a NAS, "
+    "or cache decoded images in memory when the set fits",
+    "decode": "JPEG decoding dominates: store images at the training resolution, cache decoded images, "
+    "or use more loader workers",
+    "rasterise": "polygon rasterisation dominates: simplify very dense polygons or use more loader workers",
+    "augment": "CPU augmentation dominates: set augment.device=cuda to augment on the GPU, "
+    "or use more loader workers",
+    "targets": "target building dominates: set augment.device=cuda to build heatmaps/offsets on the GPU",
+    "fit": "fitting images to dataset.input_size dominates: store images closer to the training resolution",
+    "to_tensor": "tensor conversion dominates: lower dataset.input_size or use augment.device=cuda "
+    "(uint8 images cross to the GPU)",
+}
+
+
+def diagnose(cfg: Any, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
+    """Measure and decide: input-bound or compute-bound, by how much, which stage, and what to try."""
+    tr = cfg.trainer
+    dataset = dataset if dataset is not None else build_dataset(cfg, "train")
+    bs = per_rank_batch(int(tr.batch_size), dist.world_size)
+    n_img = int(cfg.doctor.num_images)
+    report: dict[str, Any] = {
+        "dataset": cfg.dataset.name,
+        "images": len(dataset),
+        "input_size": list(cfg.dataset.input_size),
+        "model": cfg.model.name,
+        "device": str(dist.device),
+        "per_rank_batch": bs,
+        "cpu_count": os.cpu_count(),
+    }
+    stages = stage_times(dataset, n_img)
+    stages["collate"] = collate_ms(dataset, bs)
+    report["stage_ms_per_image"] = stages
+    report["pipeline_ms_per_image"] = sum(stages.values())
+    batches = max(2, -(-n_img // bs))
+    pin = dist.device.type == "cuda"
+    workers = sorted({int(w) for w in cfg.doctor.workers} | {int(tr.num_workers)})
+    report["loader"] = [loader_throughput(dataset, bs, w, batches, pin) for w in workers]
+    sample = collate([dataset[(0, i % len(dataset))] for i in range(bs)])
+    device_aug = DeviceBatchAugment(cfg, dataset, dist) if dataset.raw else None
+    report["augment_device"] = str(dist.device) if dataset.raw else "cpu (loader workers)"
+    report["model_step"] = model_throughput(cfg, sample, dist, int(cfg.doctor.steps), device_aug)
+    report.update(verdict(report, int(tr.num_workers), cfg))
+    return report
+
+
+def verdict(report: dict[str, Any], configured_workers: int, cfg: Any) -> dict[str, Any]:
+    loader = {r["workers"]: r for r in report["loader"]}
+    current = loader[configured_workers]["images_per_s"]
+    best_w, best = max(((w, r["images_per_s"]) for w, r in loader.items()), key=lambda x: x[1])
+    model = report["model_step"]["images_per_s"]
+    stages = {k: v for k, v in report["stage_ms_per_image"].items()}
+    dominant = max(stages, key=stages.get)
+    share = stages[dominant] / max(sum(stages.values()), 1e-9)
+    advice: list[str] = []
+    if current * INPUT_BOUND_MARGIN < model:
+        factor = model / max(current, 1e-9)
+        bound = "input-bound"
+        summary = (
+            f"INPUT-BOUND: the loader delivers {current:.1f} img/s with {configured_workers} workers, the model "
+            f"could train on {model:.1f} img/s ({factor:.1f}x more); the accelerator idles "
+            f"{100 * (1 - 1 / factor):.0f}% of the time. Slowest stage: {dominant} "
+            f"({stages[dominant]:.2f} ms/image, {100 * share:.0f}% of the pipeline)."
+        )
+        if best_w != configured_workers and best > current * 1.1:
+            advice.append(f"use trainer.num_workers={best_w} ({best:.1f} img/s measured)")
+        if best * INPUT_BOUND_MARGIN < model:
+            advice.append(ADVICE.get(dominant, f"speed up the {dominant} stage"))
+        io = [r["worker_cpu"]["io_wait"] for r in report["loader"] if "worker_cpu" in r]
+        if io and max(io) > 0.2:
+            advice.append(f"workers spend up to {100 * max(io):.0f}% of their time in I/O wait: the storage is slow "
+                          "(NAS?); copy data locally or cache decoded images")
+        if not cfg.trainer.persistent_workers:
+            advice.append("set trainer.persistent_workers=true (workers are re-spawned every epoch otherwise)")
+        if report["device"].startswith("cuda") and not cfg.trainer.pin_memory:
+            advice.append("set trainer.pin_memory=true for asynchronous host-to-device copies")
+        if cfg.augment.device == "cpu" and dominant in ("augment", "targets", "to_tensor"):
+            advice.append("augment.device=cuda moves augmentation and target building onto the GPU")
+    else:
+        factor = current / max(model, 1e-9)
+        bound = "compute-bound"
+        summary = (
+            f"COMPUTE-BOUND: the loader delivers {current:.1f} img/s with {configured_workers} workers, "
+            f"{factor:.1f}x what the model consumes ({model:.1f} img/s). Speed up the model: mixed precision "
+            "(trainer.precision=bf16/fp16 on GPU), a larger batch, trainer.compile=true, or more GPUs."
+        )
+        if report["device"] == "cpu":
+            advice.append("on CPU the model and the loader workers share the same cores: expect less than both figures")
+        if configured_workers > 1 and loader.get(configured_workers - 1, {}).get("images_per_s", 0) > model * 1.2:
+            advice.append(f"fewer loader workers would do ({configured_workers - 1} still outpace the model)")
+    return {"bound": bound, "factor": factor, "dominant_stage": dominant, "summary": summary, "advice": advice}
+
+
+def format_report(r: dict[str, Any]) -> str:
+    lines = [
+        f"segtrain doctor: {r['dataset']} ({r['images']} images, input {r['input_size']}), model {r['model']} on "
+        f"{r['device']}, batch {r['per_rank_batch']} per rank, {r['cpu_count']} CPUs",
+        "",
+        "dataset stages (ms per image, one process):",
+    ]
+    total = r["pipeline_ms_per_image"]
+    for k, v in sorted(r["stage_ms_per_image"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {k:<10} {v:8.2f}  {'#' * int(round(40 * v / max(total, 1e-9)))}")
+    lines.append(f"  {'total':<10} {total:8.2f}  -> {1000 / max(total, 1e-9):.1f} img/s per core")
+    lines += ["", "loader throughput:"]
+    for x in r["loader"]:
+        extra = ""
+        if "worker_cpu" in x:
+            c = x["worker_cpu"]
+            extra = (f"  workers: computing {100 * c['computing']:.0f}%, I/O wait {100 * c['io_wait']:.0f}%, "
+                     f"idle {100 * c['idle']:.0f}%")
+        lines.append(f"  num_workers={x['workers']:<2} {x['images_per_s']:8.1f} img/s{extra}")
+    m = r["model_step"]
+    lines += ["", f"model training step: {m['step_s'] * 1000:.1f} ms/step, {m['images_per_s']:.1f} img/s", ""]
+    lines.append(r["summary"])
+    for a in r["advice"]:
+        lines.append(f"  - {a}")
+    return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""DataLoaders for one rank: global -> per-rank batch, epoch-aware sampling, exact eval shards.
+
+Defaults avoid the known input-pipeline traps: OpenCV threads off inside workers (each worker
+is already a process; OpenCV's own pool oversubscribes the cores), persistent workers, pinned
+memory (copied with ``non_blocking=True`` by the trainer) and prefetching.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from segtrain.data.dataset import collate
+from segtrain.engine.distributed import DistInfo
+
+
+def per_rank_batch(global_batch: int, world_size: int, key: str = "trainer.batch_size") -> int:
+    if global_batch % world_size:
+        raise ValueError(
+            f"{key}={global_batch} is the global batch and must divide by the world size {world_size} "
+            f"(got {global_batch / world_size:.2f} per rank); "
+            f"use e.g. {key}={world_size * max(global_batch // world_size, 1)}"
+        )
+    return global_batch // world_size
+
+
+class EpochSampler(Sampler):
+    """Shuffled, rank-sharded indices tagged with the epoch: yields ``(epoch, index)``.
+
+    Rank r takes every world_size-th element of one seeded permutation, so the union over ranks
+    of global step k is the same set of samples whatever the world size. ``skip`` drops the first
+    samples of the epoch on this rank (mid-epoch resume).
+    """
+
+    def __init__(self, size: int, rank: int, world_size: int, seed: int, shuffle: bool = True) -> None:
+        self.size, self.rank, self.world_size, self.seed, self.shuffle = size, rank, world_size, seed, shuffle
+        self.epoch = 0
+        self.skip = 0
+        self.per_rank = size // world_size  # drop the tail: every rank does the same number of steps
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.epoch, self.skip = epoch, skip
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.size, generator=g).tolist()
+        else:
+            order = list(range(self.size))
+        mine = order[self.rank : self.per_rank * self.world_size : self.world_size]
+        for i in mine[self.skip :]:
+            yield (self.epoch, i)
+
+    def __len__(self) -> int:
+        return self.per_rank - self.skip
+
+
+class ShardSampler(Sampler):
+    """Unpadded contiguous-stride shard for evaluation: every image is seen by exactly one rank."""
+
+    def __init__(self, size: int, rank: int, world_size: int) -> None:
+        self.indices = list(range(rank, size, world_size))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def keep_freed_memory() -> None:
+    """Let glibc reuse freed large buffers instead of returning them to the OS after every item.
+
+    Each item allocates tens of MB of fresh target/augmentation arrays; with the default malloc
+    they are unmapped on free and page-faulted back in for the next item, which costs more than
+    computing the targets (see scripts/bench_targets.py, "warm" vs "default")."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: serve big blocks from the heap
+        libc.mallopt(-1, 1 << 31)  # M_TRIM_THRESHOLD: do not give the heap back eagerly
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
+def worker_init(worker_id: int) -> None:
+    keep_freed_memory()
+    cv2.setNumThreads(0)
+    torch.set_num_threads(1)
+    # Augmentation randomness is seeded per item (see PolygonDataset); this covers anything else.
+    info = torch.utils.data.get_worker_info()
+    seed = (info.seed if info is not None else worker_id) % 2**32
+    np.random.seed(seed)
+
+
+def build_loader(dataset: Dataset, dist: DistInfo, trainer: Any, train: bool) -> DataLoader:
+    """``trainer`` is ``cfg.trainer``; batch sizes there are global."""
+    workers = int(trainer.num_workers)
+    common: dict[str, Any] = {
+        "num_workers": workers,
+        "collate_fn": collate,
+        "pin_memory": bool(trainer.pin_memory) and dist.device.type == "cuda",
+        "worker_init_fn": worker_init if workers > 0 else None,
+        "persistent_workers": bool(trainer.persistent_workers) and workers > 0,
+    }
+    if workers > 0:
+        common["prefetch_factor"] = int(trainer.prefetch_factor)
+    if train:
+        bs = per_rank_batch(int(trainer.batch_size), dist.world_size)
+        sampler: Sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed))
+        if len(sampler) < bs:
+            raise ValueError(
+                f"the training set has {len(dataset)} images: {len(sampler)} per rank, fewer than the per-rank "
+                f"batch {bs}; lower trainer.batch_size"
+            )
+        return DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **common)
+    vbs = int(trainer.val_batch_size or trainer.batch_size)
+    bs = max(math.ceil(vbs / dist.world_size), 1)
+    return DataLoader(
+        dataset,
+        batch_size=bs,
+        sampler=ShardSampler(len(dataset), dist.rank, dist.world_size),
+        drop_last=False,
+        **common,
+    )

@@ -1,0 +1,63 @@
+"""Shared plumbing of the ``python -m segtrain.<tool>`` entry points (Hydra main + torchrun).
+
+Exceptions inside the job are re-raised outside Hydra, so torchrun's ``@record`` writes the
+failing rank's traceback into its error file and the launcher reports it; Hydra itself only
+handles composition errors.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
+from segtrain.engine.checkpoint import load_file
+from segtrain.engine.session import follower_overrides
+
+
+def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
+    """Compose ``configs/<config_name>.yaml`` with the command line and call ``job(cfg, output_dir)``."""
+    failure: list[BaseException] = []
+
+    @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base=VERSION_BASE)
+    def _task(cfg: DictConfig) -> None:
+        try:
+            cfg = finalize(cfg)
+            job(cfg, HydraConfig.get().runtime.output_dir)
+        except BaseException as e:  # noqa: BLE001 - re-raised below, outside Hydra's handler
+            failure.append(e)
+
+    argv = sys.argv[1:]
+    try:
+        check_overrides([a for a in argv if not a.startswith("-")])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.argv = [sys.argv[0], *follower_overrides(argv)]
+
+    @record
+    def _main() -> None:
+        _task()
+        if failure:
+            err = failure[0]
+            if isinstance(err, ConfigError):
+                print(f"error: {err}", file=sys.stderr)
+                sys.exit(2)
+            raise err
+
+    _main()
+
+
+def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
+    """``cfg`` with model/dataset taken from the checkpoint named by ``ckpt=``, and the loaded file."""
+    if not cfg.ckpt:
+        raise ConfigError(f"segtrain.{tool} needs ckpt=PATH (a checkpoint or a state dict file)")
+    blob = load_file(cfg.ckpt, trust=cfg.trust_checkpoint)
+    stored = blob.get("config") if isinstance(blob, dict) and isinstance(blob.get("config"), dict) else None
+    return config_from_checkpoint(cfg, stored, list(HydraConfig.get().overrides.task)), blob

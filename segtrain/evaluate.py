@@ -1,0 +1,26 @@
+"""``python -m segtrain.evaluate ckpt=PATH [dataset overrides]``: mIoU and per-class IoU on the val split.
+
+Under torchrun every validation image is counted exactly once (unpadded shards, one all_reduce).
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from segtrain.engine.inference import evaluate_checkpoint
+from segtrain.engine.session import session
+from segtrain.entry import checkpoint_config, run_entry
+
+
+def job(cfg: DictConfig, output_dir: str) -> None:
+    cfg, blob = checkpoint_config(cfg, "evaluate")
+    with session(cfg, output_dir, "evaluate.log") as (dist, run_dir):
+        evaluate_checkpoint(cfg, blob, dist, run_dir)
+
+
+def main() -> None:
+    run_entry("evaluate", job)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""``python -m segtrain.train [overrides]`` or ``torchrun --nproc_per_node N -m segtrain.train ...``."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from segtrain.engine.session import session
+from segtrain.engine.trainer import fit
+from segtrain.entry import run_entry
+
+
+def job(cfg: DictConfig, output_dir: str) -> None:
+    with session(cfg, output_dir, "train.log") as (dist, run_dir):
+        fit(cfg, run_dir, dist)
+
+
+def main() -> None:
+    run_entry("train", job)
+
+
+if __name__ == "__main__":
+    main()
