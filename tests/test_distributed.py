@@ -1,0 +1,169 @@
+"""Multi-process training through real torchrun on CPU (gloo): the same program as on NCCL GPUs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from proc_utils import REPO, child_env, free_port, run_module
+
+pytestmark = pytest.mark.slow
+
+# Deterministic settings under which 1 and 2 processes must train identically. Hard-pixel mining
+# (top_k) ranks pixels per process, so it is turned off for the comparison.
+EXACT = [
+    "experiment=cpu_smoke",
+    "trainer.sync_bn=true",
+    "trainer.deterministic=true",
+    "trainer.loss.top_k_percent=1.0",
+    "dataset.synthetic.num_val=5",
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("dist")
+    cache = base / "cache"
+    single = base / "single"
+    run_module("segtrain.train", [*EXACT, f"hydra.run.dir={single}"], base, cache)
+    cwd2 = base / "two"  # default hydra.run.dir: outputs/${now:...}, resolved per process by Hydra
+    cwd2.mkdir()
+    t0 = time.perf_counter()
+    proc = run_module("segtrain.train", EXACT, cwd2, cache, nproc=2)
+    seconds = time.perf_counter() - t0
+    dirs = [p.parent for p in cwd2.glob("outputs/*/*/.hydra")]
+    return {
+        "base": base,
+        "cache": cache,
+        "single": single,
+        "cwd2": cwd2,
+        "dirs": dirs,
+        "proc": proc,
+        "seconds": seconds,
+    }
+
+
+def test_one_run_directory_written_once(runs):
+    cwd2 = runs["cwd2"]
+    assert len(runs["dirs"]) == 1, f"expected one run dir, got {runs['dirs']}"
+    run_dir = runs["dirs"][0]
+    assert sorted(p.name for p in cwd2.rglob(".hydra")) == [".hydra"]
+    assert [p.name for p in cwd2.iterdir()] == ["outputs"], "ranks > 0 must not create anything"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keys = [(r["split"], r["step"]) for r in rows]
+    assert len(keys) == len(set(keys)), f"duplicated metrics lines: {keys}"
+    assert [s for sp, s in keys if sp == "train"] == [1, 2, 3, 4]
+    log = (run_dir / "train.log").read_text()
+    assert "world size 2, backend gloo" in log
+    assert "2 per rank" in log
+
+
+def test_two_processes_train_like_one(runs):
+    one = torch.load(runs["single"] / "checkpoints" / "last.pt", weights_only=True)
+    two = torch.load(runs["dirs"][0] / "checkpoints" / "last.pt", weights_only=True)
+    assert one["step"] == two["step"] == 4
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert one["model"].keys() == two["model"].keys()
+    worst = 0.0
+    for k, a in one["model"].items():
+        b = two["model"][k]
+        if a.is_floating_point():
+            worst = max(worst, float((a - b).abs().max()))
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), f"{k} differs by {float((a - b).abs().max())}"
+        else:
+            assert torch.equal(a, b), k
+    print(f"max |single - two-process| parameter difference: {worst:.2e}")
+    # The initial weights are random: the runs really trained to the same place.
+    first = next(k for k in one["model"] if k.endswith("weight"))
+    assert not torch.equal(one["model"][first], torch.zeros_like(one["model"][first]))
+
+
+def test_distributed_evaluation_is_exact_on_odd_sized_val(runs):
+    ckpt = runs["single"] / "checkpoints" / "last.pt"
+    base = runs["base"]
+    run_module("segtrain.evaluate", [f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval1'}"], base, runs["cache"])
+    run_module("segtrain.evaluate", [f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval2'}"], base, runs["cache"], nproc=2)
+    e1 = json.loads((base / "eval1" / "eval.json").read_text())
+    e2 = json.loads((base / "eval2" / "eval.json").read_text())
+    assert e1["images"] == e2["images"] == 5
+    assert e1["miou"] == e2["miou"]
+    assert e1["iou"] == e2["iou"]
+    val = [json.loads(x) for x in (runs["single"] / "metrics.jsonl").read_text().splitlines()]
+    assert e1["miou"] == pytest.approx([r for r in val if r["split"] == "val"][-1]["miou"], abs=1e-12)
+
+
+def test_failing_rank_fails_the_job_fast(tmp_path):
+    run_dir = tmp_path / "failrun"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "tests" / "failing_train.py"),
+        "experiment=cpu_smoke",
+        "trainer.ddp.timeout_s=60",
+        f"hydra.run.dir={run_dir}",
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=child_env(tmp_path / "cache"), capture_output=True, text=True, timeout=240
+    )
+    elapsed = time.perf_counter() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "deliberate failure on rank 1" in out
+    assert "Traceback" in out and "_fail_on_rank_1" in out, "the failing rank's traceback must be shown"
+    assert elapsed < 120, f"the job took {elapsed:.0f}s to fail"
+    time.sleep(1)
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers, f"orphan processes: {[p.pid for p in leftovers]}"
+
+
+def test_two_node_rendezvous(tmp_path):
+    port = free_port()
+    run_dir = tmp_path / "multinode"
+    common = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=segtrain-test",
+    ]
+    args = ["-m", "segtrain.train", "experiment=cpu_smoke", f"hydra.run.dir={run_dir}"]
+    env = child_env(tmp_path / "cache")
+    procs = [
+        subprocess.Popen(
+            [*common, "--rdzv-conf=is_host=1", *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ),
+        subprocess.Popen(
+            [*common, "--rdzv-conf=is_host=0", *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ),
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out
+    log = (run_dir / "train.log").read_text()
+    assert "world size 2, backend gloo" in log
+    ck = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert ck["world_size"] == 2 and ck["step"] == 4
+    assert len(list(Path(run_dir).rglob(".hydra"))) == 1
