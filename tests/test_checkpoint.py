@@ -1,0 +1,263 @@
+"""Checkpoints: atomic writes, exact resume after SIGKILL, loading what users have, refusing
+pickles that execute code, fine-tuning with frozen parts, evaluate from a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from proc_utils import child_env, run_module
+
+from segtrain.config import compose
+from segtrain.engine.checkpoint import (
+    CheckpointError,
+    atomic_save,
+    extract_state_dict,
+    load_file,
+    load_model_weights,
+)
+from segtrain.engine.freeze import apply_freeze, freeze_report
+from segtrain.models import build_model
+
+SMOKE = ["experiment=cpu_smoke", "trainer.deterministic=true"]
+# 3 epochs of 4 steps, a mid-epoch checkpoint every 3 steps: a kill can land anywhere.
+RESUMABLE = [*SMOKE, "trainer.max_steps=null", "trainer.epochs=3", "trainer.checkpoint.every_steps=3"]
+
+
+def tiny_model():
+    return build_model(compose(["experiment=cpu_smoke"]).model)
+
+
+def states_equal(a: dict, b: dict) -> list[str]:
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+# --------------------------------------------------------------------------- atomic writes
+KILL_MID_WRITE = r"""
+import sys, time, torch
+import segtrain.engine.checkpoint as ck
+real_save = torch.save
+def slow_save(obj, f, *a, **k):
+    f.write(b"PK\x03\x04 half a checkpoint")  # a torn write in progress...
+    f.flush()
+    time.sleep(600)                              # ...killed here
+ck.torch.save = slow_save
+ck.atomic_save({"model": {"w": torch.zeros(3)}}, sys.argv[1])
+"""
+
+
+def test_kill_mid_write_keeps_last_good_checkpoint(tmp_path):
+    path = tmp_path / "last.pt"
+    atomic_save({"model": {"w": torch.ones(3)}, "step": 7}, path)
+    proc = subprocess.Popen([sys.executable, "-c", KILL_MID_WRITE, str(path)])
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".last.pt.*.tmp")) and time.time() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob(".last.pt.*.tmp")), "the writer never started"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    good = torch.load(path, weights_only=True)
+    assert good["step"] == 7 and torch.equal(good["model"]["w"], torch.ones(3))
+    assert oct(path.stat().st_mode & 0o777) != oct(0o600), "checkpoints must be readable by the team (umask)"
+
+
+# --------------------------------------------------------------------------- formats users have
+@pytest.mark.parametrize("wrap", ["raw", "state_dict", "model", "model_state_dict"])
+@pytest.mark.parametrize("prefix", ["", "module.", "_orig_mod.", "module._orig_mod.", "model."])
+def test_loads_common_formats(tmp_path, wrap, prefix):
+    src = tiny_model()
+    state = {prefix + k: v for k, v in src.state_dict().items()}
+    blob = state if wrap == "raw" else {wrap: state, "epoch": 3}
+    path = tmp_path / "user.pt"
+    torch.save(blob, path)
+    dst = tiny_model()
+    load_model_weights(dst, extract_state_dict(load_file(path)), strict=True)
+    assert not states_equal(src.state_dict(), dst.state_dict())
+
+
+def test_mismatch_table_and_non_strict(tmp_path):
+    src = tiny_model().state_dict()
+    dropped = next(k for k in src if "semantic" in k)
+    src.pop(dropped)
+    first = next(k for k in src if k.endswith("weight") and src[k].ndim == 4)
+    src[first] = torch.zeros(1, 1, 1, 1)
+    src["extra.bias"] = torch.zeros(2)
+    with pytest.raises(CheckpointError) as e:
+        load_model_weights(tiny_model(), src, strict=True, source="user.pt")
+    msg = str(e.value)
+    assert "missing" in msg and "unexpected" in msg and "shape" in msg and "extra.bias" in msg and first in msg
+    assert dropped in msg
+    assert "ckpt_strict=false" in msg
+    report = load_model_weights(tiny_model(), src, strict=False)
+    assert report["unexpected"] == ["extra.bias"] and report["shape_mismatch"] == [first]
+    assert report["missing"] == [dropped]
+
+
+class Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": tiny_model().state_dict(), "x": Payload(marker)}, evil)
+    with pytest.raises(CheckpointError, match="trust_checkpoint=true") as e:
+        load_file(evil)
+    assert "system" in str(e.value)
+    proc = run_module("segtrain.evaluate", [*SMOKE, f"ckpt={evil}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
+                      tmp_path / "cache", check=False)
+    assert proc.returncode != 0 and "trust_checkpoint=true" in proc.stderr
+    assert not marker.exists(), "the payload ran"
+
+
+def test_namespace_checkpoint_needs_explicit_trust(tmp_path):
+    path = tmp_path / "torchvision_reference.pt"
+    torch.save({"model": tiny_model().state_dict(), "args": argparse.Namespace(lr=0.1)}, path)
+    with pytest.raises(CheckpointError, match=r"argparse\.Namespace"):
+        load_file(path)
+    blob = load_file(path, trust=True)
+    load_model_weights(tiny_model(), extract_state_dict(blob), strict=True)
+
+
+# --------------------------------------------------------------------------- freezing
+def test_freeze_patterns_and_frozen_batchnorm():
+    model = tiny_model()
+    frozen = apply_freeze(model, "[backbone.stage1,backbone.stage2]".strip("[]"))
+    assert frozen and all(n.startswith(("backbone.stage1.", "backbone.stage2.")) for n in frozen)
+    bns = [m for n, m in model.named_modules() if n.startswith("backbone.stage1") and isinstance(m, torch.nn.BatchNorm2d)]
+    model.train()
+    assert bns and all(not m.training for m in bns), "frozen BatchNorm must stay in eval mode"
+    assert "trainable" in freeze_report(model)
+    with pytest.raises(ValueError, match="matches no parameter"):
+        apply_freeze(tiny_model(), ["backbone.layer9"])
+
+
+# --------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted deterministic run: the target a killed and resumed run must hit exactly."""
+    base = tmp_path_factory.mktemp("ckpt")
+    run_module("segtrain.train", [*RESUMABLE, f"hydra.run.dir={base / 'ref'}"], base, base / "cache")
+    return base
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_is_exact(reference):
+    base = reference
+    run_dir = base / "killed"
+    cmd = [sys.executable, "-m", "segtrain.train", *RESUMABLE, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(cmd, cwd=base, env=child_env(base / "cache"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    last = run_dir / "checkpoints" / "last.pt"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if last.exists() and torch.load(last, weights_only=True)["step"] >= 3:
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    killed_at = torch.load(last, weights_only=True)["step"]
+    assert killed_at < 12, "the run finished before it could be killed; make it longer"
+    proc = run_module("segtrain.train", [*RESUMABLE, "resume=auto", f"hydra.run.dir={run_dir}"], base,
+                      base / "cache")
+    assert f"resumed from {last}" in proc.stderr
+    ref = torch.load(base / "ref" / "checkpoints" / "last.pt", weights_only=True)
+    got = torch.load(last, weights_only=True)
+    assert got["step"] == ref["step"] == 12 and got["epoch"] == ref["epoch"] == 3
+    assert not states_equal(ref["model"], got["model"]), f"weights differ after resuming from step {killed_at}"
+    assert got["best_metric"] == ref["best_metric"]
+
+
+@pytest.mark.slow
+def test_resume_on_another_world_size_says_what_changed(reference):
+    base = reference
+    run_dir = base / "rescaled"
+    src = base / "ref" / "checkpoints" / "step_00000006.pt"
+    assert src.exists(), sorted(p.name for p in src.parent.iterdir())
+    proc = run_module("segtrain.train", [*RESUMABLE, f"resume={src}", f"hydra.run.dir={run_dir}"], base,
+                      base / "cache", nproc=2)
+    assert "world_size=1 on world_size=2" in proc.stdout + proc.stderr + (run_dir / "train.log").read_text()
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 12
+
+
+@pytest.mark.slow
+def test_finetune_ddp_checkpoint_with_frozen_backbone(reference, tmp_path):
+    import torch.distributed as dist
+
+    base = reference
+    src_ck = torch.load(base / "ref" / "checkpoints" / "last.pt", weights_only=True)
+    model = tiny_model()
+    model.load_state_dict(src_ck["model"])
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        ddp_path = tmp_path / "ddp_state.pt"
+        torch.save(wrapped.state_dict(), ddp_path)  # what users have: every key starts with module.
+    finally:
+        dist.destroy_process_group()
+    assert all(k.startswith("module.") for k in torch.load(ddp_path, weights_only=True))
+    run_dir = tmp_path / "ft"
+    proc = run_module("segtrain.finetune", [*SMOKE, f"ckpt={ddp_path}", "freeze=backbone", "trainer.max_steps=4",
+                                            f"hydra.run.dir={run_dir}"], tmp_path, base / "cache")
+    assert "frozen" in (run_dir / "train.log").read_text()
+    after = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
+    before = src_ck["model"]
+    backbone = [k for k in before if k.startswith("backbone.")]
+    assert backbone and any("running_mean" in k for k in backbone)
+    changed_backbone = [k for k in backbone if not torch.equal(before[k], after[k])]
+    assert not changed_backbone, f"frozen tensors changed: {changed_backbone[:5]}"
+    heads = [k for k in before if not k.startswith("backbone.") and before[k].is_floating_point()]
+    assert any(not torch.equal(before[k], after[k]) for k in heads), "the heads did not train"
+    assert proc.returncode == 0
+
+
+@pytest.mark.slow
+def test_finetune_from_training_checkpoint_uses_its_config(reference, tmp_path):
+    base = reference
+    ck = base / "ref" / "checkpoints" / "best.pt"
+    # No experiment given: the model (width 8 etc.) must come from the checkpoint's stored config.
+    run_dir = tmp_path / "ft2"
+    run_module("segtrain.finetune", [f"ckpt={ck}", "freeze=[backbone.stage1,backbone.stage2]", "trainer.epochs=1",
+                                     "trainer.max_steps=2", "trainer.device=cpu", "trainer.num_workers=0",
+                                     f"hydra.run.dir={run_dir}"], tmp_path, base / "cache")
+    cfg = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["config"]
+    assert cfg["model"]["width"] == 8 and cfg["freeze"] == ["backbone.stage1", "backbone.stage2"]
+    bad = run_module("segtrain.finetune", [f"ckpt={ck}", "freeze=backbone.nope", f"hydra.run.dir={tmp_path / 'x'}"],
+                     tmp_path, base / "cache", check=False)
+    assert bad.returncode != 0 and "matches no parameter" in bad.stderr
+
+
+@pytest.mark.slow
+def test_evaluate_reproduces_training_miou(reference, tmp_path):
+    base = reference
+    rows = [json.loads(x) for x in (base / "ref" / "metrics.jsonl").read_text().splitlines()]
+    recorded = [r for r in rows if r["split"] == "val"][-1]["miou"]
+    proc = run_module("segtrain.evaluate", [f"ckpt={base / 'ref' / 'checkpoints' / 'last.pt'}",
+                                            f"hydra.run.dir={tmp_path / 'ev'}"], tmp_path, base / "cache")
+    got = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert got["miou"] == pytest.approx(recorded, abs=1e-12)
+    assert "mIoU" in proc.stdout
+
+
+@pytest.mark.slow
+def test_predict_writes_overlays(reference, tmp_path):
+    base = reference
+    images = next(base.joinpath("cache").glob("synthetic-*")) / "val"
+    out = tmp_path / "pred"
+    run_module("segtrain.predict", [f"ckpt={base / 'ref' / 'checkpoints' / 'best.pt'}", f"input={images}",
+                                    f"output={out}", f"hydra.run.dir={tmp_path / 'p'}"], tmp_path, base / "cache")
+    stems = sorted(p.stem for p in images.glob("*.jpg"))
+    for stem in stems:
+        assert (out / f"{stem}_semantic.png").is_file() and (out / f"{stem}_center.png").is_file()
