@@ -1,0 +1,107 @@
+#!/usr/bin/env python
+"""segtrain's training step (meters, logging, TensorBoard, progress bar, hooks) vs a bare PyTorch loop.
+
+Same model, optimiser, scheduler and in-memory batches; the two are timed alternately in one
+process so machine noise hits both alike. Prints one JSON object. Goal: overhead <= 2%.
+
+    python scripts/bench_trainer.py [--steps 20] [--rounds 7] [--batch 8] [--size 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import default_collate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from segtrain.config import compose  # noqa: E402
+from segtrain.data import build_dataset  # noqa: E402
+from segtrain.engine.distributed import DistInfo  # noqa: E402
+from segtrain.engine.losses import compute_losses  # noqa: E402
+from segtrain.engine.optim import build_optimizer, build_scheduler  # noqa: E402
+from segtrain.engine.recorder import Recorder  # noqa: E402
+from segtrain.engine.trainer import TrainState, to_device, train_one_epoch  # noqa: E402
+from segtrain.models import build_model  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=20, help="steps per timed block")
+    ap.add_argument("--rounds", type=int, default=7, help="alternating rounds (median reported)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--size", type=int, default=128, help="input height = width")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = compose([f"dataset.cache_dir={tmp}/cache", f"dataset.input_size=[{args.size},{args.size}]",
+                       f"dataset.synthetic.image_size=[{args.size},{args.size}]", "trainer.log_every=10",
+                       "trainer.progress=true"])
+        device = torch.device(args.device)
+        dist = DistInfo(device=device)
+        ds = build_dataset(cfg, "train")
+        ds.uint8_images = True
+        batches = [default_collate([ds[(0, (b * args.batch + i) % len(ds))] for i in range(args.batch)])
+                   for b in range(args.steps)]
+        model = build_model(cfg.model).to(device).train()
+        optimizer = build_optimizer(model, cfg.optim)
+        scheduler = build_scheduler(optimizer, cfg.schedule, 10**9)
+        scaler = torch.amp.GradScaler(device.type, enabled=False)
+        run_dir = Path(tmp) / "run"
+        run_dir.mkdir()
+        recorder = Recorder(run_dir, True)
+        state = TrainState()
+
+        def segtrain_block() -> float:
+            t0 = time.perf_counter()
+            with contextlib.redirect_stderr(io.StringIO()):  # the progress bar draws, into a buffer
+                train_one_epoch(model, batches, optimizer, scheduler, scaler, state, cfg, dist, recorder, "fp32",
+                                10**9)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - t0
+
+        def bare_block() -> float:
+            t0 = time.perf_counter()
+            for batch in batches:
+                batch = to_device(batch, device)
+                out = model(batch["image"])
+                loss = compute_losses(out, batch, cfg.trainer.loss)["total"]
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                scheduler.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - t0
+
+        segtrain_block()  # warm-up both paths
+        bare_block()
+        seg, bare = [], []
+        for r in range(args.rounds):
+            order = (segtrain_block, bare_block) if r % 2 == 0 else (bare_block, segtrain_block)
+            for fn in order:
+                (seg if fn is segtrain_block else bare).append(fn())
+        recorder.close()
+    s, b = statistics.median(seg), statistics.median(bare)
+    print(json.dumps({
+        "device": str(device), "model": cfg.model.name, "batch": args.batch, "input": args.size,
+        "steps_per_block": args.steps, "rounds": args.rounds,
+        "segtrain_step_ms": round(1000 * s / args.steps, 3), "bare_step_ms": round(1000 * b / args.steps, 3),
+        "overhead": round(s / b - 1, 4), "goal": "overhead <= 0.02", "goal_met": s / b - 1 <= 0.02,
+        "segtrain_blocks_s": [round(x, 4) for x in seg], "bare_blocks_s": [round(x, 4) for x in bare],
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
