@@ -67,7 +67,7 @@ def bench(ds: PolygonDataset, repeats: int) -> dict:
         for i in range(n):
             ds[(10_000 + epoch, i)]
     t0 = time.perf_counter()
-    for r in range(repeats):
+    for _ in range(repeats):
         for i in range(n):
             rec = ds.records[i]
             decode_image(rec, *read_encoded(rec))
@@ -104,8 +104,9 @@ def main() -> None:
     repeats = 1 if args.quick else args.repeats
     results = {"threads": 1, "goal": "full_over_decode <= 2"}
     recs = real_records()
-    results["real_samples"] = bench(make_dataset(recs, ["background", "person", "date", "fig", "hazelnut"],
-                                                 (512, 512)), repeats)
+    results["real_samples"] = bench(
+        make_dataset(recs, ["background", "person", "date", "fig", "hazelnut"], (512, 512)), repeats
+    )
     with tempfile.TemporaryDirectory() as tmp:
         root = ensure_synthetic(tmp, 2 if args.quick else 6, 1, (1024, 2048), 20, seed=0)
         recs, _ = load_coco(root / "train.json", root / "train", ClassMap(["background", *CLASSES]))

@@ -44,15 +44,23 @@ def main() -> None:
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose([f"dataset.cache_dir={tmp}/cache", f"dataset.input_size=[{args.size},{args.size}]",
-                       f"dataset.synthetic.image_size=[{args.size},{args.size}]", "trainer.log_every=10",
-                       "trainer.progress=true"])
+        cfg = compose(
+            [
+                f"dataset.cache_dir={tmp}/cache",
+                f"dataset.input_size=[{args.size},{args.size}]",
+                f"dataset.synthetic.image_size=[{args.size},{args.size}]",
+                "trainer.log_every=10",
+                "trainer.progress=true",
+            ]
+        )
         device = torch.device(args.device)
         dist = DistInfo(device=device)
         ds = build_dataset(cfg, "train")
         ds.uint8_images = True
-        batches = [default_collate([ds[(0, (b * args.batch + i) % len(ds))] for i in range(args.batch)])
-                   for b in range(args.steps)]
+        batches = [
+            default_collate([ds[(0, (b * args.batch + i) % len(ds))] for i in range(args.batch)])
+            for b in range(args.steps)
+        ]
         model = build_model(cfg.model).to(device).train()
         optimizer = build_optimizer(model, cfg.optim)
         scheduler = build_scheduler(optimizer, cfg.schedule, 10**9)
@@ -65,8 +73,7 @@ def main() -> None:
         def segtrain_block() -> float:
             t0 = time.perf_counter()
             with contextlib.redirect_stderr(io.StringIO()):  # the progress bar draws, into a buffer
-                train_one_epoch(model, batches, optimizer, scheduler, scaler, state, cfg, dist, recorder, "fp32",
-                                10**9)
+                train_one_epoch(model, batches, optimizer, scheduler, scaler, state, cfg, dist, recorder, "fp32", 10**9)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             return time.perf_counter() - t0
@@ -94,13 +101,26 @@ def main() -> None:
                 (seg if fn is segtrain_block else bare).append(fn())
         recorder.close()
     s, b = statistics.median(seg), statistics.median(bare)
-    print(json.dumps({
-        "device": str(device), "model": cfg.model.name, "batch": args.batch, "input": args.size,
-        "steps_per_block": args.steps, "rounds": args.rounds,
-        "segtrain_step_ms": round(1000 * s / args.steps, 3), "bare_step_ms": round(1000 * b / args.steps, 3),
-        "overhead": round(s / b - 1, 4), "goal": "overhead <= 0.02", "goal_met": s / b - 1 <= 0.02,
-        "segtrain_blocks_s": [round(x, 4) for x in seg], "bare_blocks_s": [round(x, 4) for x in bare],
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "device": str(device),
+                "model": cfg.model.name,
+                "batch": args.batch,
+                "input": args.size,
+                "steps_per_block": args.steps,
+                "rounds": args.rounds,
+                "segtrain_step_ms": round(1000 * s / args.steps, 3),
+                "bare_step_ms": round(1000 * b / args.steps, 3),
+                "overhead": round(s / b - 1, 4),
+                "goal": "overhead <= 0.02",
+                "goal_met": s / b - 1 <= 0.02,
+                "segtrain_blocks_s": [round(x, 4) for x in seg],
+                "bare_blocks_s": [round(x, 4) for x in bare],
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -116,8 +116,13 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
     with pytest.raises(CheckpointError, match="trust_checkpoint=true") as e:
         load_file(evil)
     assert "system" in str(e.value)
-    proc = run_module("segtrain.evaluate", [*SMOKE, f"ckpt={evil}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
-                      tmp_path / "cache", check=False)
+    proc = run_module(
+        "segtrain.evaluate",
+        [*SMOKE, f"ckpt={evil}", f"hydra.run.dir={tmp_path / 'run'}"],
+        tmp_path,
+        tmp_path / "cache",
+        check=False,
+    )
     assert proc.returncode != 0 and "trust_checkpoint=true" in proc.stderr
     assert not marker.exists(), "the payload ran"
 
@@ -136,7 +141,9 @@ def test_freeze_patterns_and_frozen_batchnorm():
     model = tiny_model()
     frozen = apply_freeze(model, "[backbone.stage1,backbone.stage2]".strip("[]"))
     assert frozen and all(n.startswith(("backbone.stage1.", "backbone.stage2.")) for n in frozen)
-    bns = [m for n, m in model.named_modules() if n.startswith("backbone.stage1") and isinstance(m, torch.nn.BatchNorm2d)]
+    bns = [
+        m for n, m in model.named_modules() if n.startswith("backbone.stage1") and isinstance(m, torch.nn.BatchNorm2d)
+    ]
     model.train()
     assert bns and all(not m.training for m in bns), "frozen BatchNorm must stay in eval mode"
     assert "trainable" in freeze_report(model)
@@ -158,8 +165,14 @@ def test_sigkill_then_resume_is_exact(reference):
     base = reference
     run_dir = base / "killed"
     cmd = [sys.executable, "-m", "segtrain.train", *RESUMABLE, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(cmd, cwd=base, env=child_env(base / "cache"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=base,
+        env=child_env(base / "cache"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     last = run_dir / "checkpoints" / "last.pt"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
@@ -170,8 +183,7 @@ def test_sigkill_then_resume_is_exact(reference):
     proc.wait(10)
     killed_at = torch.load(last, weights_only=True)["step"]
     assert killed_at < 12, "the run finished before it could be killed; make it longer"
-    proc = run_module("segtrain.train", [*RESUMABLE, "resume=auto", f"hydra.run.dir={run_dir}"], base,
-                      base / "cache")
+    proc = run_module("segtrain.train", [*RESUMABLE, "resume=auto", f"hydra.run.dir={run_dir}"], base, base / "cache")
     assert f"resumed from {last}" in proc.stderr
     ref = torch.load(base / "ref" / "checkpoints" / "last.pt", weights_only=True)
     got = torch.load(last, weights_only=True)
@@ -186,8 +198,9 @@ def test_resume_on_another_world_size_says_what_changed(reference):
     run_dir = base / "rescaled"
     src = base / "ref" / "checkpoints" / "step_00000006.pt"
     assert src.exists(), sorted(p.name for p in src.parent.iterdir())
-    proc = run_module("segtrain.train", [*RESUMABLE, f"resume={src}", f"hydra.run.dir={run_dir}"], base,
-                      base / "cache", nproc=2)
+    proc = run_module(
+        "segtrain.train", [*RESUMABLE, f"resume={src}", f"hydra.run.dir={run_dir}"], base, base / "cache", nproc=2
+    )
     assert "world_size=1 on world_size=2" in proc.stdout + proc.stderr + (run_dir / "train.log").read_text()
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 12
 
@@ -209,8 +222,12 @@ def test_finetune_ddp_checkpoint_with_frozen_backbone(reference, tmp_path):
         dist.destroy_process_group()
     assert all(k.startswith("module.") for k in torch.load(ddp_path, weights_only=True))
     run_dir = tmp_path / "ft"
-    proc = run_module("segtrain.finetune", [*SMOKE, f"ckpt={ddp_path}", "freeze=backbone", "trainer.max_steps=4",
-                                            f"hydra.run.dir={run_dir}"], tmp_path, base / "cache")
+    proc = run_module(
+        "segtrain.finetune",
+        [*SMOKE, f"ckpt={ddp_path}", "freeze=backbone", "trainer.max_steps=4", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+        base / "cache",
+    )
     assert "frozen" in (run_dir / "train.log").read_text()
     after = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
     before = src_ck["model"]
@@ -229,13 +246,29 @@ def test_finetune_from_training_checkpoint_uses_its_config(reference, tmp_path):
     ck = base / "ref" / "checkpoints" / "best.pt"
     # No experiment given: the model (width 8 etc.) must come from the checkpoint's stored config.
     run_dir = tmp_path / "ft2"
-    run_module("segtrain.finetune", [f"ckpt={ck}", "freeze=[backbone.stage1,backbone.stage2]", "trainer.epochs=1",
-                                     "trainer.max_steps=2", "trainer.device=cpu", "trainer.num_workers=0",
-                                     f"hydra.run.dir={run_dir}"], tmp_path, base / "cache")
+    run_module(
+        "segtrain.finetune",
+        [
+            f"ckpt={ck}",
+            "freeze=[backbone.stage1,backbone.stage2]",
+            "trainer.epochs=1",
+            "trainer.max_steps=2",
+            "trainer.device=cpu",
+            "trainer.num_workers=0",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        base / "cache",
+    )
     cfg = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["config"]
     assert cfg["model"]["width"] == 8 and cfg["freeze"] == ["backbone.stage1", "backbone.stage2"]
-    bad = run_module("segtrain.finetune", [f"ckpt={ck}", "freeze=backbone.nope", f"hydra.run.dir={tmp_path / 'x'}"],
-                     tmp_path, base / "cache", check=False)
+    bad = run_module(
+        "segtrain.finetune",
+        [f"ckpt={ck}", "freeze=backbone.nope", f"hydra.run.dir={tmp_path / 'x'}"],
+        tmp_path,
+        base / "cache",
+        check=False,
+    )
     assert bad.returncode != 0 and "matches no parameter" in bad.stderr
 
 
@@ -244,8 +277,12 @@ def test_evaluate_reproduces_training_miou(reference, tmp_path):
     base = reference
     rows = [json.loads(x) for x in (base / "ref" / "metrics.jsonl").read_text().splitlines()]
     recorded = [r for r in rows if r["split"] == "val"][-1]["miou"]
-    proc = run_module("segtrain.evaluate", [f"ckpt={base / 'ref' / 'checkpoints' / 'last.pt'}",
-                                            f"hydra.run.dir={tmp_path / 'ev'}"], tmp_path, base / "cache")
+    proc = run_module(
+        "segtrain.evaluate",
+        [f"ckpt={base / 'ref' / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={tmp_path / 'ev'}"],
+        tmp_path,
+        base / "cache",
+    )
     got = json.loads((tmp_path / "ev" / "eval.json").read_text())
     assert got["miou"] == pytest.approx(recorded, abs=1e-12)
     assert "mIoU" in proc.stdout
@@ -256,8 +293,17 @@ def test_predict_writes_overlays(reference, tmp_path):
     base = reference
     images = next(base.joinpath("cache").glob("synthetic-*")) / "val"
     out = tmp_path / "pred"
-    run_module("segtrain.predict", [f"ckpt={base / 'ref' / 'checkpoints' / 'best.pt'}", f"input={images}",
-                                    f"output={out}", f"hydra.run.dir={tmp_path / 'p'}"], tmp_path, base / "cache")
+    run_module(
+        "segtrain.predict",
+        [
+            f"ckpt={base / 'ref' / 'checkpoints' / 'best.pt'}",
+            f"input={images}",
+            f"output={out}",
+            f"hydra.run.dir={tmp_path / 'p'}",
+        ],
+        tmp_path,
+        base / "cache",
+    )
     stems = sorted(p.stem for p in images.glob("*.jpg"))
     for stem in stems:
         assert (out / f"{stem}_semantic.png").is_file() and (out / f"{stem}_center.png").is_file()

@@ -167,3 +167,46 @@ def test_two_node_rendezvous(tmp_path):
     ck = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert ck["world_size"] == 2 and ck["step"] == 4
     assert len(list(Path(run_dir).rglob(".hydra"))) == 1
+
+
+def test_probe_names_unused_parameters(tmp_path, monkeypatch):
+    from segtrain.config import compose
+    from segtrain.data import build_dataset
+    from segtrain.engine.trainer import find_unused_parameters, probe_batch
+    from segtrain.models import build_model
+
+    monkeypatch.setenv("SEGTRAIN_CACHE", str(tmp_path))
+    cfg = compose(["experiment=cpu_smoke"])
+    batch = probe_batch(build_dataset(cfg, "val"))
+    model = build_model(cfg.model)
+    assert find_unused_parameters(model, batch, cfg.trainer.loss, "fp32") == []
+    model.side_branch = torch.nn.Conv2d(3, 3, 1)  # trainable, never used in forward
+    assert find_unused_parameters(model, batch, cfg.trainer.loss, "fp32") == ["side_branch.weight", "side_branch.bias"]
+    model.side_branch.requires_grad_(False)  # frozen parameters never need find_unused_parameters
+    assert find_unused_parameters(model, batch, cfg.trainer.loss, "fp32") == []
+    assert all(p.grad is None for p in model.parameters()), "the probe must not touch the real model"
+
+
+def test_unwrap_reaches_the_model_through_ddp_and_compile(tmp_path):
+    import torch.distributed as dist
+
+    from segtrain.engine.distributed import unwrap
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = torch.nn.Linear(2, 2)
+
+        def freeze_part(self):
+            self.backbone.requires_grad_(False)
+            return "frozen"
+
+    net = Net()
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1)
+    try:
+        wrapped = torch.compile(torch.nn.parallel.DistributedDataParallel(net))
+        assert unwrap(wrapped) is net
+        assert unwrap(wrapped).freeze_part() == "frozen"
+        assert list(unwrap(wrapped).state_dict()) == ["backbone.weight", "backbone.bias"]
+    finally:
+        dist.destroy_process_group()

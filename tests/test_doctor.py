@@ -90,8 +90,9 @@ def test_doctor_calls_slow_storage_input_bound(smoke):
 @pytest.mark.slow
 def test_doctor_cli_on_default_data(tmp_path):
     t0 = time.perf_counter()
-    proc = run_module("segtrain.doctor", ["doctor.json=true", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
-                      tmp_path / "cache")
+    proc = run_module(
+        "segtrain.doctor", ["doctor.json=true", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, tmp_path / "cache"
+    )
     elapsed = time.perf_counter() - t0
     report = json.loads((tmp_path / "run" / "doctor.json").read_text())
     assert report["bound"] in ("input-bound", "compute-bound")
@@ -104,9 +105,19 @@ def test_doctor_cli_on_default_data(tmp_path):
 @pytest.mark.slow
 def test_profiled_run_stops_by_itself_and_leaves_a_trace(tmp_path):
     run_dir = tmp_path / "prof"
-    run_module("segtrain.train", ["experiment=cpu_smoke", "trainer.max_steps=null", "trainer.epochs=50",
-                                  "trainer.profile.mode=torch", "trainer.profile.nvtx=true",
-                                  f"hydra.run.dir={run_dir}"], tmp_path, tmp_path / "cache")
+    run_module(
+        "segtrain.train",
+        [
+            "experiment=cpu_smoke",
+            "trainer.max_steps=null",
+            "trainer.epochs=50",
+            "trainer.profile.mode=torch",
+            "trainer.profile.nvtx=true",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        tmp_path / "cache",
+    )
     traces = list((run_dir / "profile").glob("trace_rank0.json"))
     assert traces and traces[0].stat().st_size > 1000
     trace = json.loads(traces[0].read_text())

@@ -132,8 +132,12 @@ def test_missing_data_path_fails_before_training(tmp_path):
 def test_device_augmentation_run(tmp_path):
     """augment.device=auto on CPU: workers only decode/rasterise; the batch is augmented in torch."""
     run_dir = tmp_path / "run"
-    proc = run_module("segtrain.train", ["experiment=cpu_smoke", "augment.device=auto", f"hydra.run.dir={run_dir}"],
-                      tmp_path, tmp_path / "cache")
+    proc = run_module(
+        "segtrain.train",
+        ["experiment=cpu_smoke", "augment.device=auto", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+        tmp_path / "cache",
+    )
     assert "augmentation and targets run on cpu" in proc.stderr
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4]

@@ -82,8 +82,16 @@ class AffineCrop(A.DualTransform):
             # Without rotation the map is separable: resize just the source region the window sees.
             sy0, sy1 = _source_span(oy, h, H, k)
             sx0, sx1 = _source_span(ox, w, W, k)
-            region = (sy0, sy1, sx0, sx1, max(round((sy1 - sy0) * k), 1), max(round((sx1 - sx0) * k), 1),
-                      round(sy0 * k - oy), round(sx0 * k - ox))
+            region = (
+                sy0,
+                sy1,
+                sx0,
+                sx1,
+                max(round((sy1 - sy0) * k), 1),
+                max(round((sx1 - sx0) * k), 1),
+                round(sy0 * k - oy),
+                round(sx0 * k - ox),
+            )
             return {"region": region, "flip": (flip_x, flip_y), "matrix": None}
         # Pixel centres: source pixel i covers [i, i+1); its centre i + 0.5 maps to k*(i + 0.5) - offset.
         m = np.array([[k, 0.0, 0.5 * k - 0.5 - ox], [0.0, k, 0.5 * k - 0.5 - oy], [0.0, 0.0, 1.0]])
@@ -94,8 +102,9 @@ class AffineCrop(A.DualTransform):
     def _geometry(self, img: np.ndarray, params: dict[str, Any], interp: int, border: int) -> np.ndarray:
         h, w = self.size
         if params["matrix"] is not None:
-            out = cv2.warpAffine(img, params["matrix"], (w, h), flags=interp, borderMode=cv2.BORDER_CONSTANT,
-                                 borderValue=border)
+            out = cv2.warpAffine(
+                img, params["matrix"], (w, h), flags=interp, borderMode=cv2.BORDER_CONSTANT, borderValue=border
+            )
         else:
             sy0, sy1, sx0, sx1, dh, dw, py, px = params["region"]
             src = img[sy0:sy1, sx0:sx1]
@@ -150,16 +159,18 @@ class FastGaussNoise(A.ImageOnlyTransform):
         need = (max(h, self.BANK) + 64, max(w, self.BANK) + 64)
         if self._bank is None or self._bank.shape[0] < need[0] or self._bank.shape[1] < need[1]:
             rng = np.random.default_rng(12345)
-            self._bank = np.clip(rng.standard_normal((*need, 3), dtype=np.float32) * 64, -32767, 32767).astype(
-                np.int16)
+            self._bank = np.clip(rng.standard_normal((*need, 3), dtype=np.float32) * 64, -32767, 32767).astype(np.int16)
         return self._bank
 
     def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         h, w = params["shape"][:2]
         bank = self._get_bank(h, w)
         r = self.py_random
-        return {"oy": r.randrange(bank.shape[0] - h + 1), "ox": r.randrange(bank.shape[1] - w + 1),
-                "scale": r.uniform(0.0, self.std_max) * 255.0 / 64.0 * (1 if r.random() < 0.5 else -1)}
+        return {
+            "oy": r.randrange(bank.shape[0] - h + 1),
+            "ox": r.randrange(bank.shape[1] - w + 1),
+            "scale": r.uniform(0.0, self.std_max) * 255.0 / 64.0 * (1 if r.random() < 0.5 else -1),
+        }
 
     def apply(self, img: np.ndarray, oy: int, ox: int, scale: float, **params: Any) -> np.ndarray:
         h, w = img.shape[:2]

@@ -137,8 +137,9 @@ def _throughput(dataset: Dataset, batch_size: int, workers: int, batches: int, p
     return out
 
 
-def model_throughput(cfg: Any, batch: dict[str, torch.Tensor], dist: DistInfo, steps: int,
-                     device_aug: DeviceBatchAugment | None = None) -> dict[str, float]:
+def model_throughput(
+    cfg: Any, batch: dict[str, torch.Tensor], dist: DistInfo, steps: int, device_aug: DeviceBatchAugment | None = None
+) -> dict[str, float]:
     """Training steps per second on in-memory batches: what the model could consume with a free loader
     (including augmentation and targets when they run on the device)."""
     model = build_model(cfg.model).to(dist.device).train()
@@ -176,8 +177,7 @@ ADVICE = {
     "decode": "JPEG decoding dominates: store images at the training resolution, cache decoded images, "
     "or use more loader workers",
     "rasterise": "polygon rasterisation dominates: simplify very dense polygons or use more loader workers",
-    "augment": "CPU augmentation dominates: set augment.device=cuda to augment on the GPU, "
-    "or use more loader workers",
+    "augment": "CPU augmentation dominates: set augment.device=cuda to augment on the GPU, or use more loader workers",
     "targets": "target building dominates: set augment.device=cuda to build heatmaps/offsets on the GPU",
     "fit": "fitting images to dataset.input_size dominates: store images closer to the training resolution",
     "to_tensor": "tensor conversion dominates: lower dataset.input_size or use augment.device=cuda "
@@ -240,8 +240,10 @@ def verdict(report: dict[str, Any], configured_workers: int, cfg: Any) -> dict[s
             advice.append(ADVICE.get(dominant, f"speed up the {dominant} stage"))
         io = [r["worker_cpu"]["io_wait"] for r in report["loader"] if "worker_cpu" in r]
         if io and max(io) > 0.2:
-            advice.append(f"workers spend up to {100 * max(io):.0f}% of their time in I/O wait: the storage is slow "
-                          "(NAS?); copy data locally or cache decoded images")
+            advice.append(
+                f"workers spend up to {100 * max(io):.0f}% of their time in I/O wait: the storage is slow "
+                "(NAS?); copy data locally or cache decoded images"
+            )
         if not cfg.trainer.persistent_workers:
             advice.append("set trainer.persistent_workers=true (workers are re-spawned every epoch otherwise)")
         if report["device"].startswith("cuda") and not cfg.trainer.pin_memory:
@@ -279,8 +281,10 @@ def format_report(r: dict[str, Any]) -> str:
         extra = ""
         if "worker_cpu" in x:
             c = x["worker_cpu"]
-            extra = (f"  workers: computing {100 * c['computing']:.0f}%, I/O wait {100 * c['io_wait']:.0f}%, "
-                     f"idle {100 * c['idle']:.0f}%")
+            extra = (
+                f"  workers: computing {100 * c['computing']:.0f}%, I/O wait {100 * c['io_wait']:.0f}%, "
+                f"idle {100 * c['idle']:.0f}%"
+            )
         lines.append(f"  num_workers={x['workers']:<2} {x['images_per_s']:8.1f} img/s{extra}")
     m = r["model_step"]
     lines += ["", f"model training step: {m['step_s'] * 1000:.1f} ms/step, {m['images_per_s']:.1f} img/s", ""]

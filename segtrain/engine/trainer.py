@@ -13,6 +13,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,14 +135,14 @@ def find_unused_parameters(
 
 
 def wrap_model(
-    model: nn.Module, dist: DistInfo, cfg: Any, probe_batch: dict[str, torch.Tensor], precision: str
+    model: nn.Module, dist: DistInfo, cfg: Any, probe: Callable[[], dict[str, torch.Tensor]], precision: str
 ) -> nn.Module:
     """DDP (when world_size > 1) with find_unused_parameters decided from evidence, then compile."""
     tr = cfg.trainer
     if dist.distributed:
         setting = str(tr.ddp.find_unused_parameters).lower()
         if setting == "auto":
-            unused = find_unused_parameters(model, probe_batch, tr.loss, precision)
+            unused = find_unused_parameters(model, probe(), tr.loss, precision)
             flags = torch.tensor([len(unused)], device=dist.device)
             all_reduce_(flags)
             find_unused = bool(flags.item() > 0)
@@ -437,7 +438,7 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_checkpoint: Any = None) ->
     elif cfg.resume == "auto":
         log.info("resume=auto: no checkpoint in %s, starting fresh", run_dir / "checkpoints")
 
-    model = wrap_model(model, dist, cfg, probe_batch(val_set), precision)
+    model = wrap_model(model, dist, cfg, lambda: probe_batch(val_set), precision)
     recorder = Recorder(run_dir, dist.is_main)
     profiler = torch_profiler(tr.profile, run_dir / "profile", dist.rank)
     profile_steps = tr.profile.wait + tr.profile.warmup + tr.profile.active
@@ -468,7 +469,8 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_checkpoint: Any = None) ->
             )
         return False
 
-    meter = DataWaitMeter(dist.device, tr.data_wait_warn, hint=" ".join(sys.argv[1:]))
+    warn_above = tr.data_wait_warn if dist.is_main else 0.0  # one warning per job, from rank 0
+    meter = DataWaitMeter(dist.device, warn_above, hint=" ".join(sys.argv[1:]))
     try:
         if profiler is not None:
             profiler.start()
