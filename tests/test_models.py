@@ -36,8 +36,16 @@ def model_cfg(*overrides: str):
 
 
 def spec(**kw):
-    base = dict(name="panoptic_deeplab", num_classes=3, backbone="resnet18", pretrained=None, width=8,
-                decoder_channels=32, head_channels=16, output_stride=16)
+    base = dict(
+        name="panoptic_deeplab",
+        num_classes=3,
+        backbone="resnet18",
+        pretrained=None,
+        width=8,
+        decoder_channels=32,
+        head_channels=16,
+        output_stride=16,
+    )
     base.update(kw)
     return SimpleNamespace(**base)
 

@@ -102,9 +102,13 @@ class AffineCrop(A.DualTransform):
     def _geometry(self, img: np.ndarray, params: dict[str, Any], interp: int, border: int) -> np.ndarray:
         h, w = self.size
         if params["matrix"] is not None:
+            rgb = img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8
+            src = cv2.cvtColor(img, cv2.COLOR_RGB2RGBA) if rgb else img  # OpenCV warps 4 channels 2.5x faster
             out = cv2.warpAffine(
-                img, params["matrix"], (w, h), flags=interp, borderMode=cv2.BORDER_CONSTANT, borderValue=border
+                src, params["matrix"], (w, h), flags=interp, borderMode=cv2.BORDER_CONSTANT, borderValue=border
             )
+            if rgb:
+                out = cv2.cvtColor(out, cv2.COLOR_RGBA2RGB)
         else:
             sy0, sy1, sx0, sx1, dh, dw, py, px = params["region"]
             src = img[sy0:sy1, sx0:sx1]

@@ -17,7 +17,7 @@ from segtrain.data.transforms import build_transforms
 from segtrain.engine import checkpoint as ckpt_io
 from segtrain.engine.distributed import DistInfo
 from segtrain.engine.loaders import build_loader
-from segtrain.engine.trainer import autocast, effective_precision, evaluate
+from segtrain.engine.trainer import autocast, effective_precision, evaluate, progress_bar
 from segtrain.engine.visualize import overlay_heatmap, overlay_semantic
 from segtrain.models import build_model
 
@@ -40,7 +40,7 @@ def evaluate_checkpoint(cfg: Any, blob: Any, dist: DistInfo, run_dir: Path) -> d
     loader = build_loader(build_dataset(cfg, "val"), dist, cfg.trainer, train=False)
     precision = effective_precision(cfg.trainer.precision, dist.device)
     metrics, _ = evaluate(
-        model, loader, cfg.model.num_classes, dist.device, precision, progress=dist.is_main and cfg.trainer.progress
+        model, loader, cfg.model.num_classes, dist.device, precision, progress=progress_bar(dist, cfg.trainer)
     )
     classes = list(cfg.dataset.classes)
     metrics["per_class"] = {c: metrics["iou"][i] for i, c in enumerate(classes)}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,10 +95,15 @@ def worker_init(worker_id: int) -> None:
     keep_freed_memory()
     cv2.setNumThreads(0)
     torch.set_num_threads(1)
-    # Augmentation randomness is seeded per item (see PolygonDataset); this covers anything else.
+    # Augmentation randomness is seeded per item (see PolygonDataset); this covers anything else a
+    # user's dataset draws, distinct per rank and per worker (torch's worker seed is the same on
+    # every rank, since every rank seeds its main process alike).
     info = torch.utils.data.get_worker_info()
-    seed = (info.seed if info is not None else worker_id) % 2**32
+    rank = int(os.environ.get("RANK", "0"))
+    seed = ((info.seed if info is not None else worker_id) + 1_000_003 * rank) % 2**32
     np.random.seed(seed)
+    random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def build_loader(dataset: Dataset, dist: DistInfo, trainer: Any, train: bool) -> DataLoader:

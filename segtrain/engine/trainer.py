@@ -106,6 +106,11 @@ class DeviceBatchAugment:
         return {"image": image, "instance": inst, **targets}
 
 
+def progress_bar(dist: DistInfo, trainer: Any) -> bool:
+    """A tqdm bar on rank 0 in a terminal; log lines instead when the output goes to a file or pipe."""
+    return dist.is_main and bool(trainer.progress) and sys.stderr.isatty()
+
+
 def configure_determinism(trainer: Any) -> None:
     torch.manual_seed(trainer.seed)
     np.random.seed(trainer.seed % 2**32)
@@ -318,13 +323,14 @@ def train_one_epoch(
     meter.reset()
     sums: dict[str, float] = {}
     model.train()
+    show_bar = progress_bar(dist, tr)
     bar = tqdm(
         total=len(loader),
         initial=0,
         desc=f"epoch {state.epoch}",
         leave=False,
         dynamic_ncols=True,
-        disable=not (dist.is_main and tr.progress),
+        disable=not show_bar,
     )
     it = iter(loader)
     while state.step < total_steps:
@@ -371,7 +377,7 @@ def train_one_epoch(
             sums.clear()
             recorder.log("train", state.epoch, state.step, values)
             bar.set_postfix(loss=f"{values['loss/total']:.3f}", wait=f"{values['perf/data_wait_frac']:.0%}")
-            if dist.is_main and not tr.progress:
+            if dist.is_main and not show_bar:
                 log.info(
                     "epoch %d step %d loss %.4f lr %.2e %.1f img/s data-wait %.0f%%",
                     state.epoch,
@@ -506,7 +512,7 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_checkpoint: Any = None) ->
                         dist.device,
                         precision,
                         tr.num_log_images if dist.is_main else 0,
-                        dist.is_main and tr.progress,
+                        progress_bar(dist, tr),
                     )
                     recorder.log("val", state.epoch, state.step, last_metrics)
                     for i, row in enumerate(panels):

@@ -110,6 +110,4 @@ def build_backbone(name: str, output_stride: int) -> tuple[nn.Module, dict[str, 
         return resnet_backbone(name, output_stride)
     if name in MOBILENETS:
         return mobilenet_backbone(name, output_stride)
-    raise ValueError(
-        f"unsupported model.backbone={name!r}; supported backbones: {', '.join(SUPPORTED_BACKBONES)}"
-    )
+    raise ValueError(f"unsupported model.backbone={name!r}; supported backbones: {', '.join(SUPPORTED_BACKBONES)}")

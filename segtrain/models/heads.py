@@ -59,8 +59,9 @@ class SegmentationModel(nn.Module):
 class ConvBNReLU(nn.Sequential):
     def __init__(self, cin: int, cout: int, k: int = 3, stride: int = 1, dilation: int = 1, groups: int = 1):
         super().__init__(
-            nn.Conv2d(cin, cout, k, stride, padding=dilation * (k - 1) // 2, dilation=dilation, groups=groups,
-                      bias=False),
+            nn.Conv2d(
+                cin, cout, k, stride, padding=dilation * (k - 1) // 2, dilation=dilation, groups=groups, bias=False
+            ),
             nn.BatchNorm2d(cout),
             nn.ReLU(),
         )
@@ -76,8 +77,9 @@ class SeparableConvBNReLU(nn.Sequential):
 class PredictionHead(nn.Sequential):
     """Panoptic-DeepLab head: one separable conv, then a 1x1 projection to the output channels."""
 
-    def __init__(self, cin: int, head_channels: int, cout: int, k: int = 5, separable: bool = True,
-                 start_near_zero: bool = False):
+    def __init__(
+        self, cin: int, head_channels: int, cout: int, k: int = 5, separable: bool = True, start_near_zero: bool = False
+    ):
         block = SeparableConvBNReLU(cin, head_channels, k) if separable else ConvBNReLU(cin, head_channels, k)
         super().__init__(block, nn.Conv2d(head_channels, cout, 1))
         init_weights(block)
@@ -91,8 +93,15 @@ class PredictionHead(nn.Sequential):
 class PanopticHeads(nn.Module):
     """Semantic logits from one feature map; centre heatmap and (dy, dx) offsets from another (or it)."""
 
-    def __init__(self, num_classes: int, semantic_in: int, instance_in: int, head_channels: int, k: int = 5,
-                 separable: bool = True):
+    def __init__(
+        self,
+        num_classes: int,
+        semantic_in: int,
+        instance_in: int,
+        head_channels: int,
+        k: int = 5,
+        separable: bool = True,
+    ):
         super().__init__()
         self.semantic = PredictionHead(semantic_in, head_channels, num_classes, k, separable)
         self.center = PredictionHead(instance_in, head_channels, 1, k, separable, start_near_zero=True)

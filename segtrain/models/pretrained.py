@@ -61,8 +61,10 @@ def read_state_dict(path: Any) -> dict[str, Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - unpickling errors have many types; re-raised with the key named
-        raise ValueError(f"model.pretrained={str(path)!r}: cannot read it as a PyTorch checkpoint "
-                         f"(loaded with weights_only=True): {e}") from e
+        raise ValueError(
+            f"model.pretrained={str(path)!r}: cannot read it as a PyTorch checkpoint "
+            f"(loaded with weights_only=True): {e}"
+        ) from e
     return extract_state_dict(obj, str(path))
 
 
@@ -88,7 +90,7 @@ def strip_wrappers(key: str) -> str:
         stripped = False
         for prefix in _WRAPPER_PREFIXES:
             if key.startswith(prefix):
-                key, stripped = key[len(prefix):], True
+                key, stripped = key[len(prefix) :], True
     return key
 
 
@@ -104,17 +106,22 @@ def torchvision_state_dict(model: nn.Module, name: str) -> dict[str, Tensor]:
         except (ValueError, KeyError) as e:
             raise ValueError(f"model.pretrained={name!r}: no such file nor torchvision weights: {e}") from e
         if arch_weights is not None and type(weights) is not arch_weights and _is_classifier_weights(weights):
-            raise ValueError(f"model.pretrained={name!r} is for another architecture than "
-                             f"model.backbone={arch!r}; use one of {_names(arch_weights)}")
+            raise ValueError(
+                f"model.pretrained={name!r} is for another architecture than "
+                f"model.backbone={arch!r}; use one of {_names(arch_weights)}"
+            )
     else:
         if arch_weights is None:
-            raise ValueError(f"model.pretrained={name!r}: {type(model).__name__} has no torchvision backbone "
-                             "to resolve a weights name for; pass a local checkpoint file")
+            raise ValueError(
+                f"model.pretrained={name!r}: {type(model).__name__} has no torchvision backbone "
+                "to resolve a weights name for; pass a local checkpoint file"
+            )
         try:
             weights = arch_weights[name]
         except KeyError:
-            raise ValueError(f"model.pretrained={name!r}: no such weights for {arch}; "
-                             f"available: {_names(arch_weights)}") from None
+            raise ValueError(
+                f"model.pretrained={name!r}: no such weights for {arch}; available: {_names(arch_weights)}"
+            ) from None
     log.info("model.pretrained: fetching torchvision weights %s (%s)", weights, weights.url)
     try:
         return extract_state_dict(weights.get_state_dict(progress=False, check_hash=True), str(weights))
@@ -139,9 +146,7 @@ def _matches(state: Mapping[str, Tensor], target: Mapping[str, Tensor]) -> list[
     return [k for k, v in state.items() if k in target and target[k].shape == v.shape]
 
 
-def load_state_dict_auto(
-    model: nn.Module, state: Mapping[str, Tensor], source: str = "checkpoint"
-) -> LoadReport:
+def load_state_dict_auto(model: nn.Module, state: Mapping[str, Tensor], source: str = "checkpoint") -> LoadReport:
     """Load into the whole model or into ``model.backbone``, whichever the checkpoint's keys fit best."""
     full_target = model.state_dict()
     best_target, best_state, best_prefix = "model", dict(state), ""
@@ -150,7 +155,7 @@ def load_state_dict_auto(
     if isinstance(backbone, nn.Module):
         bb_target = backbone.state_dict()
         for prefix in _BACKBONE_PREFIXES:
-            cand = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            cand = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
             count = len(_matches(cand, bb_target))
             if count > best_count:  # ties go to the whole model
                 best_target, best_state, best_prefix, best_count = "backbone", cand, prefix, count
@@ -169,7 +174,7 @@ def load_state_dict_auto(
     target_module.load_state_dict({k: best_state[k] for k in report.loaded}, strict=False)
     report.missing = [k for k in target if k not in loaded]
     for k, v in state.items():
-        local = k[len(best_prefix):] if k.startswith(best_prefix) else None
+        local = k[len(best_prefix) :] if k.startswith(best_prefix) else None
         if local in loaded:
             continue
         if local is not None and local in target:
@@ -187,16 +192,24 @@ def _short(keys: list[str], n: int = 8) -> str:
 
 
 def _log(r: LoadReport) -> None:
-    log.info("model.pretrained=%s: loaded %d tensors into the %s (%d missing, %d unexpected, %d shape "
-             "mismatches, %d classifier tensors ignored)", r.source, len(r.loaded), r.target, len(r.missing),
-             len(r.unexpected), len(r.mismatched), len(r.ignored))
+    log.info(
+        "model.pretrained=%s: loaded %d tensors into the %s (%d missing, %d unexpected, %d shape "
+        "mismatches, %d classifier tensors ignored)",
+        r.source,
+        len(r.loaded),
+        r.target,
+        len(r.missing),
+        len(r.unexpected),
+        len(r.mismatched),
+        len(r.ignored),
+    )
     if r.missing:
-        log.warning("model.pretrained: %s tensors not in the checkpoint (left as initialised): %s",
-                    r.target, _short(r.missing))
+        log.warning(
+            "model.pretrained: %s tensors not in the checkpoint (left as initialised): %s", r.target, _short(r.missing)
+        )
     if r.unexpected:
         log.warning("model.pretrained: checkpoint tensors not used: %s", _short(r.unexpected))
     if r.mismatched:
         log.warning("model.pretrained: skipped for a shape mismatch: %s", _short(r.mismatched))
     if r.ignored:
         log.info("model.pretrained: ignored classifier tensors: %s", _short(r.ignored))
-

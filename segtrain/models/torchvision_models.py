@@ -48,10 +48,11 @@ class TorchvisionSegmentation(SegmentationModel):
 def _build(kind: str, spec: ModelSpec) -> TorchvisionSegmentation:
     builders = BUILDERS[kind]
     if spec.backbone not in builders:
-        raise ValueError(f"model.name={kind} does not support model.backbone={spec.backbone!r}; "
-                         f"supported backbones: {', '.join(builders)}")
-    net = builders[spec.backbone](weights=None, weights_backbone=None, num_classes=spec.num_classes,
-                                  aux_loss=False)
+        raise ValueError(
+            f"model.name={kind} does not support model.backbone={spec.backbone!r}; "
+            f"supported backbones: {', '.join(builders)}"
+        )
+    net = builders[spec.backbone](weights=None, weights_backbone=None, num_classes=spec.num_classes, aux_loss=False)
     return TorchvisionSegmentation(net, spec.backbone)
 
 
