@@ -41,9 +41,7 @@ sys.path.insert(0, str(REPO))
 from segtrain.data.annotations import ClassMap, ImageRecord, load_coco, load_labelme  # noqa: E402
 from segtrain.data.rasterise import polygon_mask, rasterise  # noqa: E402
 
-PAIRS = [
-    ("labelme_examples/instance_segmentation", "labelme_examples/instance_segmentation_coco/annotations.json")
-]
+PAIRS = [("labelme_examples/instance_segmentation", "labelme_examples/instance_segmentation_coco/annotations.json")]
 
 
 def _full(res, h: int, w: int) -> np.ndarray:
@@ -108,9 +106,7 @@ def find_datasets(roots: list[Path], scratch: Path) -> list[tuple[str, list[Imag
         for d in sorted(labelme_dirs):
             labels = set()
             for js in d.glob("*.json"):
-                labels |= {
-                    str(s.get("label")) for s in json.loads(js.read_text(encoding="utf-8")).get("shapes", [])
-                }
+                labels |= {str(s.get("label")) for s in json.loads(js.read_text(encoding="utf-8")).get("shapes", [])}
             recs, _ = load_labelme(d, _classmap_for(labels), on_error="skip")
             out.append((str(d.relative_to(root)), recs))
     return out
@@ -138,8 +134,7 @@ def iou_stats(datasets) -> tuple[dict, dict]:
         "min": round(float(ious.min()), 6) if len(rows) else None,
         "identical": int(sum(r[4] == 0 for r in rows)),
         "worst": [
-            {"data": n, "ann_id": a, "iou": round(i, 6), "pixels": p, "pixels_differing": d}
-            for i, n, a, p, d in worst
+            {"data": n, "ann_id": a, "iou": round(i, 6), "pixels": p, "pixels_differing": d} for i, n, a, p, d in worst
         ],
     }
     return stats, {"instances": rle_total, "identical": rle_same}
@@ -195,9 +190,7 @@ def _pycocotools_image(rec: ImageRecord, compose: bool) -> None:
 
 def _scaled(rec: ImageRecord, f: int) -> ImageRecord:
     """The record's polygon instances on an image ``f`` times larger (like a higher-resolution camera)."""
-    insts = [
-        dataclasses.replace(i, polygons=[p * f for p in i.polygons]) for i in rec.instances if i.rle is None
-    ]
+    insts = [dataclasses.replace(i, polygons=[p * f for p in i.polygons]) for i in rec.instances if i.rle is None]
     return dataclasses.replace(rec, height=rec.height * f, width=rec.width * f, instances=insts)
 
 
@@ -282,9 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         "../shared/data beside the repository, else tests/data",
     )
     ap.add_argument("--repeat", type=int, default=7, help="timing repetitions (best of), default 7")
-    ap.add_argument(
-        "--scale", type=int, default=3, help="also time the polygon images scaled up this much (default 3)"
-    )
+    ap.add_argument("--scale", type=int, default=3, help="also time the polygon images scaled up this much (default 3)")
     ap.add_argument("--no-cv2", action="store_true", help="skip the cv2.fillPoly reference IoU")
     args = ap.parse_args(argv)
     if args.data:

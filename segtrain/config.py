@@ -178,6 +178,9 @@ class TrainerConfig:
     persistent_workers: bool = True
     prefetch_factor: int = 2
     device: str = "auto"  # auto | cpu | cuda
+    # torch intra-op threads of each training process on CPU; None: the cores left over by this
+    # node's processes and their loader workers (oversubscribed OpenMP threads spin against each other)
+    cpu_threads: int | None = None
     precision: str = "fp32"  # fp32 | fp16 | bf16 (autocast; fp16 uses a GradScaler)
     grad_clip: float = 0.0  # max global grad norm; 0 disables
     seed: int = 0

@@ -21,7 +21,5 @@ def test_data() -> Path:
 def shared_data() -> Path:
     """../shared/data beside the repository; the test is skipped when it is absent."""
     if not SHARED_DATA.is_dir():
-        pytest.skip(
-            f"shared sample data not found at {SHARED_DATA} (not redistributable, so not in the repository)"
-        )
+        pytest.skip(f"shared sample data not found at {SHARED_DATA} (not redistributable, so not in the repository)")
     return SHARED_DATA

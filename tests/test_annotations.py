@@ -149,9 +149,7 @@ def test_coco_compressed_rle_crowd_and_sparse_category_ids(test_data, tmp_path):
 
 
 def test_coco_class_map_drop_and_ignore(mmpose):
-    recs, _ = load_coco(
-        mmpose / "test_coco.json", mmpose, ClassMap(["background", "human"], {"person": "human"})
-    )
+    recs, _ = load_coco(mmpose / "test_coco.json", mmpose, ClassMap(["background", "human"], {"person": "human"}))
     assert {i.class_id for r in recs for i in r.instances} == {1}
     recs, _ = load_coco(mmpose / "test_coco.json", mmpose, ClassMap(["background"], {"person": None}))
     assert len(recs) == 4 and all(r.instances == [] for r in recs)  # images kept, all background
@@ -378,9 +376,7 @@ def test_labelme_bad_input_raises_or_skips(nuts, kind):
 
 # --------------------------------------------------------------------------- images
 def _record(path: Path, h: int, w: int) -> ImageRecord:
-    return ImageRecord(
-        image_id="img", source="ann.json", height=h, width=w, path=path, image_data=None, instances=[]
-    )
+    return ImageRecord(image_id="img", source="ann.json", height=h, width=w, path=path, image_data=None, instances=[])
 
 
 def test_read_image_truncated_jpeg(mmpose):

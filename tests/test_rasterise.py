@@ -246,9 +246,7 @@ def test_rasterise_empty_and_missing():
 
 def test_rasterise_rle_instances_equal_pycocotools(test_data, tmp_path):
     recs = _coco_records(test_data / "panopticapi_sample/panoptic_coco_detection_format.json", tmp_path)
-    recs += _coco_records(
-        test_data / "mmdetection_coco_dummy_annotations_only/instances_val2017.json", tmp_path
-    )
+    recs += _coco_records(test_data / "mmdetection_coco_dummy_annotations_only/instances_val2017.json", tmp_path)
     n = 0
     for rec in recs:
         for inst in rec.instances:

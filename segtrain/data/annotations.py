@@ -96,9 +96,7 @@ class ClassMap:
     def __init__(self, classes: list[str], class_map: Mapping[str, str | None] | None = None):
         self.classes = [str(c) for c in classes]
         if not self.classes:
-            raise AnnotationError(
-                "dataset.classes is empty; list the training classes (index 0 = background)"
-            )
+            raise AnnotationError("dataset.classes is empty; list the training classes (index 0 = background)")
         dup = sorted({c for c in self.classes if self.classes.count(c) > 1})
         if dup:
             raise AnnotationError(f"dataset.classes lists {dup} more than once; class names must be unique")
@@ -249,8 +247,7 @@ def load_coco(
     src = str(ann_path)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise AnnotationError(
-            f"{src}: not a COCO instances file (no 'images' list); "
-            "for LabelMe folders use dataset.format=labelme"
+            f"{src}: not a COCO instances file (no 'images' list); for LabelMe folders use dataset.format=labelme"
         )
     anns = data.get("annotations", [])
     cats = data.get("categories", [])
@@ -351,8 +348,7 @@ def load_coco(
                 rle = _coco_rle(seg, rec.height, rec.width)
             else:
                 raise ValueError(
-                    "no 'segmentation' (polygon list or RLE); bounding-box-only annotations cannot train "
-                    "segmentation"
+                    "no 'segmentation' (polygon list or RLE); bounding-box-only annotations cannot train segmentation"
                 )
         except (ValueError, TypeError) as e:
             col.annotation(

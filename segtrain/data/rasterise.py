@@ -249,9 +249,7 @@ def polygon_masks(
     return out
 
 
-def polygon_mask(
-    polygons: Sequence[np.ndarray], height: int, width: int
-) -> tuple[int, int, np.ndarray] | None:
+def polygon_mask(polygons: Sequence[np.ndarray], height: int, width: int) -> tuple[int, int, np.ndarray] | None:
     """:func:`polygon_masks` of a single instance."""
     return polygon_masks([polygons], height, width)[0]
 
@@ -282,9 +280,7 @@ def _union(pieces: list[tuple[int, int, np.ndarray] | None]) -> tuple[int, int, 
     return r0, c0, out
 
 
-def instance_masks(
-    instances: Sequence[Instance], height: int, width: int
-) -> list[tuple[int, int, np.ndarray] | None]:
+def instance_masks(instances: Sequence[Instance], height: int, width: int) -> list[tuple[int, int, np.ndarray] | None]:
     """Bounding-box-local ``(row0, col0, bool mask)`` of each instance (union of its polygons and
     its RLE, if any), or None when it covers no pixel."""
     height, width = int(height), int(width)

@@ -111,5 +111,7 @@ class DataWaitMeter:
                 "trainer.persistent_workers=true, trainer.pin_memory=true, augment.device=cuda (augment and "
                 "build targets on the GPU), local/cached data instead of a NAS. `python -m segtrain.doctor %s` "
                 "measures which stage is slow.",
-                100 * frac, 100 * self.warn_above, self.hint,
+                100 * frac,
+                100 * self.warn_above,
+                self.hint,
             )

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cv2
 import torch
 
 import segtrain
@@ -27,7 +28,13 @@ def session(cfg: Any, output_dir: str | None, log_name: str = "train.log") -> It
     process, so only rank 0's value is trusted; the others were told by the entry point to
     create nothing)."""
     tr = cfg.trainer
+    # OpenCV's thread pool and torch's OpenMP threads spin against each other on the same cores
+    # (torch ops after cv2 calls became 10-50x slower with num_workers=0); OpenCV stays serial here,
+    # parallelism comes from loader workers and torch.
+    cv2.setNumThreads(0)
     dist = setup(tr.device, tr.ddp.backend, tr.ddp.timeout_s)
+    if dist.device.type == "cpu":
+        torch.set_num_threads(cpu_threads(tr))
     try:
         run_dir = Path(broadcast_object(str(Path(output_dir).resolve()) if dist.is_main else None))
         setup_logging(run_dir, dist.rank, log_name)
@@ -50,6 +57,16 @@ def session(cfg: Any, output_dir: str | None, log_name: str = "train.log") -> It
         yield dist, run_dir
     finally:
         cleanup()
+
+
+def cpu_threads(trainer: Any) -> int:
+    """Threads for torch on a CPU run: the configured number, else the cores this process may use
+    once the other local ranks and every loader worker have theirs."""
+    if trainer.cpu_threads:
+        return int(trainer.cpu_threads)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // local - int(trainer.num_workers))
 
 
 def follower_overrides(argv: list[str]) -> list[str]:
