@@ -6,6 +6,8 @@ returns its predictions at exactly the input resolution, whatever H and W are.
 
 from __future__ import annotations
 
+import abc
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -20,7 +22,7 @@ def resize(x: Tensor, size: tuple[int, int] | torch.Size) -> Tensor:
     return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
 
 
-class SegmentationModel(nn.Module):
+class SegmentationModel(nn.Module, abc.ABC):
     """Normalises input and brings every output to input resolution, so subclasses only compute features.
 
     The ImageNet mean/std are non-persistent buffers: they follow ``.to(device)`` but never appear in a
@@ -37,9 +39,9 @@ class SegmentationModel(nn.Module):
         self.register_buffer("pixel_mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
 
+    @abc.abstractmethod
     def predict(self, x: Tensor) -> dict[str, Tensor]:
         """Raw outputs at any resolution; ``offset`` in pixels of that resolution."""
-        raise NotImplementedError
 
     def forward(self, images: Tensor) -> dict[str, Tensor]:
         if images.ndim != 4 or images.shape[1] != 3:
