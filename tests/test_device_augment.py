@@ -438,6 +438,7 @@ def cpu_pipeline(cfg, items, seeds, targets=True):
         for i, (img, inst, cls) in enumerate(items):
             t.set_random_seed(10_000 * s + i)
             im, ids, ok = apply_transforms(t, img, inst)
+            ok = np.ones(ids.shape, bool) if ok is None else ok  # None: every pixel came from the source
             yield i, im / 255.0, ids, ok, make_targets(ids, cls, valid=ok) if targets else None
 
 
@@ -446,7 +447,7 @@ def device_pipeline(cfg, items, seeds, targets=True):
     fit = [apply_transforms(build_transforms(cfg, SIZE, train=False), img, inst) for img, inst, _ in items]
     image = torch.from_numpy(np.stack([f[0] for f in fit])).permute(0, 3, 1, 2).contiguous()
     inst = torch.from_numpy(np.stack([f[1] for f in fit]).astype(np.int32))
-    valid = torch.from_numpy(np.stack([f[2] for f in fit]))
+    valid = torch.from_numpy(np.stack([np.ones(f[1].shape, bool) if f[2] is None else f[2] for f in fit]))
     kmax = max(len(c) for *_, c in items)
     classes = torch.from_numpy(np.stack([np.pad(c, (0, kmax - len(c))) for *_, c in items]))
     aug = DeviceAugment(cfg, SIZE)

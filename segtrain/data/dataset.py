@@ -105,7 +105,7 @@ class PolygonDataset(Dataset):
         t1 = time.perf_counter()
         if len(rec.instances) > MAX_INSTANCES:
             raise AnnotationError(f"{rec.source}: image {rec.image_id} has more than {MAX_INSTANCES} instances")
-        inst, inst_classes = rasterise(rec.instances, rec.height, rec.width)
+        inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, np.uint16)
         t2 = time.perf_counter()
         image, inst, valid = apply_transforms(self.transform, image, inst)
         t3 = time.perf_counter()
@@ -116,7 +116,7 @@ class PolygonDataset(Dataset):
             return {
                 "image": torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1),
                 "instance": torch.from_numpy(inst.astype(np.int32, copy=False)),
-                "valid": torch.from_numpy(valid),
+                "valid": torch.from_numpy(valid) if valid is not None else torch.ones(inst.shape, dtype=torch.bool),
                 "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
             }
         tg = make_targets(
@@ -125,7 +125,7 @@ class PolygonDataset(Dataset):
             self.sigma,
             stuff_classes=self.stuff_ids,
             ignore_label=IGNORE_LABEL,
-            valid=None if valid.all() else valid,
+            valid=valid,
             small_instance_area=self.small_instance_area,
             small_instance_weight=self.small_instance_weight,
         )

@@ -291,15 +291,20 @@ def instance_masks(instances: Sequence[Instance], height: int, width: int) -> li
     return masks
 
 
-def rasterise(instances: Sequence[Instance], height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """-> (instance_mask (H,W) int32 with ids 1..N in the order of ``instances``, 0 background;
+def rasterise(
+    instances: Sequence[Instance], height: int, width: int, dtype: type = np.int32
+) -> tuple[np.ndarray, np.ndarray]:
+    """-> (instance_mask (H,W) ``dtype`` (int32; the dataset asks for uint16, what augmentation warps)
+    with ids 1..N in the order of ``instances``, 0 background;
     instance_classes (N+1,) int64 with [0] = 0 (background class) and [k] = instances[k-1].class_id).
 
     Painting order: crowd/ignore regions (class 255) first, then the others by decreasing area
     (pixels inside the image), so small instances stay on top of large ones; see the module docstring.
     """
     height, width = int(height), int(width)
-    out = np.zeros((height, width), np.int32)
+    if len(instances) > np.iinfo(dtype).max:
+        raise ValueError(f"{len(instances)} instances do not fit an instance mask of dtype {np.dtype(dtype).name}")
+    out = np.zeros((height, width), dtype)
     cls = [int(inst.class_id) for inst in instances]
     classes = np.array([0, *cls], np.int64)
     if height <= 0 or width <= 0:
@@ -328,7 +333,7 @@ def rasterise(instances: Sequence[Instance], height: int, width: int) -> tuple[n
             m = masks.pop(j)
         dst = out[r : r + m.shape[0], c : c + m.shape[1]]
         # masked fill of the view, in place (cv2 is ~3x faster than numpy boolean assignment here)
-        res = cv2.copyTo(np.full(m.shape, k, np.int32), m, dst)
+        res = cv2.copyTo(np.full(m.shape, k, out.dtype), m, dst)
         if res is not dst:  # never seen; guards against cv2 reallocating instead of writing in place
             np.copyto(dst, res)
     return out, classes

@@ -60,6 +60,7 @@ class AffineCrop(A.DualTransform):
         self.hflip_p = float(hflip_p)
         self.vflip_p = float(vflip_p)
         self.random = random
+        self.covered = False  # did the last call's window see only source pixels (no padding)?
 
     def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         H, W = params["shape"][:2]
@@ -82,18 +83,14 @@ class AffineCrop(A.DualTransform):
             # Without rotation the map is separable: resize just the source region the window sees.
             sy0, sy1 = _source_span(oy, h, H, k)
             sx0, sx1 = _source_span(ox, w, W, k)
-            region = (
-                sy0,
-                sy1,
-                sx0,
-                sx1,
-                max(round((sy1 - sy0) * k), 1),
-                max(round((sx1 - sx0) * k), 1),
-                round(sy0 * k - oy),
-                round(sx0 * k - ox),
-            )
+            dh, dw = max(round((sy1 - sy0) * k), 1), max(round((sx1 - sx0) * k), 1)
+            py, px = round(sy0 * k - oy), round(sx0 * k - ox)
+            # Read by apply_transforms right after this call (one transform per worker, no threads).
+            self.covered = py <= 0 and px <= 0 and py + dh >= h and px + dw >= w
+            region = (sy0, sy1, sx0, sx1, dh, dw, py, px)
             return {"region": region, "flip": (flip_x, flip_y), "matrix": None}
         # Pixel centres: source pixel i covers [i, i+1); its centre i + 0.5 maps to k*(i + 0.5) - offset.
+        self.covered = False  # rotated: corners may fall outside the source
         m = np.array([[k, 0.0, 0.5 * k - 0.5 - ox], [0.0, k, 0.5 * k - 0.5 - oy], [0.0, 0.0, 1.0]])
         c = ((w - 1) / 2.0, (h - 1) / 2.0)
         m = np.vstack([cv2.getRotationMatrix2D(c, angle, 1.0), [0.0, 0.0, 1.0]]) @ m
@@ -269,13 +266,17 @@ def build_transforms(aug: Any, input_size: tuple[int, int], train: bool) -> A.Co
 
 def apply_transforms(
     transform: A.Compose, image: np.ndarray, instance_mask: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """-> (image uint8 HxWx3, instance ids uint16 HxW with 0 outside, valid bool HxW).
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """-> (image uint8 HxWx3, instance ids uint16 HxW with 0 outside, valid bool HxW or None when
+    every pixel came from the source: the common case skips a full-image comparison).
 
     ``instance_mask`` ids must be below :data:`OUTSIDE` (checked by the caller, who knows the count)."""
     out = transform(image=image, mask=instance_mask.astype(np.uint16, copy=False))
     inst = out["mask"]
+    geometry = transform.transforms[0]
+    if isinstance(geometry, AffineCrop) and geometry.covered:
+        return out["image"], inst, None
     valid = inst != OUTSIDE
-    if not valid.all():
-        inst = np.where(valid, inst, 0).astype(np.uint16)
-    return out["image"], inst, valid
+    if valid.all():
+        return out["image"], inst, None
+    return out["image"], np.where(valid, inst, 0).astype(np.uint16), valid
