@@ -276,7 +276,7 @@ def check_overrides(overrides: list[str]) -> None:
         if "=" not in ov:
             continue
         key = ov.split("=", 1)[0].lstrip("+~")
-        if key.startswith("hydra") or key in _GROUPS or key.startswith("hydra/"):
+        if key.startswith("hydra") or key in _GROUPS:
             continue
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(schema, parent) if parent else schema

@@ -29,8 +29,9 @@ import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
+
 IGNORE = "__ignore__"
-IGNORE_INDEX = 255
 ON_ERROR = ("raise", "skip")
 #: LabelMe shape types that are not areas: skipped silently.
 NON_AREA_SHAPES = frozenset({"line", "linestrip", "line_strip", "point", "points"})

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from segtrain.config import IGNORE_LABEL
 from segtrain.data.annotations import AnnotationError, ClassMap, ImageRecord, LoadReport, load_coco, load_labelme
 from segtrain.data.image_io import ImageReadError, decode_image, read_encoded
 from segtrain.data.rasterise import rasterise
@@ -24,8 +25,6 @@ from segtrain.data.targets import make_targets
 from segtrain.data.transforms import MAX_INSTANCES, apply_transforms, build_transforms
 
 log = logging.getLogger(__name__)
-
-IGNORE_LABEL = 255
 
 
 class PolygonDataset(Dataset):
@@ -97,22 +96,18 @@ class PolygonDataset(Dataset):
 
     def load(self, index: int) -> dict[str, torch.Tensor]:
         rec = self.records[index]
-        times = self.stage_times
-        t0 = time.perf_counter()
+        lap = StageClock(self.stage_times)
         data, what = self.read(rec)
-        tr = time.perf_counter()
+        lap("read")
         image = decode_image(rec, data, what)
-        t1 = time.perf_counter()
+        lap("decode")
         if len(rec.instances) > MAX_INSTANCES:
             raise AnnotationError(f"{rec.source}: image {rec.image_id} has more than {MAX_INSTANCES} instances")
         inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, np.uint16)
-        t2 = time.perf_counter()
+        lap("rasterise")
         image, inst, valid = apply_transforms(self.transform, image, inst)
-        t3 = time.perf_counter()
+        lap("fit" if self.raw else "augment")
         if self.raw:
-            if times is not None:
-                for k, v in (("read", tr - t0), ("decode", t1 - tr), ("rasterise", t2 - t1), ("fit", t3 - t2)):
-                    times[k] = times.get(k, 0.0) + v
             return {
                 "image": torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1),
                 "instance": torch.from_numpy(inst.astype(np.int32, copy=False)),
@@ -129,19 +124,24 @@ class PolygonDataset(Dataset):
             small_instance_area=self.small_instance_area,
             small_instance_weight=self.small_instance_weight,
         )
-        t4 = time.perf_counter()
+        lap("targets")
         item = to_tensors(image, inst, tg, self.uint8_images)
-        if times is not None:
-            for k, v in (
-                ("read", tr - t0),
-                ("decode", t1 - tr),
-                ("rasterise", t2 - t1),
-                ("augment", t3 - t2),
-                ("targets", t4 - t3),
-                ("to_tensor", time.perf_counter() - t4),
-            ):
-                times[k] = times.get(k, 0.0) + v
+        lap("to_tensor")
         return item
+
+
+class StageClock:
+    """``lap(name)`` adds the seconds since the previous lap to ``times[name]`` (no-op when None)."""
+
+    def __init__(self, times: dict[str, float] | None) -> None:
+        self.times = times
+        self.last = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.times is not None:
+            now = time.perf_counter()
+            self.times[name] = self.times.get(name, 0.0) + now - self.last
+            self.last = now
 
 
 def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

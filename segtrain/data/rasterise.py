@@ -41,10 +41,11 @@ import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
+
 if TYPE_CHECKING:
     from segtrain.data.annotations import Instance
 
-IGNORE_INDEX = 255
 _SCALE = 5  # pycocotools' sub-pixel grid
 
 

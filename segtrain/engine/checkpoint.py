@@ -173,6 +173,11 @@ def load_model_weights(
     return report
 
 
+def load_weights_from(model: nn.Module, blob: Any, source: str, strict: bool = True) -> dict[str, list[str]]:
+    """The model weights inside a loaded checkpoint file (any supported layout) into ``model``."""
+    return load_model_weights(model, extract_state_dict(blob, source), strict=strict, source=source)
+
+
 def format_key_table(
     report: Mapping[str, list[str]], state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor], limit: int = 20
 ) -> str:

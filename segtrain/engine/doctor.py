@@ -35,11 +35,10 @@ INPUT_BOUND_MARGIN = 1.1  # loader must be 10% faster than the model to call the
 
 def stage_times(dataset: Any, num_images: int) -> dict[str, float]:
     """Mean milliseconds per image of each stage inside the dataset (read, decode, rasterise, ...),
-    measured as a loader worker runs them: one torch thread, the worker's output dtype."""
+    measured as a loader worker runs them: one torch thread (``diagnose`` sets the workers' uint8 output)."""
     n = min(num_images, len(dataset))
     threads = torch.get_num_threads()
     dataset.stage_times = {}
-    dataset.uint8_images = True
     torch.set_num_threads(1)
     try:
         for i in range(n):

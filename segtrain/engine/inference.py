@@ -28,9 +28,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 def model_from_checkpoint(cfg: Any, blob: Any, device: torch.device) -> nn.Module:
     model = build_model(cfg.model)
-    ckpt_io.load_model_weights(
-        model, ckpt_io.extract_state_dict(blob, str(cfg.ckpt)), strict=cfg.ckpt_strict, source=str(cfg.ckpt)
-    )
+    ckpt_io.load_weights_from(model, blob, str(cfg.ckpt), strict=cfg.ckpt_strict)
     return model.to(device).eval()
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from segtrain.data.dataset import collate
-from segtrain.engine.distributed import DistInfo
+from segtrain.engine.distributed import DistInfo, env_rank
 
 
 def per_rank_batch(global_batch: int, world_size: int, key: str = "trainer.batch_size") -> int:
@@ -99,7 +98,7 @@ def worker_init(worker_id: int) -> None:
     # user's dataset draws, distinct per rank and per worker (torch's worker seed is the same on
     # every rank, since every rank seeds its main process alike).
     info = torch.utils.data.get_worker_info()
-    rank = int(os.environ.get("RANK", "0"))
+    rank = env_rank()
     seed = ((info.seed if info is not None else worker_id) + 1_000_003 * rank) % 2**32
     np.random.seed(seed)
     random.seed(seed)

@@ -17,9 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from segtrain.config import IGNORE_LABEL
 from segtrain.engine.distributed import all_reduce_, is_dist
-
-IGNORE_LABEL = 255
 
 
 def _global_mean_denominators(dens: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from segtrain.config import IGNORE_LABEL
 from segtrain.engine.distributed import all_reduce_
-
-IGNORE_LABEL = 255
 
 
 class ConfusionMatrix:

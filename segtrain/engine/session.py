@@ -16,7 +16,7 @@ import cv2
 import torch
 
 import segtrain
-from segtrain.engine.distributed import DistInfo, broadcast_object, cleanup, setup
+from segtrain.engine.distributed import DistInfo, broadcast_object, cleanup, env_rank, setup
 from segtrain.engine.recorder import setup_logging
 
 log = logging.getLogger("segtrain")
@@ -71,7 +71,7 @@ def cpu_threads(trainer: Any) -> int:
 
 def follower_overrides(argv: list[str]) -> list[str]:
     """Under torchrun, ranks other than 0 must not create a run directory or a ``.hydra`` folder."""
-    if int(os.environ.get("RANK", "0")) == 0:
+    if env_rank() == 0:
         return argv
     keep = [a for a in argv if not a.startswith(("hydra.run.dir=", "hydra.output_subdir="))]
     return [*keep, "hydra.run.dir=.", "hydra.output_subdir=null"]

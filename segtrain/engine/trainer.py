@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, default_collate
 from tqdm import tqdm
 
-from segtrain.config import to_container
+from segtrain.config import IGNORE_LABEL, to_container
 from segtrain.data import build_dataset
 from segtrain.data.dataset import item_seed
 from segtrain.data.device_augment import DeviceAugment
@@ -92,7 +92,7 @@ class DeviceBatchAugment:
         self.targets_kw = {
             "sigma": float(t.sigma),
             "stuff_classes": tuple(dataset.stuff_ids),
-            "ignore_label": 255,
+            "ignore_label": IGNORE_LABEL,
             "small_instance_area": int(t.small_instance_area),
             "small_instance_weight": float(t.small_instance_weight),
         }
@@ -270,7 +270,7 @@ def restore(
     path: Path, dist: DistInfo, model: nn.Module, optimizer: Any, scheduler: Any, scaler: Any, trust: bool
 ) -> TrainState:
     blob = ckpt_io.load_file(path, trust=trust, map_location="cpu")
-    ckpt_io.load_model_weights(model, ckpt_io.extract_state_dict(blob, str(path)), strict=True, source=str(path))
+    ckpt_io.load_weights_from(model, blob, str(path))
     optimizer.load_state_dict(blob["optimizer"])
     if blob.get("scheduler") is not None:
         scheduler.load_state_dict(blob["scheduler"])
@@ -414,9 +414,7 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_checkpoint: Any = None) ->
         blob = (
             init_checkpoint if init_checkpoint is not None else ckpt_io.load_file(cfg.ckpt, trust=cfg.trust_checkpoint)
         )
-        ckpt_io.load_model_weights(
-            model, ckpt_io.extract_state_dict(blob, cfg.ckpt), strict=cfg.ckpt_strict, source=cfg.ckpt
-        )
+        ckpt_io.load_weights_from(model, blob, str(cfg.ckpt), strict=cfg.ckpt_strict)
         log.info("loaded weights from %s", cfg.ckpt)
     if tr.sync_bn:
         if dist.distributed:
