@@ -64,6 +64,10 @@ class Instance:
     polygons: list[np.ndarray]  # each (K,2) float64 (x, y) in COCO pixel coords, K>=3; may be empty with rle
     rle: dict | None = None  # compressed pycocotools RLE (COCO RLE segmentations, LabelMe `mask` shapes)
     iscrowd: bool = False
+    # A crowd region's own class index (class_id is 255 for the loss); None for non-crowd and for
+    # ``__ignore__`` regions. Panoptic ground truth needs it: PQ forgives a prediction lying on a
+    # crowd region of its own class.
+    crowd_class: int | None = None
 
 
 @dataclass
@@ -75,6 +79,10 @@ class ImageRecord:
     path: Path | None  # image file, or None when only embedded data exists
     image_data: bytes | None  # embedded encoded image (LabelMe imageData), used when path is None or missing
     instances: list[Instance]
+    # Painting order of overlapping instances (see rasterise.py): "area" (COCO/LabelMe: crowd and
+    # ignore regions first, then by decreasing area, so small objects stay on top) or "file"
+    # (Cityscapes: in the order of ``instances``, later on top).
+    paint_order: str = "area"
 
 
 @dataclass
@@ -365,6 +373,7 @@ def load_coco(
                 polygons=polygons,
                 rle=rle,
                 iscrowd=iscrowd,
+                crowd_class=int(class_id) if iscrowd and class_id != IGNORE_INDEX else None,
             )
         )
     return list(records.values()), col.report
