@@ -1,5 +1,6 @@
-"""Annotations, rasterisation, augmentation and targets. Never imports segtrain.engine."""
+"""Records (annotation formats), the per-item pipeline (mappers) and data sets. Never imports segtrain.engine."""
 
-from segtrain.data.dataset import PolygonDataset, build_dataset
+from segtrain.data.dataset import PolygonDataset, build_dataset, collate
+from segtrain.data.mappers import CpuMapper, DeviceMapper, StageTimer, build_mapper
 
-__all__ = ["PolygonDataset", "build_dataset"]
+__all__ = ["CpuMapper", "DeviceMapper", "PolygonDataset", "StageTimer", "build_dataset", "build_mapper", "collate"]

@@ -54,8 +54,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from segtrain.data.device_targets import make_targets_torch
+from segtrain.data.seeding import item_seed
 
-__all__ = ["DeviceAugment", "make_targets_torch"]
+__all__ = ["DeviceAugment", "DeviceBatchAugment", "make_targets_torch"]
 
 # Colour constants of transforms.LinearColorJitter (kept in step with it).
 _LUMA = (0.299, 0.587, 0.114)
@@ -355,3 +356,27 @@ class DeviceAugment:
         factor = params["shadow_factor"].to(img.dtype).view(b, 1, 1)
         img[:, :, y0:] *= torch.where(inside, factor, 1.0)[:, None]
         return img
+
+
+class DeviceBatchAugment:
+    """``augment.device=cuda|auto``: augment a collated batch and build its targets on the device.
+
+    Randomness comes from a device generator reseeded from (seed, epoch, step, rank), so runs and
+    resumes are reproducible without any host synchronisation. ``targets`` is a
+    :class:`segtrain.data.mappers.TargetSpec`.
+    """
+
+    def __init__(
+        self, aug_cfg: Any, input_size: tuple[int, int], targets: Any, device: torch.device, seed: int, rank: int
+    ) -> None:
+        self.augment = DeviceAugment(aug_cfg, input_size)
+        self.sigma = float(targets.sigma)
+        self.targets_kw = targets.kwargs()
+        self.generator = torch.Generator(device=device)
+        self.seed, self.rank = int(seed), int(rank)
+
+    def __call__(self, batch: dict[str, Tensor], epoch: int, step: int) -> dict[str, Tensor]:
+        self.generator.manual_seed(item_seed(self.seed, epoch, step * 65_536 + self.rank))
+        image, inst, valid = self.augment(batch["image"], batch["instance"], batch["valid"], self.generator)
+        targets = make_targets_torch(inst, batch["instance_classes"], self.sigma, valid=valid, **self.targets_kw)
+        return {"image": image, "instance": inst, **targets}

@@ -1,0 +1,70 @@
+"""Data formats by name (``dataset.format``): how one split's annotations become records.
+
+Each :class:`DataFormat` says how to load a split (``dataset.<split>.*`` keys it needs) and
+what unannotated pixels are: ``background`` (COCO, LabelMe: the first class) or ``ignore``
+(data sets whose every labelled pixel is annotated, such as Cityscapes). Add your own with
+``FORMATS.register("mine", DataFormat(...))``; ``dataset.format=mine`` then works everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from segtrain.data.annotations import ClassMap, ImageRecord, LoadReport, load_coco, load_labelme
+from segtrain.data.synthetic import ensure_synthetic
+from segtrain.registry import Registry
+
+Loader = Callable[[Any, str, ClassMap], tuple[Sequence[ImageRecord], LoadReport]]
+
+
+@dataclass(frozen=True)
+class DataFormat:
+    load: Loader  # (cfg.dataset, split, class_map) -> (records, report)
+    split_keys: tuple[str, ...]  # dataset.<split>.<key> the loader reads (checked before any work)
+    unlabeled: str = "background"  # what pixels outside every annotation are: background | ignore
+
+
+FORMATS: Registry[DataFormat] = Registry("dataset.format", "data format")
+
+
+def class_map_of(ds: Any) -> ClassMap:
+    return ClassMap(list(ds.classes), dict(ds.class_map or {}))
+
+
+def _existing(ds: Any, split: str, key: str, folder: bool) -> Path:
+    value = ds[split][key]
+    path = Path(str(value)) if value else None
+    ok = path is not None and (path.is_dir() if folder else path.exists())
+    if not ok:
+        what = "does not exist" if path is None or not path.exists() else "is not a folder"
+        raise FileNotFoundError(f"dataset.{split}.{key}: {value!r} {what}")
+    return path
+
+
+def _coco(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
+    annotations = _existing(ds, split, "annotations", folder=False)
+    images = _existing(ds, split, "images", folder=True)
+    return load_coco(annotations, images, class_map, ds.on_error)
+
+
+def _labelme(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
+    return load_labelme(_existing(ds, split, "dir", folder=True), class_map, ds.on_error)
+
+
+def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
+    s = ds.synthetic
+    root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
+    return load_coco(root / f"{split}.json", root / split, class_map, ds.on_error)
+
+
+FORMATS.register("coco", DataFormat(_coco, ("images", "annotations")))
+FORMATS.register("labelme", DataFormat(_labelme, ("dir",)))
+FORMATS.register("synthetic", DataFormat(_synthetic, ()))
+
+
+def load_split(ds: Any, split: str) -> tuple[Sequence[ImageRecord], LoadReport]:
+    """Records of one split of ``cfg.dataset`` (fails before training when a path is missing)."""
+    return FORMATS.get(str(ds.format)).load(ds, split, class_map_of(ds))

@@ -1,0 +1,226 @@
+"""The per-item pipeline: record -> read -> decode -> rasterise -> augment -> targets -> tensors.
+
+A mapper turns one :class:`~segtrain.data.annotations.ImageRecord` into one item and is chosen
+when the data set is built, never switched afterwards:
+
+- :class:`CpuMapper`: everything in the loader worker (``augment.device=cpu``).
+- :class:`DeviceMapper`: the worker only reads, decodes, rasterises and fits the image into the
+  input size; :meth:`DeviceMapper.batch_transform` gives the step that augments the collated batch
+  and builds its targets on the training device (``augment.device=cuda|auto``).
+
+Both can time their stages (:class:`StageTimer`, what ``segtrain.doctor`` reports) and take a
+``reader`` (bytes of a record's image), the seam for other storage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import albumentations as A
+import numpy as np
+import torch
+
+from segtrain.config import IGNORE_LABEL
+from segtrain.data.annotations import AnnotationError, ImageRecord
+from segtrain.data.augmentations import DEVICE_PIPELINES, build_pipeline, evaluation_pipeline
+from segtrain.data.device_augment import DeviceBatchAugment
+from segtrain.data.image_io import decode_image, read_encoded
+from segtrain.data.rasterise import rasterise
+from segtrain.data.targets import make_targets
+from segtrain.data.transforms import MAX_INSTANCES, AffineCrop, apply_transforms
+
+Reader = Callable[[ImageRecord], tuple[bytes, str]]
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """How targets are built (``dataset.targets`` + the stuff classes)."""
+
+    sigma: float = 8.0
+    stuff_ids: tuple[int, ...] = ()
+    small_instance_area: int = 0
+    small_instance_weight: float = 1.0
+
+    @classmethod
+    def from_config(cls, ds: Any) -> TargetSpec:
+        classes = list(ds.classes)
+        return cls(
+            sigma=float(ds.targets.sigma),
+            stuff_ids=tuple(classes.index(s) for s in ds.stuff_classes),
+            small_instance_area=int(ds.targets.small_instance_area),
+            small_instance_weight=float(ds.targets.small_instance_weight),
+        )
+
+    def kwargs(self) -> dict[str, Any]:
+        return {
+            "stuff_classes": self.stuff_ids,
+            "ignore_label": IGNORE_LABEL,
+            "small_instance_area": self.small_instance_area,
+            "small_instance_weight": self.small_instance_weight,
+        }
+
+
+class StageTimer:
+    """Seconds per stage, summed over items (``lap(name)`` closes the stage that just ran)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.times: dict[str, float] = {}
+        self.items = 0
+        self._last = time.perf_counter()
+
+    def start(self) -> None:
+        self.items += 1
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.times[name] = self.times.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def ms_per_item(self) -> dict[str, float]:
+        return {k: 1000.0 * v / max(self.items, 1) for k, v in self.times.items()}
+
+
+class _NoTimer:
+    def start(self) -> None:
+        pass
+
+    def lap(self, name: str) -> None:
+        pass
+
+
+class _Mapper:
+    def __init__(self, pipeline: A.Compose, timer: StageTimer | None, reader: Reader | None) -> None:
+        self.pipeline = pipeline
+        self.timer = timer
+        self._clock = timer if timer is not None else _NoTimer()
+        self.read: Reader = reader or read_encoded
+
+    @property
+    def random(self) -> bool:
+        """Whether items need a seed (a random CPU pipeline)."""
+        first = self.pipeline.transforms[0] if self.pipeline.transforms else None
+        return len(self.pipeline.transforms) > 1 or (isinstance(first, AffineCrop) and first.random)
+
+    def _instance_image(self, rec: ImageRecord, seed: int | None) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray]:
+        clock = self._clock
+        clock.start()
+        data, what = self.read(rec)
+        clock.lap("read")
+        image = decode_image(rec, data, what)
+        clock.lap("decode")
+        if len(rec.instances) > MAX_INSTANCES:
+            raise AnnotationError(f"{rec.source}: image {rec.image_id} has more than {MAX_INSTANCES} instances")
+        inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, np.uint16)
+        clock.lap("rasterise")
+        if seed is not None:
+            self.pipeline.set_random_seed(seed)
+        image, inst, valid = apply_transforms(self.pipeline, image, inst)
+        return image, inst, valid, inst_classes
+
+    def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment | None:
+        """The step the trainer applies to each batch on the device (None: items are final)."""
+        return None
+
+
+class CpuMapper(_Mapper):
+    """Read, decode, rasterise, augment and build targets in the loader worker.
+
+    Items: ``image`` (3,H,W) uint8 (float in [0,1] with ``uint8_images=False``; uint8 crosses
+    process boundaries and the PCIe bus 4x cheaper and becomes float on the device),
+    ``instance`` (H,W) int32, ``semantic`` (H,W) uint8 with 255 = ignore, ``center`` (1,H,W),
+    ``offset`` (2,H,W), ``semantic_weight``/``center_weight``/``offset_weight`` (H,W).
+    """
+
+    def __init__(
+        self,
+        pipeline: A.Compose,
+        targets: TargetSpec,
+        *,
+        uint8_images: bool = True,
+        timer: StageTimer | None = None,
+        reader: Reader | None = None,
+    ) -> None:
+        super().__init__(pipeline, timer, reader)
+        self.targets = targets
+        self.uint8_images = uint8_images
+
+    def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
+        image, inst, valid, inst_classes = self._instance_image(rec, seed)
+        self._clock.lap("augment")
+        tg = make_targets(inst, inst_classes, self.targets.sigma, valid=valid, **self.targets.kwargs())
+        self._clock.lap("targets")
+        item = to_tensors(image, inst, tg, self.uint8_images)
+        self._clock.lap("to_tensor")
+        return item
+
+
+class DeviceMapper(_Mapper):
+    """Read, decode, rasterise and fit in the worker; augment and build targets on the device.
+
+    Items: ``image`` (3,H,W) uint8, ``instance`` (H,W) int32, ``valid`` (H,W) bool (False on
+    padding), ``instance_classes`` (N+1,) int64.
+    """
+
+    def __init__(
+        self,
+        input_size: tuple[int, int],
+        augment: Any,
+        targets: TargetSpec,
+        *,
+        timer: StageTimer | None = None,
+        reader: Reader | None = None,
+    ) -> None:
+        if str(augment.name) not in DEVICE_PIPELINES:
+            raise ValueError(
+                f"augment.device={augment.device} implements the pipelines {list(DEVICE_PIPELINES)}, "
+                f"not augment.name={augment.name!r}; use augment.device=cpu for custom pipelines"
+            )
+        super().__init__(evaluation_pipeline(input_size), timer, reader)
+        self.input_size = (int(input_size[0]), int(input_size[1]))
+        self.augment = augment
+        self.targets = targets
+
+    def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
+        image, inst, valid, inst_classes = self._instance_image(rec, None)
+        self._clock.lap("fit")
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1),
+            "instance": torch.from_numpy(inst.astype(np.int32, copy=False)),
+            "valid": torch.from_numpy(valid) if valid is not None else torch.ones(inst.shape, dtype=torch.bool),
+            "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
+        }
+
+    def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment:
+        return DeviceBatchAugment(self.augment, self.input_size, self.targets, device, seed, rank)
+
+
+def to_tensors(
+    image: np.ndarray, inst: np.ndarray, tg: dict[str, np.ndarray], uint8: bool = True
+) -> dict[str, torch.Tensor]:
+    img = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+    if not uint8:
+        img = img.float().div_(255.0)
+    return {
+        "image": img,
+        "instance": torch.from_numpy(inst.astype(np.int32, copy=False)),
+        **{k: torch.from_numpy(v) for k, v in tg.items()},
+    }
+
+
+def build_mapper(
+    cfg: Any, train: bool, *, timer: StageTimer | None = None, reader: Reader | None = None
+) -> CpuMapper | DeviceMapper:
+    """The mapper ``cfg`` asks for: device augmentation for training with ``augment.device != cpu``."""
+    size = (int(cfg.dataset.input_size[0]), int(cfg.dataset.input_size[1]))
+    targets = TargetSpec.from_config(cfg.dataset)
+    if train and str(cfg.augment.device) != "cpu":
+        return DeviceMapper(size, cfg.augment, targets, timer=timer, reader=reader)
+    pipeline = build_pipeline(cfg.augment if train else None, size, train)
+    return CpuMapper(pipeline, targets, timer=timer, reader=reader)
