@@ -25,7 +25,7 @@ from segtrain.models import (
     register_model,
 )
 from segtrain.models import registry as registry_module
-from segtrain.models.pretrained import load_state_dict_auto
+from segtrain.models.weights import CheckpointError, load_weights
 
 H, W = 65, 73  # odd, not multiples of 32
 PRESETS = ["tiny", "panoptic_r18", "panoptic_r50", "panoptic_mobilenet", "deeplabv3", "fcn", "lraspp"]
@@ -155,11 +155,11 @@ def test_register_custom_model_and_contract_check():
         assert out["semantic"].shape == (1, 3, H, W)
         with pytest.raises(TypeError, match="backbone"):
             build_model(spec(name="test_broken"))
-        with pytest.raises(ValueError, match="already taken"):
+        with pytest.raises(ValueError, match="already registered"):
             register_model("tiny_panoptic")(lambda s: Custom(s.num_classes))
     finally:
-        registry_module._REGISTRY.pop("test_custom", None)
-        registry_module._REGISTRY.pop("test_broken", None)
+        registry_module.MODELS.unregister("test_custom")
+        registry_module.MODELS.unregister("test_broken")
 
 
 def test_offsets_are_scaled_to_input_pixels():
@@ -219,7 +219,7 @@ def test_backbone_checkpoint_loads_into_backbone(tmp_path, caplog):
     reference = torchvision.models.resnet18(weights=None).state_dict()
     path = tmp_path / "resnet18.pth"
     torch.save(reference, path)
-    with caplog.at_level(logging.INFO, logger="segtrain.models.pretrained"):
+    with caplog.at_level(logging.INFO, logger="segtrain.models.weights"):
         model = build_model(model_cfg("model=panoptic_r18", f"model.pretrained={path}"))
     loaded = model.backbone.state_dict()
     for key, value in loaded.items():
@@ -247,7 +247,7 @@ def test_mobilenet_classifier_checkpoint_loads_into_torchvision_segmentation_bac
     torch.manual_seed(4)
     reference = torchvision.models.mobilenet_v3_large(weights=None).state_dict()
     model = build_model(spec(name="lraspp", backbone="mobilenet_v3_large"))
-    report = load_state_dict_auto(model, reference, "mobilenet.pth")
+    report = load_weights(model, reference, "mobilenet.pth", strict=False, target="auto")
     assert report.target == "backbone" and not report.missing and not report.unexpected
     assert torch.equal(model.backbone.state_dict()["0.0.weight"], reference["features.0.0.weight"])
 
@@ -255,21 +255,21 @@ def test_mobilenet_classifier_checkpoint_loads_into_torchvision_segmentation_bac
 def test_shape_mismatches_are_skipped_and_reported():
     source = build_model(spec(name="tiny_panoptic", num_classes=5)).state_dict()
     model = build_model(spec(name="tiny_panoptic", num_classes=3))
-    report = load_state_dict_auto(model, source, "other_classes.pt")
+    report = load_weights(model, source, "other_classes.pt", strict=False, target="auto")
     assert report.target == "model"
-    mismatched = {m.split(":")[0] for m in report.mismatched}
+    mismatched = {k for k, _, _ in report.mismatched}
     assert mismatched == {"heads.semantic.1.weight", "heads.semantic.1.bias"}
 
 
 def test_missing_pretrained_path_names_the_key(tmp_path):
-    with pytest.raises(FileNotFoundError, match="model.pretrained"):
+    with pytest.raises(CheckpointError, match="model.pretrained"):
         build_model(spec(pretrained=str(tmp_path / "nope.pth")))
 
 
 def test_checkpoint_that_matches_nothing_is_an_error(tmp_path):
     path = tmp_path / "other.pt"
     torch.save({"encoder.weight": torch.zeros(3, 3)}, path)
-    with pytest.raises(ValueError, match="no tensor matches"):
+    with pytest.raises(CheckpointError, match="no tensor matches"):
         build_model(spec(pretrained=str(path)))
 
 
@@ -288,7 +288,7 @@ def fake_download(monkeypatch):
 
 
 def test_torchvision_weights_names_resolve_for_the_backbone(fake_download, caplog):
-    with caplog.at_level(logging.INFO, logger="segtrain.models.pretrained"):
+    with caplog.at_level(logging.INFO, logger="segtrain.models.weights"):
         build_model(spec(pretrained="IMAGENET1K_V1"))
         build_model(spec(pretrained="ResNet18_Weights.DEFAULT"))
     assert fake_download == ["ResNet18_Weights.IMAGENET1K_V1"] * 2
@@ -296,11 +296,11 @@ def test_torchvision_weights_names_resolve_for_the_backbone(fake_download, caplo
 
 
 def test_torchvision_weights_names_are_checked_before_downloading(fake_download):
-    with pytest.raises(ValueError, match="another architecture"):
+    with pytest.raises(CheckpointError, match="another architecture"):
         build_model(spec(pretrained="ResNet50_Weights.IMAGENET1K_V2"))
-    with pytest.raises(ValueError, match="IMAGENET1K_V1"):
+    with pytest.raises(CheckpointError, match="IMAGENET1K_V1"):
         build_model(spec(pretrained="IMAGENET1K_V2"))  # resnet18 has only V1
-    with pytest.raises(ValueError, match="no torchvision backbone"):
+    with pytest.raises(CheckpointError, match="no torchvision backbone"):
         build_model(spec(name="tiny_panoptic", pretrained="DEFAULT"))
     assert fake_download == []
 
@@ -310,5 +310,5 @@ def test_offline_download_error_says_to_pass_a_local_file(monkeypatch):
         raise urllib.error.URLError("no network")
 
     monkeypatch.setattr(WeightsEnum, "get_state_dict", offline)
-    with pytest.raises(RuntimeError, match="local path"):
+    with pytest.raises(CheckpointError, match="local path"):
         build_model(spec(pretrained="IMAGENET1K_V1"))

@@ -6,17 +6,20 @@ Importing this package registers the built-in models: tiny_panoptic, panoptic_de
 from segtrain.models import panoptic_deeplab, tiny, torchvision_models  # noqa: F401 - register the models
 from segtrain.models.backbones import SUPPORTED_BACKBONES
 from segtrain.models.heads import SegmentationModel
-from segtrain.models.pretrained import LoadReport, load_pretrained
-from segtrain.models.registry import ModelSpec, build_model, list_models, model_spec, register_model
+from segtrain.models.registry import MODELS, ModelSpec, build_model, list_models, model_spec, register_model
+from segtrain.models.weights import CheckpointError, LoadReport, load_pretrained, load_weights
 
 __all__ = [
+    "MODELS",
     "SUPPORTED_BACKBONES",
+    "CheckpointError",
     "LoadReport",
     "ModelSpec",
     "SegmentationModel",
     "build_model",
     "list_models",
     "load_pretrained",
+    "load_weights",
     "model_spec",
     "register_model",
 ]

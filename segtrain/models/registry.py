@@ -10,11 +10,12 @@ from omegaconf.errors import MissingMandatoryValue
 from torch import nn
 
 from segtrain.config import ModelConfig
+from segtrain.registry import Registry
 
 Builder = Callable[["ModelSpec"], nn.Module]
 B = TypeVar("B", bound=Builder)
 
-_REGISTRY: dict[str, Builder] = {}
+MODELS: Registry[Builder] = Registry("model.name", "model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,35 +75,24 @@ def model_spec(cfg: Any) -> ModelSpec:
 
 def register_model(name: str) -> Callable[[B], B]:
     """Decorator: ``@register_model("my_net")`` on ``fn(spec) -> nn.Module`` enables ``model.name=my_net``."""
-
-    def decorator(fn: B) -> B:
-        old = _REGISTRY.get(name)
-        same = old is not None and (old.__module__, old.__qualname__) == (fn.__module__, fn.__qualname__)
-        if old is not None and not same:  # a re-imported module may register the same builder again
-            raise ValueError(f"model name {name!r} is already taken by {old.__module__}.{old.__qualname__}")
-        _REGISTRY[name] = fn
-        return fn
-
-    return decorator
+    return MODELS.register(name)
 
 
 def list_models() -> list[str]:
-    return sorted(_REGISTRY)
+    return MODELS.names()
 
 
-def build_model(cfg: Any) -> nn.Module:
-    """Build ``cfg.name`` and, if ``cfg.pretrained`` is set, load those weights (nothing is ever downloaded
-    unless ``pretrained`` names torchvision weights)."""
+def build_model(cfg: Any, trust: bool = False) -> nn.Module:
+    """Build ``cfg.name`` and, if ``cfg.pretrained`` is set, load those weights through the one checkpoint
+    loader (``trust``: ``trust_checkpoint``; nothing is ever downloaded unless ``pretrained`` names
+    torchvision weights)."""
     spec = model_spec(cfg)
-    builder = _REGISTRY.get(spec.name)
-    if builder is None:
-        raise ValueError(f"unknown model.name={spec.name!r}; registered models: {', '.join(list_models())}")
-    model = builder(spec)
+    model = MODELS.get(spec.name)(spec)
     _check_contract(model, spec.name)
     if spec.pretrained is not None:
-        from segtrain.models.pretrained import load_pretrained
+        from segtrain.models.weights import load_pretrained
 
-        load_pretrained(model, spec.pretrained)
+        load_pretrained(model, spec.pretrained, trust=trust)
     return model
 
 

@@ -1,0 +1,326 @@
+"""The one checkpoint-weights loader: ``resume``, ``ckpt=`` and ``model.pretrained=`` all go through it.
+
+One set of accepted layouts, one set of prefixes, one mismatch table, one ``trust_checkpoint`` rule:
+
+- **Reading** (:func:`read_checkpoint`): ``torch.load(weights_only=True)``, which executes nothing;
+  a file that needs full unpickling is refused, naming the type it holds, unless
+  ``trust_checkpoint=true``. FIFOs and devices are refused without blocking.
+- **Layouts** (:func:`state_dict_of`): a raw state dict, or one nested (at any depth) under
+  ``model``, ``state_dict`` or ``model_state_dict``; a segtrain checkpoint's ``ema`` weights are
+  preferred when present and asked for (evaluate, predict, export, fine-tuning).
+- **Prefixes**: any combination of ``module.`` (DDP), ``_orig_mod.`` (torch.compile) and ``model.``
+  is stripped from a key only when that makes it one of the model's keys.
+- **Target** (``target="auto"``): the whole model, or ``model.backbone`` when the keys fit the
+  backbone better (e.g. an ImageNet classifier's state dict; its classifier tensors are ignored).
+- **Mismatches** (:class:`LoadReport`): missing, unexpected and shape-mismatched keys in one
+  table. Strict loads raise with the table; non-strict loads log it and load what fits. With
+  ``classes=(old, new)`` the layers whose first dimension is the class count are re-initialised
+  instead of being mismatches (fine-tuning onto another class set).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from segtrain.fileio import UnsafeFileError, open_regular
+
+log = logging.getLogger(__name__)
+
+WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.")
+NESTED_KEYS = ("model", "state_dict", "model_state_dict")
+_BACKBONE_PREFIXES = ("", "backbone.", "features.")  # where a backbone may sit in a checkpoint
+_CLASSIFIER_PREFIXES = ("fc.", "classifier.", "head.", "heads.", "aux_classifier.")  # of a backbone checkpoint
+_WEIGHTS_NAME = re.compile(r"^(?:[A-Za-z][A-Za-z0-9_]*_Weights\.)?[A-Z][A-Z0-9_]*$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be read or does not fit the model; the message says which file and why."""
+
+
+# --------------------------------------------------------------------------- reading
+def read_checkpoint(path: str | os.PathLike, trust: bool = False, what: str = "checkpoint") -> Any:
+    """The loaded file, mapped to the CPU. Executes nothing unless ``trust`` (``trust_checkpoint=true``)."""
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{what} {str(path)!r} is a directory; pass a checkpoint file (e.g. .../best.pt)")
+    if not path.exists():
+        raise CheckpointError(f"{what} {str(path)!r} does not exist")
+    try:
+        fd = open_regular(path, what)
+    except UnsafeFileError as e:
+        raise CheckpointError(str(e)) from None
+    with os.fdopen(fd, "rb") as f:
+        if trust:
+            log.warning("trust_checkpoint=true: unpickling %s with full pickle (runs code inside the file)", path)
+            return torch.load(f, map_location="cpu", weights_only=False)
+        try:
+            return torch.load(f, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            found = re.search(r"GLOBAL ([\w.]+)", str(e))
+            holds = f" It holds a {found.group(1)} object." if found else ""
+            raise CheckpointError(
+                f"refused to load {path}: it is not a plain tensor checkpoint and loading it would execute code from "
+                f"the file.{holds} If you trust its origin, pass trust_checkpoint=true; nothing was executed."
+            ) from None
+        except (RuntimeError, EOFError, OSError, ValueError) as e:
+            raise CheckpointError(f"cannot read {what} {path}: {e} (truncated or not a torch file?)") from None
+
+
+def is_training_checkpoint(obj: Any) -> bool:
+    """A segtrain checkpoint (resumable), as opposed to a bare state dict or someone else's file."""
+    return isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping) and "optimizer" in obj and "step" in obj
+
+
+def state_dict_of(obj: Any, source: str = "checkpoint", prefer_ema: bool = False) -> tuple[dict[str, Tensor], str]:
+    """(tensors, where they came from) of a raw state dict or one nested under model/state_dict/...
+
+    ``prefer_ema``: a segtrain checkpoint's ``ema`` weights when it has them.
+    """
+    if prefer_ema and isinstance(obj, Mapping) and isinstance(obj.get("ema"), Mapping) and obj["ema"]:
+        return _tensors(obj["ema"], source), "ema"
+    where = "state dict"
+    while isinstance(obj, Mapping):
+        nested = next((k for k in NESTED_KEYS if isinstance(obj.get(k), Mapping) and obj[k]), None)
+        if nested is None:
+            break
+        obj, where = obj[nested], nested
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"{source} holds a {type(obj).__name__}, not a state dict")
+    return _tensors(obj, source), where
+
+
+def _tensors(obj: Mapping, source: str) -> dict[str, Tensor]:
+    state = {str(k): v for k, v in obj.items() if isinstance(v, Tensor)}
+    if not state:
+        raise CheckpointError(
+            f"{source}: found no model weights (expected a state dict, or one under {', '.join(NESTED_KEYS)}); "
+            f"top-level keys: {list(obj)[:10]}"
+        )
+    return state
+
+
+# --------------------------------------------------------------------------- matching
+def canonical_key(key: str, own: Mapping[str, Any]) -> str:
+    """``key`` without wrapper prefixes, when that makes it one of ``own``'s keys (else unchanged)."""
+    k = key.replace("._orig_mod.", ".")
+    while k not in own and k.startswith(WRAPPER_PREFIXES):
+        k = k.split(".", 1)[1]
+    return k if k in own else key
+
+
+@dataclass
+class LoadReport:
+    """What a load did; ``table()`` is the one mismatch table every loader prints."""
+
+    source: str
+    target: str = "model"  # "model" or "backbone"
+    weights: str = "state dict"  # which part of the file: model, ema, state_dict, ...
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # in the target, not in the file
+    unexpected: list[str] = field(default_factory=list)  # in the file, no place in the target
+    mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # (key, file shape, model shape)
+    reinitialised: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # class-dependent layers
+    ignored: list[str] = field(default_factory=list)  # classifier tensors of a backbone checkpoint
+    shapes: dict[str, tuple] = field(default_factory=dict, repr=False)  # of missing/unexpected keys, for the table
+
+    @property
+    def clean(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def table(self, limit: int = 20) -> str:
+        rows = [("", "key", "file", "model")]
+        rows += [("missing", k, "-", str(self.shapes.get(k, ""))) for k in self.missing[:limit]]
+        rows += [("unexpected", k, str(self.shapes.get(k, "")), "-") for k in self.unexpected[:limit]]
+        rows += [("shape", k, str(a), str(b)) for k, a, b in self.mismatched[:limit]]
+        rows += [("re-initialised", k, str(a), str(b)) for k, a, b in self.reinitialised[:limit]]
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        counts = (
+            f"{len(self.loaded)} loaded into the {self.target} from its {self.weights}, {len(self.missing)} missing, "
+            f"{len(self.unexpected)} unexpected, {len(self.mismatched)} shape mismatches, "
+            f"{len(self.reinitialised)} re-initialised, {len(self.ignored)} classifier tensors ignored"
+        )
+        return "\n".join([*lines, f"  ({counts}; at most {limit} of each listed)"])
+
+
+def _strip_wrappers(key: str) -> str:
+    key = key.replace("._orig_mod.", ".")
+    while key.startswith(("module.", "_orig_mod.")):
+        key = key.split(".", 1)[1]
+    return key
+
+
+def _candidates(model: nn.Module, state: Mapping[str, Tensor], target: str) -> list[tuple[str, nn.Module, dict, dict]]:
+    """(target name, module, its state dict, {its key: tensor}) for each place the file could go."""
+    out = []
+    if target in ("auto", "model"):
+        own = model.state_dict()
+        out.append(("model", model, own, {canonical_key(k, own): v for k, v in state.items()}))
+    backbone = getattr(model, "backbone", None)
+    if target in ("auto", "backbone") and isinstance(backbone, nn.Module):
+        own = backbone.state_dict()
+        for prefix in _BACKBONE_PREFIXES:
+            plain = {_strip_wrappers(k): v for k, v in state.items()}
+            cand = {k[len(prefix) :]: v for k, v in plain.items() if k.startswith(prefix)}
+            out.append(("backbone", backbone, own, {canonical_key(k, own): v for k, v in cand.items()}))
+    return out
+
+
+def _fit_count(own: Mapping[str, Tensor], mapped: Mapping[str, Tensor]) -> int:
+    return sum(1 for k, v in mapped.items() if k in own and tuple(own[k].shape) == tuple(v.shape))
+
+
+def load_weights(
+    model: nn.Module,
+    state: Mapping[str, Tensor],
+    source: str = "checkpoint",
+    *,
+    strict: bool = True,
+    target: str = "model",
+    classes: tuple[int, int] | None = None,
+    weights: str = "state dict",
+) -> LoadReport:
+    """Load ``state`` into ``model`` (or its backbone); returns the report, raises when strict and unclean.
+
+    ``target``: "model", "backbone" or "auto" (whichever the keys fit best; ties go to the model).
+    ``classes=(old, new)``: tensors whose first dimension is ``old`` in the file and ``new`` in the
+    model (same other dimensions) are class-dependent layers: left as initialised and reported.
+    """
+    candidates = _candidates(model, state, target)
+    name, module, own, mapped = max(candidates, key=lambda c: _fit_count(c[2], c[3]))  # first wins ties
+    report = LoadReport(source=source, target=name, weights=weights)
+    fitting: dict[str, Tensor] = {}
+    for k, v in mapped.items():
+        if k not in own:
+            if name == "backbone" and k.startswith(_CLASSIFIER_PREFIXES):
+                report.ignored.append(k)
+            else:
+                report.unexpected.append(k)
+        elif tuple(v.shape) != tuple(own[k].shape):
+            row = (k, tuple(v.shape), tuple(own[k].shape))
+            old_new = (v.shape[0], own[k].shape[0]) if v.ndim and own[k].ndim else None
+            if classes is not None and old_new == tuple(classes) and v.shape[1:] == own[k].shape[1:]:
+                report.reinitialised.append(row)
+            else:
+                report.mismatched.append(row)
+        else:
+            fitting[k] = v
+    report.missing = sorted(k for k in own if k not in mapped)
+    report.shapes = {k: tuple(own[k].shape) for k in report.missing}
+    report.shapes.update({k: tuple(mapped[k].shape) for k in report.unexpected})
+    report.loaded = sorted(fitting)
+    if not fitting:
+        raise CheckpointError(
+            f"{source}: no tensor matches {type(model).__name__} or its backbone (file keys start "
+            f"{list(state)[:3]}, model keys start {list(model.state_dict())[:3]}); is it for another architecture?"
+        )
+    if strict and not report.clean:
+        raise CheckpointError(
+            f"{source} does not fit the model:\n{report.table()}\nPass ckpt_strict=false to load the matching "
+            "tensors only."
+        )
+    module.load_state_dict(fitting, strict=False)
+    if not report.clean:
+        log.warning("%s: loading the matching tensors only:\n%s", source, report.table())
+    elif report.reinitialised:
+        log.warning(
+            "%s: class-dependent layers re-initialised (classes %s -> %s):\n%s", source, *classes, report.table()
+        )
+    return report
+
+
+def load_checkpoint_weights(
+    model: nn.Module,
+    obj: Any,
+    source: str,
+    *,
+    strict: bool = True,
+    prefer_ema: bool = True,
+    classes: tuple[int, int] | None = None,
+) -> LoadReport:
+    """The model weights inside a loaded file (any accepted layout) into ``model`` (``ckpt=``)."""
+    state, where = state_dict_of(obj, source, prefer_ema=prefer_ema)
+    report = load_weights(model, state, source, strict=strict, target="model", classes=classes, weights=where)
+    log.info("loaded %d tensors from %s (%s)", len(report.loaded), source, where)
+    return report
+
+
+# --------------------------------------------------------------------------- model.pretrained
+def load_pretrained(model: nn.Module, source: str, trust: bool = False) -> LoadReport:
+    """``model.pretrained``: a local file (backbone-only or whole model, told apart by its keys) or a
+    torchvision weights name (downloads; needs internet). Non-strict: what fits is loaded, the rest
+    is in the table."""
+    path = Path(os.path.expandvars(os.path.expanduser(str(source))))
+    if path.exists():
+        state, where = state_dict_of(read_checkpoint(path, trust=trust, what="model.pretrained"), str(path))
+    elif _WEIGHTS_NAME.match(source):
+        state, where = torchvision_state_dict(model, source), "torchvision weights"
+    else:
+        raise CheckpointError(
+            f"model.pretrained={source!r}: no such file, and not a torchvision weights name "
+            "(e.g. ResNet50_Weights.IMAGENET1K_V2, IMAGENET1K_V1 or DEFAULT)"
+        )
+    report = load_weights(model, state, f"model.pretrained={source}", strict=False, target="auto", weights=where)
+    log.info("model.pretrained=%s: loaded %d tensors into the %s", source, len(report.loaded), report.target)
+    if report.ignored:
+        log.info("model.pretrained: ignored classifier tensors: %s", ", ".join(report.ignored[:8]))
+    return report
+
+
+def torchvision_state_dict(model: nn.Module, name: str) -> dict[str, Tensor]:
+    """Resolve e.g. ``ResNet50_Weights.IMAGENET1K_V2`` or (for the model's backbone) ``IMAGENET1K_V2``."""
+    from torchvision.models import get_model_weights, get_weight
+
+    arch = getattr(model, "backbone_name", None)
+    arch_weights = get_model_weights(arch) if arch else None
+    if "." in name:
+        try:
+            weights = get_weight(name)
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"model.pretrained={name!r}: no such file nor torchvision weights: {e}") from e
+        if arch_weights is not None and type(weights) is not arch_weights and _is_classifier_weights(weights):
+            raise CheckpointError(
+                f"model.pretrained={name!r} is for another architecture than "
+                f"model.backbone={arch!r}; use one of {_names(arch_weights)}"
+            )
+    else:
+        if arch_weights is None:
+            raise CheckpointError(
+                f"model.pretrained={name!r}: {type(model).__name__} has no torchvision backbone "
+                "to resolve a weights name for; pass a local checkpoint file"
+            )
+        try:
+            weights = arch_weights[name]
+        except KeyError:
+            raise CheckpointError(
+                f"model.pretrained={name!r}: no such weights for {arch}; available: {_names(arch_weights)}"
+            ) from None
+    log.info("model.pretrained: fetching torchvision weights %s (%s)", weights, weights.url)
+    try:
+        state = weights.get_state_dict(progress=False, check_hash=True)
+    except Exception as e:  # noqa: BLE001 - URLError, OSError, hash errors...
+        raise CheckpointError(
+            f"model.pretrained={name!r}: could not download {weights} from {weights.url} ({e}). "
+            "Without internet, download that file elsewhere and pass its local path instead: "
+            "model.pretrained=/path/to/weights.pth"
+        ) from e
+    return state_dict_of(state, str(weights))[0]
+
+
+def _names(weights_enum: Any) -> list[str]:
+    return [w.name for w in weights_enum] + ["DEFAULT"]
+
+
+def _is_classifier_weights(weights: Any) -> bool:
+    """Weights of an ImageNet classifier (a backbone), as opposed to e.g. a whole segmentation model."""
+    return "ImageNet-1K" in weights.meta.get("_metrics", {})
