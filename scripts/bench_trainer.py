@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""segtrain's training step (meters, logging, TensorBoard, progress bar, hooks) vs a bare PyTorch loop.
+"""segtrain's training loop (Trainer.train_steps: run_step + the built-in hooks: meters, logging, TensorBoard,
+progress bar, non-finite checks) vs a bare PyTorch loop.
 
 Same model, optimiser, scheduler and in-memory batches; the two are timed alternately in one
 process so machine noise hits both alike. Prints one JSON object. Goal: overhead <= 2%.
@@ -27,11 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from segtrain.config import compose  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
 from segtrain.engine.distributed import DistInfo  # noqa: E402
+from segtrain.engine.hooks import default_hooks  # noqa: E402
 from segtrain.engine.losses import compute_losses  # noqa: E402
-from segtrain.engine.optim import build_optimizer, build_scheduler  # noqa: E402
 from segtrain.engine.recorder import Recorder, setup_logging  # noqa: E402
-from segtrain.engine.trainer import TrainState, to_device, train_one_epoch  # noqa: E402
-from segtrain.models import build_model  # noqa: E402
+from segtrain.engine.runtime import to_device  # noqa: E402
+from segtrain.engine.trainer import step_trainer  # noqa: E402
 
 
 def main() -> None:
@@ -58,26 +59,26 @@ def main() -> None:
         device = torch.device(args.device)
         dist = DistInfo(device=device)
         ds = build_dataset(cfg, "train")
-        ds.uint8_images = True
         batches = [
             default_collate([ds[(0, (b * args.batch + i) % len(ds))] for i in range(args.batch)])
             for b in range(args.steps)
         ]
-        model = build_model(cfg.model).to(device).train()
-        optimizer = build_optimizer(model, cfg.optim)
-        scheduler = build_scheduler(optimizer, cfg.schedule, 10**9)
-        scaler = torch.amp.GradScaler(device.type, enabled=False)
         run_dir = Path(tmp) / "run"
         run_dir.mkdir()
         with contextlib.redirect_stderr(io.StringIO()):
             setup_logging(run_dir, 0)  # train.log + console log lines, as in a real run
-        recorder = Recorder(run_dir, True)
-        state = TrainState()
+        trainer = step_trainer(cfg, dist)
+        trainer.recorder = Recorder(run_dir, True)
+        trainer.register_hooks(default_hooks(cfg, run_dir))
+        with contextlib.redirect_stderr(io.StringIO()):
+            trainer.call_hooks("before_train")
+        model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
 
         def segtrain_block() -> float:
             t0 = time.perf_counter()
             with contextlib.redirect_stderr(io.StringIO()):  # log lines are formatted and written, into a buffer
-                train_one_epoch(model, batches, optimizer, scheduler, scaler, state, cfg, dist, recorder, "fp32", 10**9)
+                trainer.call_hooks("before_epoch")
+                trainer.train_steps(batches)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             return time.perf_counter() - t0
@@ -103,7 +104,7 @@ def main() -> None:
             order = (segtrain_block, bare_block) if r % 2 == 0 else (bare_block, segtrain_block)
             for fn in order:
                 (seg if fn is segtrain_block else bare).append(fn())
-        recorder.close()
+        trainer.recorder.close()
     # A shared machine adds bursts of noise to single blocks: report the median of the per-round
     # paired ratios (each round times both loops back to back) and the ratio of the fastest blocks.
     paired = statistics.median(x / y for x, y in zip(seg, bare, strict=True)) - 1

@@ -159,6 +159,18 @@ class CheckpointConfig:
 
 
 @dataclass
+class EMAConfig:
+    decay: float = 0.0  # 0: off; e.g. 0.999 (validation, best.pt, evaluate/predict/export use the average)
+    warmup_steps: int = 2000  # decay ramps as decay * (1 - exp(-step / warmup_steps))
+
+
+@dataclass
+class EarlyStopConfig:
+    patience: int = 0  # validations without improvement of trainer.checkpoint.metric before stopping; 0: off
+    min_delta: float = 0.0  # an improvement must exceed this
+
+
+@dataclass
 class ProfileConfig:
     nvtx: bool = False
     mode: str = "off"  # off | torch
@@ -183,6 +195,11 @@ class TrainerConfig:
     cpu_threads: int | None = None
     precision: str = "fp32"  # fp32 | fp16 | bf16 (autocast; fp16 uses a GradScaler)
     grad_clip: float = 0.0  # max global grad norm; 0 disables
+    # Each rank's batch is split into this many micro-batches (gradients accumulated, DDP synchronises
+    # on the last one); the global batch stays batch_size and the gradient that of one big batch.
+    accumulate: int = 1
+    on_nonfinite: str = "stop"  # stop | skip_step: what a NaN/inf loss or gradient does
+    nonfinite_limit: int = 5  # skip_step: stop after this many non-finite steps in a row
     seed: int = 0
     deterministic: bool = False
     sync_bn: bool = False
@@ -196,6 +213,11 @@ class TrainerConfig:
     ddp: DDPConfig = field(default_factory=DDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    # Extra hooks after the built-in ones: registered names (segtrain.engine.hooks.HOOKS), or
+    # {name: ..., key: value} entries whose other keys are passed to the hook.
+    hooks: list[Any] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- tools
@@ -321,18 +343,18 @@ def check_missing(cfg: DictConfig) -> None:
         raise ConfigError(f"{which} needs values for: {', '.join(missing)}. Set them on the command line:\n{lines}")
 
 
+# Fixed sets of values. Sets that grow (models, data formats, augmentation pipelines, optimisers,
+# schedules, hooks) are registries (segtrain.registry): their allowed values come from there.
 _CHOICES = {
-    "dataset.format": ("coco", "labelme", "synthetic"),
     "dataset.on_error": ("raise", "skip"),
     "augment.device": ("cpu", "cuda", "auto"),
-    "optim.name": ("adamw", "adam", "sgd"),
-    "schedule.name": ("poly", "cosine", "step", "constant"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.precision": ("fp32", "fp16", "bf16"),
     "trainer.ddp.backend": ("auto", "nccl", "gloo"),
     "trainer.ddp.find_unused_parameters": ("auto", "true", "false"),
     "trainer.checkpoint.mode": ("max", "min"),
     "trainer.profile.mode": ("off", "torch"),
+    "trainer.on_nonfinite": ("stop", "skip_step"),
 }
 
 
@@ -344,6 +366,7 @@ def validate(cfg: DictConfig) -> None:
             value = str(value).lower()
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {list(allowed)}")
+    check_registered(cfg)
     classes = list(cfg.dataset.classes)
     if len(classes) < 2:
         raise ConfigError(
@@ -366,6 +389,19 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.batch_size must be >= 1, got {cfg.trainer.batch_size}")
     if not 0.0 < cfg.trainer.loss.top_k_percent <= 1.0:
         raise ConfigError("trainer.loss.top_k_percent must be in (0, 1]")
+
+
+def check_registered(cfg: DictConfig) -> None:
+    """Values that name registry entries (``model.name``, ``optim.name``, ``trainer.hooks``...) must exist."""
+    from segtrain.registry import all_registries
+
+    for key, registry in all_registries().items():
+        value = OmegaConf.select(cfg, key)
+        values = list(value) if isinstance(value, list | tuple) or OmegaConf.is_list(value) else [value]
+        for v in values:
+            name = v.get("name") if OmegaConf.is_dict(v) or isinstance(v, dict) else v
+            if name not in registry:
+                raise ConfigError(registry.unknown(name))
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
-from segtrain.engine.checkpoint import load_file
 from segtrain.engine.session import follower_overrides
+from segtrain.models.weights import read_checkpoint
 
 
 def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
@@ -58,6 +58,6 @@ def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
     """``cfg`` with model/dataset taken from the checkpoint named by ``ckpt=``, and the loaded file."""
     if not cfg.ckpt:
         raise ConfigError(f"segtrain.{tool} needs ckpt=PATH (a checkpoint or a state dict file)")
-    blob = load_file(cfg.ckpt, trust=cfg.trust_checkpoint)
+    blob = read_checkpoint(cfg.ckpt, trust=cfg.trust_checkpoint, what="ckpt")
     stored = blob.get("config") if isinstance(blob, dict) and isinstance(blob.get("config"), dict) else None
     return config_from_checkpoint(cfg, stored, list(HydraConfig.get().overrides.task)), blob

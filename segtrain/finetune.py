@@ -16,7 +16,7 @@ from segtrain.entry import checkpoint_config, run_entry
 def job(cfg: DictConfig, output_dir: str) -> None:
     cfg, blob = checkpoint_config(cfg, "finetune")
     with session(cfg, output_dir, "train.log") as (dist, run_dir):
-        fit(cfg, run_dir, dist, init_checkpoint=blob)
+        fit(cfg, run_dir, dist, init_weights=blob)
 
 
 def main() -> None:

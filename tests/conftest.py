@@ -23,3 +23,24 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared sample data not found at {SHARED_DATA} (not redistributable, so not in the repository)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def smoke_cache(tmp_path_factory):
+    """A private SEGTRAIN_CACHE for in-process tests (the synthetic set is written there once)."""
+    path = tmp_path_factory.mktemp("segtrain-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SEGTRAIN_CACHE", str(path))
+    yield path
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
+def smoke_batches(smoke_cache):
+    """(cfg, four collated training batches of 4) of the cpu_smoke experiment, deterministic."""
+    from segtrain.config import compose
+    from segtrain.data import build_dataset, collate
+
+    cfg = compose(["experiment=cpu_smoke", "trainer.deterministic=true"])
+    ds = build_dataset(cfg, "train")
+    return cfg, [collate([ds[(0, b * 4 + i)] for i in range(4)]) for b in range(4)]

@@ -3,19 +3,19 @@ first epoch (a deliberate fault, to check that the job fails fast and reports th
 
 import os
 
-import segtrain.engine.trainer as trainer
+from segtrain.engine.trainer import Trainer
 from segtrain.train import main
 
-_real = trainer.train_one_epoch
+_real = Trainer.train_steps
 
 
-def _fail_on_rank_1(*args, **kwargs):
+def _fail_on_rank_1(self, *args, **kwargs):
     if os.environ.get("RANK") == "1":
         raise RuntimeError("deliberate failure on rank 1")
-    return _real(*args, **kwargs)
+    return _real(self, *args, **kwargs)
 
 
-trainer.train_one_epoch = _fail_on_rank_1
+Trainer.train_steps = _fail_on_rank_1
 
 if __name__ == "__main__":
     main()

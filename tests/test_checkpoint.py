@@ -17,15 +17,10 @@ import torch
 from proc_utils import child_env, run_module
 
 from segtrain.config import compose
-from segtrain.engine.checkpoint import (
-    CheckpointError,
-    atomic_save,
-    extract_state_dict,
-    load_file,
-    load_model_weights,
-)
+from segtrain.engine.checkpoint import CheckpointError, atomic_save
 from segtrain.engine.freeze import apply_freeze, freeze_report
 from segtrain.models import build_model
+from segtrain.models.weights import load_checkpoint_weights, load_weights, read_checkpoint
 
 SMOKE = ["experiment=cpu_smoke", "trainer.deterministic=true"]
 # 3 epochs of 4 steps, a mid-epoch checkpoint every 3 steps: a kill can land anywhere.
@@ -79,7 +74,7 @@ def test_loads_common_formats(tmp_path, wrap, prefix):
     path = tmp_path / "user.pt"
     torch.save(blob, path)
     dst = tiny_model()
-    load_model_weights(dst, extract_state_dict(load_file(path)), strict=True)
+    load_checkpoint_weights(dst, read_checkpoint(path), str(path), strict=True)
     assert not states_equal(src.state_dict(), dst.state_dict())
 
 
@@ -91,14 +86,14 @@ def test_mismatch_table_and_non_strict(tmp_path):
     src[first] = torch.zeros(1, 1, 1, 1)
     src["extra.bias"] = torch.zeros(2)
     with pytest.raises(CheckpointError) as e:
-        load_model_weights(tiny_model(), src, strict=True, source="user.pt")
+        load_weights(tiny_model(), src, "user.pt", strict=True)
     msg = str(e.value)
     assert "missing" in msg and "unexpected" in msg and "shape" in msg and "extra.bias" in msg and first in msg
     assert dropped in msg
     assert "ckpt_strict=false" in msg
-    report = load_model_weights(tiny_model(), src, strict=False)
-    assert report["unexpected"] == ["extra.bias"] and report["shape_mismatch"] == [first]
-    assert report["missing"] == [dropped]
+    report = load_weights(tiny_model(), src, "user.pt", strict=False)
+    assert report.unexpected == ["extra.bias"] and [k for k, _, _ in report.mismatched] == [first]
+    assert report.missing == [dropped]
 
 
 class Payload:
@@ -114,7 +109,7 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
     evil = tmp_path / "evil.pt"
     torch.save({"model": tiny_model().state_dict(), "x": Payload(marker)}, evil)
     with pytest.raises(CheckpointError, match="trust_checkpoint=true") as e:
-        load_file(evil)
+        read_checkpoint(evil)
     assert "system" in str(e.value)
     proc = run_module(
         "segtrain.evaluate",
@@ -131,9 +126,9 @@ def test_namespace_checkpoint_needs_explicit_trust(tmp_path):
     path = tmp_path / "torchvision_reference.pt"
     torch.save({"model": tiny_model().state_dict(), "args": argparse.Namespace(lr=0.1)}, path)
     with pytest.raises(CheckpointError, match=r"argparse\.Namespace"):
-        load_file(path)
-    blob = load_file(path, trust=True)
-    load_model_weights(tiny_model(), extract_state_dict(blob), strict=True)
+        read_checkpoint(path)
+    blob = read_checkpoint(path, trust=True)
+    load_checkpoint_weights(tiny_model(), blob, str(path), strict=True)
 
 
 # --------------------------------------------------------------------------- freezing

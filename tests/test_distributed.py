@@ -172,7 +172,7 @@ def test_two_node_rendezvous(tmp_path):
 def test_probe_names_unused_parameters(tmp_path, monkeypatch):
     from segtrain.config import compose
     from segtrain.data import build_dataset
-    from segtrain.engine.trainer import find_unused_parameters, probe_batch
+    from segtrain.engine.model_setup import find_unused_parameters, probe_batch
     from segtrain.models import build_model
 
     monkeypatch.setenv("SEGTRAIN_CACHE", str(tmp_path))

@@ -6,36 +6,32 @@ import json
 import time
 
 import pytest
-import torch
 from proc_utils import run_module
 
 from segtrain.config import compose
-from segtrain.data import build_dataset
-from segtrain.data.dataset import PolygonDataset
+from segtrain.data import StageTimer, build_dataset
+from segtrain.data.image_io import read_encoded
 from segtrain.engine.distributed import DistInfo
 from segtrain.engine.doctor import diagnose, format_report
-from segtrain.engine.optim import build_optimizer, build_scheduler
+from segtrain.engine.hooks import MetricsLogger
 from segtrain.engine.recorder import Recorder
-from segtrain.engine.trainer import TrainState, train_one_epoch
-from segtrain.models import build_model
+from segtrain.engine.trainer import step_trainer
 
 DIST = DistInfo()
 
 
-class SlowStorage(PolygonDataset):
-    """A data set on very slow storage: every file read takes ``delay`` seconds."""
+def slow_storage(delay: float = 0.04):
+    """A reader for very slow storage: every file read takes ``delay`` seconds."""
 
-    delay = 0.04
+    def read(record):
+        time.sleep(delay)
+        return read_encoded(record)
 
-    def read(self, record):
-        time.sleep(self.delay)
-        return super().read(record)
+    return read
 
 
-def slow(ds: PolygonDataset, delay: float = 0.04) -> SlowStorage:
-    ds.__class__ = SlowStorage
-    ds.delay = delay
-    return ds
+def slow(cfg, delay: float = 0.25):
+    return build_dataset(cfg, "train", timer=StageTimer(), reader=slow_storage(delay))
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +44,14 @@ def smoke(tmp_path_factory):
 
 
 def meter_run(cfg, loader, run_dir):
-    model = build_model(cfg.model)
-    opt = build_optimizer(model, cfg.optim)
-    sched = build_scheduler(opt, cfg.schedule, 100)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    rec = Recorder(run_dir, True)
-    cfg.trainer.log_every = 1
-    train_one_epoch(model, loader, opt, sched, scaler, TrainState(), cfg, DIST, rec, "fp32", 100)
-    rec.close()
+    trainer = step_trainer(cfg, DIST, total_steps=100)
+    trainer.recorder = Recorder(run_dir, True)
+    trainer.register_hooks([MetricsLogger(1, cfg.trainer.data_wait_warn, False)])
+    trainer.call_hooks("before_train")
+    trainer.call_hooks("before_epoch")
+    trainer.train_steps(loader)
+    trainer.call_hooks("after_train")
+    trainer.recorder.close()
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return sum(r["perf/data_wait_frac"] for r in rows) / len(rows)
 
@@ -69,7 +65,7 @@ def test_data_wait_meter_high_for_slow_data_low_for_memory(smoke, tmp_path, capl
     fast = meter_run(smoke, in_memory, tmp_path / "fast")
     (tmp_path / "slow").mkdir()
     # 4 x 150 ms of I/O per step against a model step of ~10-100 ms (loaded machine): well above half.
-    loader = DataLoader(slow(build_dataset(smoke, "train"), 0.15), batch_size=4, sampler=[(0, i) for i in range(12)])
+    loader = DataLoader(slow(smoke, 0.15), batch_size=4, sampler=[(0, i) for i in range(12)])
     caplog.set_level("WARNING")
     slow_frac = meter_run(smoke, loader, tmp_path / "slow")
     assert fast < 0.1, fast
@@ -80,7 +76,7 @@ def test_data_wait_meter_high_for_slow_data_low_for_memory(smoke, tmp_path, capl
 
 
 def test_doctor_calls_slow_storage_input_bound(smoke):
-    report = diagnose(smoke, DIST, dataset=slow(build_dataset(smoke, "train")))
+    report = diagnose(smoke, DIST, dataset=slow(smoke))
     assert report["bound"] == "input-bound", format_report(report)
     assert report["dominant_stage"] == "read"
     assert report["stage_ms_per_image"]["read"] >= 40

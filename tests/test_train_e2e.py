@@ -30,7 +30,7 @@ def test_run_directory_layout(smoke_run):
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     assert (run_dir / "checkpoints" / "best.pt").is_file()
     assert not any((base / "cwd").iterdir()), "nothing may be written into the working directory"
-    assert "val mIoU" in (run_dir / "train.log").read_text()
+    assert "val miou" in (run_dir / "train.log").read_text()
 
 
 def test_metrics_jsonl(smoke_run):

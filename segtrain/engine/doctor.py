@@ -19,14 +19,10 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from segtrain.data import build_dataset
-from segtrain.data.dataset import collate
+from segtrain.data import StageTimer, build_dataset, collate
 from segtrain.engine.distributed import DistInfo
 from segtrain.engine.loaders import per_rank_batch, worker_init
-from segtrain.engine.losses import compute_losses
-from segtrain.engine.optim import build_optimizer
-from segtrain.engine.trainer import DeviceBatchAugment, autocast, effective_precision, to_device
-from segtrain.models import build_model
+from segtrain.engine.trainer import step_trainer
 
 log = logging.getLogger("segtrain.doctor")
 
@@ -35,19 +31,21 @@ INPUT_BOUND_MARGIN = 1.1  # loader must be 10% faster than the model to call the
 
 def stage_times(dataset: Any, num_images: int) -> dict[str, float]:
     """Mean milliseconds per image of each stage inside the dataset (read, decode, rasterise, ...),
-    measured as a loader worker runs them: one torch thread (``diagnose`` sets the workers' uint8 output)."""
+    measured as a loader worker runs them: one torch thread. The data set's mapper must have been
+    built with a :class:`~segtrain.data.StageTimer`."""
+    timer = dataset.mapper.timer
+    if timer is None:
+        raise ValueError("stage_times needs a data set built with build_dataset(..., timer=StageTimer())")
     n = min(num_images, len(dataset))
     threads = torch.get_num_threads()
-    dataset.stage_times = {}
     torch.set_num_threads(1)
     try:
+        timer.reset()
         for i in range(n):
             dataset[(0, i)]
-        times = dict(dataset.stage_times)
+        return timer.ms_per_item()
     finally:
-        dataset.stage_times = None
         torch.set_num_threads(threads)
-    return {k: 1000.0 * v / n for k, v in times.items()}
 
 
 def collate_ms(dataset: Dataset, batch_size: int) -> float:
@@ -146,32 +144,18 @@ def model_throughput(
     batch: dict[str, torch.Tensor],
     dist: DistInfo,
     steps: int,
-    device_aug: DeviceBatchAugment | None = None,
+    batch_transform: Any = None,
     budget_s: float = 15.0,
 ) -> dict[str, float]:
-    """Training steps per second on in-memory batches: what the model could consume with a free loader
-    (including augmentation and targets when they run on the device)."""
-    model = build_model(cfg.model).to(dist.device).train()
-    optimizer = build_optimizer(model, cfg.optim)
-    precision = effective_precision(cfg.trainer.precision, dist.device)
-    scaler = torch.amp.GradScaler(dist.device.type, enabled=precision == "fp16")
-    raw = to_device(batch, dist.device)
-
-    def step() -> None:
-        batch = device_aug(raw, 0, 0) if device_aug is not None else raw
-        with autocast(dist.device, precision):
-            out = model(batch["image"])
-        loss = compute_losses(out, batch, cfg.trainer.loss)["total"]
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+    """Training steps per second on an in-memory batch: what the model could consume with a free loader
+    (including augmentation and targets when they run on the device). Runs the trainer's own step."""
+    trainer = step_trainer(cfg, dist, batch_transform)
 
     def timed() -> float:
         if dist.device.type == "cuda":
             torch.cuda.synchronize(dist.device)
         t0 = time.perf_counter()
-        step()
+        trainer.run_step(batch)
         if dist.device.type == "cuda":
             torch.cuda.synchronize(dist.device)
         return time.perf_counter() - t0
@@ -183,7 +167,7 @@ def model_throughput(
     while len(times) < steps and (not times or spent + sum(times) < budget_s):
         times.append(timed())
     dt = sorted(times)[len(times) // 2]
-    return {"step_s": dt, "images_per_s": raw["image"].shape[0] / dt}
+    return {"step_s": dt, "images_per_s": batch["image"].shape[0] / dt}
 
 
 ADVICE = {
@@ -203,8 +187,7 @@ ADVICE = {
 def diagnose(cfg: Any, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
     """Measure and decide: input-bound or compute-bound, by how much, which stage, and what to try."""
     tr = cfg.trainer
-    dataset = dataset if dataset is not None else build_dataset(cfg, "train")
-    dataset.uint8_images = True  # as the trainer's loaders produce them
+    dataset = dataset if dataset is not None else build_dataset(cfg, "train", timer=StageTimer())
     bs = per_rank_batch(int(tr.batch_size), dist.world_size)
     n_img = int(cfg.doctor.num_images)
     report: dict[str, Any] = {
@@ -225,9 +208,9 @@ def diagnose(cfg: Any, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
     workers = sorted({int(w) for w in cfg.doctor.workers} | {int(tr.num_workers)})
     report["loader"] = [loader_throughput(dataset, bs, w, batches, pin) for w in workers]
     sample = collate([dataset[(0, i % len(dataset))] for i in range(bs)])
-    device_aug = DeviceBatchAugment(cfg, dataset, dist) if dataset.raw else None
-    report["augment_device"] = str(dist.device) if dataset.raw else "cpu (loader workers)"
-    report["model_step"] = model_throughput(cfg, sample, dist, int(cfg.doctor.steps), device_aug)
+    transform = dataset.mapper.batch_transform(dist.device, int(tr.seed), dist.rank)
+    report["augment_device"] = str(dist.device) if transform is not None else "cpu (loader workers)"
+    report["model_step"] = model_throughput(cfg, sample, dist, int(cfg.doctor.steps), transform)
     report.update(verdict(report, int(tr.num_workers), cfg))
     return report
 

@@ -13,13 +13,14 @@ import torch
 from torch import nn
 
 from segtrain.data import build_dataset
-from segtrain.data.transforms import build_transforms
-from segtrain.engine import checkpoint as ckpt_io
+from segtrain.data.augmentations import evaluation_pipeline
 from segtrain.engine.distributed import DistInfo
+from segtrain.engine.evaluation import SemanticEvaluator, evaluate
 from segtrain.engine.loaders import build_loader
-from segtrain.engine.trainer import autocast, effective_precision, evaluate, progress_bar
+from segtrain.engine.runtime import autocast, effective_precision, progress_bar
 from segtrain.engine.visualize import overlay_heatmap, overlay_semantic
 from segtrain.models import build_model
+from segtrain.models.weights import load_checkpoint_weights
 
 log = logging.getLogger("segtrain.inference")
 
@@ -27,8 +28,9 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
 def model_from_checkpoint(cfg: Any, blob: Any, device: torch.device) -> nn.Module:
+    """The checkpoint's network in eval mode; its EMA weights when it has them."""
     model = build_model(cfg.model)
-    ckpt_io.load_weights_from(model, blob, str(cfg.ckpt), strict=cfg.ckpt_strict)
+    load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), prefer_ema=True)
     return model.to(device).eval()
 
 
@@ -37,8 +39,13 @@ def evaluate_checkpoint(cfg: Any, blob: Any, dist: DistInfo, run_dir: Path) -> d
     model = model_from_checkpoint(cfg, blob, dist.device)
     loader = build_loader(build_dataset(cfg, "val"), dist, cfg.trainer, train=False)
     precision = effective_precision(cfg.trainer.precision, dist.device)
-    metrics, _ = evaluate(
-        model, loader, cfg.model.num_classes, dist.device, precision, progress=progress_bar(dist, cfg.trainer)
+    metrics = evaluate(
+        model,
+        loader,
+        [SemanticEvaluator(int(cfg.model.num_classes), dist.device)],
+        dist.device,
+        precision,
+        progress_bar(dist.is_main, cfg.trainer.progress),
     )
     classes = list(cfg.dataset.classes)
     metrics["per_class"] = {c: metrics["iou"][i] for i, c in enumerate(classes)}
@@ -70,7 +77,7 @@ def predict_image(
     Uses the validation geometry (fit into ``input_size``, pad bottom/right), then undoes it.
     """
     h, w = image.shape[:2]
-    t = build_transforms(None, input_size, train=False)
+    t = evaluation_pipeline(input_size)
     x = t(image=image)["image"]
     scale = min(input_size[0] / h, input_size[1] / w)
     sh, sw = max(round(h * scale), 1), max(round(w * scale), 1)

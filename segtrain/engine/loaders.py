@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from segtrain.data.dataset import collate
 from segtrain.engine.distributed import DistInfo, env_rank
+from segtrain.engine.preemption import ignore_in_workers
 
 
 def per_rank_batch(global_batch: int, world_size: int, key: str = "trainer.batch_size") -> int:
@@ -91,10 +92,11 @@ def keep_freed_memory() -> None:
 
 
 def worker_init(worker_id: int) -> None:
+    ignore_in_workers()
     keep_freed_memory()
     cv2.setNumThreads(0)
     torch.set_num_threads(1)
-    # Augmentation randomness is seeded per item (see PolygonDataset); this covers anything else a
+    # Augmentation randomness is seeded per item (see data.seeding); this covers anything else a
     # user's dataset draws, distinct per rank and per worker (torch's worker seed is the same on
     # every rank, since every rank seeds its main process alike).
     info = torch.utils.data.get_worker_info()

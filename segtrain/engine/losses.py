@@ -4,14 +4,16 @@ semantic: weighted cross-entropy with ignore index 255 and optional top-k hard-p
 center: MSE to the Gaussian heatmap, weighted (crowd regions excluded);
 offset: L1 on instance pixels only. Semantic-only models (no ``center`` output) get only the first.
 
-Each loss is a weighted sum divided by the *global* weight sum (one all_reduce of the three
-denominators per step). DDP averages gradients over ranks, so this makes N processes compute
-exactly the gradient one process would on the same global batch, even when ranks hold
-different numbers of valid pixels.
+Each loss is a weighted sum divided by the *global* weight sum: the sum over every rank and
+every micro-batch of the step (:func:`loss_denominators`, then one all_reduce in the trainer's
+step). DDP averages gradients over ranks and accumulation sums them over micro-batches, so N
+processes x k micro-batches compute exactly the gradient one process computes on the whole
+global batch, even when ranks hold different numbers of valid pixels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,10 +22,38 @@ import torch.nn.functional as F
 from segtrain.config import IGNORE_LABEL
 from segtrain.engine.distributed import all_reduce_, is_dist
 
+SEMANTIC_ONLY = ("semantic",)
+PANOPTIC = ("semantic", "center", "offset")
 
-def _global_mean_denominators(dens: torch.Tensor) -> torch.Tensor:
-    """Per-rank share of the global denominators: sum over ranks / world size."""
-    dens = dens.detach().clone()
+
+def loss_terms(model: torch.nn.Module) -> tuple[str, ...]:
+    """The loss terms a model trains: all three for instance-aware models, else semantic only."""
+    return PANOPTIC if getattr(model, "instance_aware", False) else SEMANTIC_ONLY
+
+
+def loss_denominators(batch: dict[str, torch.Tensor], cfg: Any, terms: Sequence[str]) -> torch.Tensor:
+    """This (micro-)batch's share of each term's denominator, in ``terms`` order (no communication)."""
+    target, sem_w = batch["semantic"], batch["semantic_weight"]
+    out = []
+    for term in terms:
+        if term == "semantic":
+            if cfg.top_k_percent < 1.0:
+                k = max(int(cfg.top_k_percent * target.numel()), 1)
+                out.append(torch.tensor(float(k), device=target.device))
+            else:
+                out.append(((target != IGNORE_LABEL) & (sem_w > 0)).sum().float())
+        elif term == "center":
+            out.append(batch["center_weight"].sum().float())
+        elif term == "offset":
+            out.append(batch["offset_weight"].sum().float() * 2)  # two channels, one weight each
+        else:
+            raise ValueError(f"unknown loss term {term!r}")
+    return torch.stack(out)
+
+
+def global_denominators(local_sum: torch.Tensor) -> torch.Tensor:
+    """Per-rank share of the global denominators: sum over ranks / world size (one all_reduce)."""
+    dens = local_sum.detach().clone()
     if is_dist():
         all_reduce_(dens)
         dens /= torch.distributed.get_world_size()
@@ -31,32 +61,33 @@ def _global_mean_denominators(dens: torch.Tensor) -> torch.Tensor:
 
 
 def compute_losses(
-    outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], cfg: Any
+    outputs: dict[str, torch.Tensor],
+    batch: dict[str, torch.Tensor],
+    cfg: Any,
+    denominators: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """-> {"semantic", ["center", "offset"], "total"}; ``cfg`` is ``trainer.loss`` (weights)."""
+    """-> {"semantic", ["center", "offset"], "total"}; ``cfg`` is ``trainer.loss`` (weights).
+
+    ``denominators`` (in the order of the terms present) come from :func:`global_denominators`;
+    None computes them for this batch alone (one all_reduce here).
+    """
+    terms = PANOPTIC if "center" in outputs and "offset" in outputs else SEMANTIC_ONLY
+    if denominators is None:
+        denominators = global_denominators(loss_denominators(batch, cfg, terms))
     target = batch["semantic"]
-    sem_w = batch["semantic_weight"]
-    pixel = F.cross_entropy(outputs["semantic"].float(), target, ignore_index=IGNORE_LABEL, reduction="none") * sem_w
+    pixel = F.cross_entropy(outputs["semantic"].float(), target, ignore_index=IGNORE_LABEL, reduction="none")
+    pixel = pixel * batch["semantic_weight"]
     nums: dict[str, torch.Tensor] = {}
-    dens: dict[str, torch.Tensor] = {}
-    if cfg.top_k_percent < 1.0:  # hard-pixel mining: mean of the top k% pixel losses (per rank)
+    if cfg.top_k_percent < 1.0:  # hard-pixel mining: mean of the top k% pixel losses (per micro-batch)
         flat = pixel.flatten()
-        k = max(int(cfg.top_k_percent * flat.numel()), 1)
-        nums["semantic"] = flat.topk(k).values.sum()
-        dens["semantic"] = torch.tensor(float(k), device=flat.device)
+        nums["semantic"] = flat.topk(max(int(cfg.top_k_percent * flat.numel()), 1)).values.sum()
     else:
         nums["semantic"] = pixel.sum()
-        dens["semantic"] = ((target != IGNORE_LABEL) & (sem_w > 0)).sum().float()
-    if "center" in outputs:
+    if "center" in terms:
         w = batch["center_weight"].unsqueeze(1)
         nums["center"] = (F.mse_loss(outputs["center"].float(), batch["center"], reduction="none") * w).sum()
-        dens["center"] = w.sum()
-    if "offset" in outputs:
         w = batch["offset_weight"].unsqueeze(1).expand_as(outputs["offset"])
         nums["offset"] = (F.l1_loss(outputs["offset"].float(), batch["offset"], reduction="none") * w).sum()
-        dens["offset"] = w.sum()
-    names = list(nums)
-    denominators = _global_mean_denominators(torch.stack([dens[n] for n in names]))
-    losses = {n: nums[n] / denominators[i] for i, n in enumerate(names)}
-    losses["total"] = sum(getattr(cfg, n) * losses[n] for n in names)
+    losses = {n: nums[n] / denominators[i] for i, n in enumerate(terms)}
+    losses["total"] = sum(getattr(cfg, n) * losses[n] for n in terms)
     return losses

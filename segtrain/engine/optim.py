@@ -1,12 +1,25 @@
-"""Optimiser over trainable parameters only, and per-step LR schedules with warmup."""
+"""Optimisers and per-step LR schedules by name: one registry each, the config's allowed values.
+
+Add your own with ``@OPTIMIZERS.register("name")`` on ``fn(param_groups, cfg.optim) -> Optimizer``
+or ``@SCHEDULES.register("name")`` on ``fn(t, step, cfg.schedule) -> factor`` (t in [0, 1]: the
+progress after warm-up).
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+
+from segtrain.registry import Registry
+
+OptimizerBuilder = Callable[[list[dict[str, Any]], Any], torch.optim.Optimizer]
+Schedule = Callable[[float, int, Any], float]
+OPTIMIZERS: Registry[OptimizerBuilder] = Registry("optim.name", "optimiser")
+SCHEDULES: Registry[Schedule] = Registry("schedule.name", "LR schedule")
 
 
 def param_groups(model: nn.Module, weight_decay: float, no_decay_norm_bias: bool) -> list[dict[str, Any]]:
@@ -26,16 +39,44 @@ def param_groups(model: nn.Module, weight_decay: float, no_decay_norm_bias: bool
     return groups
 
 
+@OPTIMIZERS.register("sgd")
+def _sgd(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0)
+
+
+@OPTIMIZERS.register("adam")
+def _adam(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
+    return torch.optim.Adam(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+@OPTIMIZERS.register("adamw")
+def _adamw(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
 def build_optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
     """``cfg`` is ``cfg.optim``."""
-    groups = param_groups(model, cfg.weight_decay, cfg.no_decay_norm_bias)
-    if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0)
-    if cfg.name == "adam":
-        return torch.optim.Adam(groups, lr=cfg.lr, betas=tuple(cfg.betas))
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
-    raise ValueError(f"optim.name={cfg.name!r} is not one of adamw, adam, sgd")
+    return OPTIMIZERS.get(str(cfg.name))(param_groups(model, cfg.weight_decay, cfg.no_decay_norm_bias), cfg)
+
+
+@SCHEDULES.register("poly")
+def _poly(t: float, step: int, cfg: Any) -> float:
+    return (1 - t) ** cfg.power
+
+
+@SCHEDULES.register("cosine")
+def _cosine(t: float, step: int, cfg: Any) -> float:
+    return 0.5 * (1 + math.cos(math.pi * t))
+
+
+@SCHEDULES.register("step")
+def _step(t: float, step: int, cfg: Any) -> float:
+    return cfg.gamma ** (step // max(cfg.step_size, 1))
+
+
+@SCHEDULES.register("constant")
+def _constant(t: float, step: int, cfg: Any) -> float:
+    return 1.0
 
 
 def lr_factor(step: int, total_steps: int, cfg: Any) -> float:
@@ -44,19 +85,15 @@ def lr_factor(step: int, total_steps: int, cfg: Any) -> float:
         alpha = step / cfg.warmup_steps
         return cfg.warmup_factor * (1 - alpha) + alpha
     t = min(max(step - cfg.warmup_steps, 0) / max(total_steps - cfg.warmup_steps, 1), 1.0)
-    if cfg.name == "poly":
-        f = (1 - t) ** cfg.power
-    elif cfg.name == "cosine":
-        f = 0.5 * (1 + math.cos(math.pi * t))
-    elif cfg.name == "step":
-        f = cfg.gamma ** (step // max(cfg.step_size, 1))
-    else:
-        f = 1.0
-    return f
+    return SCHEDULES.get(str(cfg.name))(t, step, cfg)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Any, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """``cfg`` is ``cfg.schedule``; stepped once per optimiser step. ``min_lr`` is a floor on every group."""
+    """``cfg`` is ``cfg.schedule``; stepped once per optimiser step. ``min_lr`` is a floor on every group.
+
+    The schedule is a function of the step count alone, which the scheduler's state holds: a resumed
+    run continues the curve exactly (never restarting a poly decay)."""
+    SCHEDULES.get(str(cfg.name))  # unknown names fail here, not at the first step
     base = [g["lr"] for g in optimizer.param_groups]
 
     def make(b: float):

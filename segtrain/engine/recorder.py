@@ -18,6 +18,14 @@ import numpy as np
 
 log = logging.getLogger("segtrain")
 
+#: A record at this level goes to train.log but not to the console (where a progress bar shows it).
+FILE_ONLY = logging.INFO + 1
+logging.addLevelName(FILE_ONLY, "INFO")
+
+
+def _not_file_only(record: logging.LogRecord) -> bool:
+    return record.levelno != FILE_ONLY
+
 
 def setup_logging(run_dir: Path | None, rank: int, log_name: str = "train.log") -> None:
     """Rank 0: INFO to the console and ``run_dir/log_name``. Other ranks: WARNING+ to the console, tagged."""
@@ -32,7 +40,9 @@ def setup_logging(run_dir: Path | None, rank: int, log_name: str = "train.log") 
         else "%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    console = logging.StreamHandler(sys.stderr)
+    console.addFilter(_not_file_only)
+    handlers: list[logging.Handler] = [console]
     if rank == 0 and run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(run_dir / log_name))

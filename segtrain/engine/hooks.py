@@ -1,0 +1,358 @@
+"""Hooks: the concerns around the training step (logging, checkpoints, validation, profiling, ...).
+
+The step itself is ``Trainer.run_step`` and reads top to bottom; a hook only observes the trainer
+at fixed points and keeps its own state. The built-in hooks and their order are listed once, in
+:func:`default_hooks`; user hooks come after them, from ``trainer.hooks=[name, ...]`` (names
+registered with ``@HOOKS.register("name")``; an entry may also be ``{name: ..., key: value}`` to
+pass keyword arguments) or from Python (``trainer.register_hooks([MyHook()])``).
+
+Call points, in loop order: ``before_train``, then per epoch ``before_epoch``, per step
+``before_step`` / ``after_step``, ``after_epoch`` (also when ``max_steps`` ends an epoch early),
+and ``after_train`` (always, also after an error). Hooks that must survive a resume implement
+``state_dict``/``load_state_dict``; their state is saved in the checkpoint under ``hooks``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+from tqdm import tqdm
+
+from segtrain.engine.profiling import DataWaitMeter, torch_profiler
+from segtrain.engine.recorder import FILE_ONLY
+from segtrain.engine.runtime import progress_bar, to_device
+from segtrain.engine.visualize import overlay_heatmap, overlay_semantic, to_uint8_image
+from segtrain.registry import Registry
+
+if TYPE_CHECKING:
+    from segtrain.engine.trainer import Trainer
+
+log = logging.getLogger("segtrain.trainer")
+
+
+class HookBase:
+    """Override the call points you need; ``self.trainer`` is set when the hook is registered."""
+
+    trainer: Trainer
+
+    def before_train(self) -> None: ...
+
+    def before_epoch(self) -> None: ...
+
+    def before_step(self) -> None: ...
+
+    def after_step(self) -> None: ...
+
+    def after_epoch(self) -> None: ...
+
+    def after_train(self) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
+#: User hooks by name: a class (or factory) called with the entry's keyword arguments.
+HOOKS: Registry[type[HookBase]] = Registry("trainer.hooks", "hook")
+
+
+# --------------------------------------------------------------------------- built-in hooks
+class MetricsLogger(HookBase):
+    """Losses, LR and the data-wait meter every ``trainer.log_every`` steps: metrics.jsonl,
+    TensorBoard, train.log and the progress bar. Warns once when the run is input-bound."""
+
+    def __init__(self, log_every: int, warn_above: float, progress: bool, hint: str = "") -> None:
+        self.log_every = int(log_every)
+        self.warn_above = warn_above
+        self.progress = progress
+        self.hint = hint
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def before_train(self) -> None:
+        t = self.trainer
+        self.meter = DataWaitMeter(t.device, self.warn_above if t.dist.is_main else 0.0, hint=self.hint)
+        self.show_bar = progress_bar(t.dist.is_main, self.progress)
+        self.bar = tqdm(
+            total=t.total_steps, initial=t.state.step, desc="train", dynamic_ncols=True, disable=not self.show_bar
+        )
+
+    def before_epoch(self) -> None:
+        self.meter.reset()  # validation and checkpointing are not step time
+        self.sums.clear()
+
+    def after_step(self) -> None:
+        t = self.trainer
+        self.meter.add(t.data_wait_s, t.images_per_step)
+        for k, v in t.step_losses.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        self.bar.update(1)
+        if t.state.step % self.log_every and t.state.step != t.total_steps:
+            return
+        values = {f"loss/{k}": float(v) / max(self.meter.steps, 1) for k, v in self.sums.items()}
+        values["lr"] = t.optimizer.param_groups[0]["lr"]
+        values.update(self.meter.lap())
+        if t.nonfinite_skipped:
+            values["nonfinite_skipped"] = t.nonfinite_skipped
+        self.sums.clear()
+        t.recorder.log("train", t.state.epoch, t.state.step, values)
+        self.bar.set_postfix(loss=f"{values['loss/total']:.3f}", wait=f"{values['perf/data_wait_frac']:.0%}")
+        if t.dist.is_main:
+            # train.log always gets the line; the console shows the bar instead when there is one
+            line = "epoch %d step %d loss %.4f lr %.2e %.1f img/s data-wait %.0f%%"
+            args = (
+                t.state.epoch,
+                t.state.step,
+                values["loss/total"],
+                values["lr"],
+                values["perf/images_per_s"],
+                100 * values["perf/data_wait_frac"],
+            )
+            log.log(logging.INFO if not self.show_bar else FILE_ONLY, line, *args)
+
+    def after_train(self) -> None:
+        bar = getattr(self, "bar", None)
+        if bar is not None:
+            bar.close()
+
+
+class ProfilerHook(HookBase):
+    """``trainer.profile.mode=torch``: profile wait/warmup/active steps, write the trace, stop the run."""
+
+    def __init__(self, cfg: Any, out_dir: Path) -> None:
+        self.cfg = cfg
+        self.out_dir = out_dir
+        self.profiler: torch.profiler.profile | None = None
+        self.steps = int(cfg.wait) + int(cfg.warmup) + int(cfg.active)
+
+    def before_train(self) -> None:
+        t = self.trainer
+        remaining = t.total_steps - t.state.step
+        if remaining < self.steps:
+            log.warning(
+                "trainer.profile: the schedule needs %d steps (wait %d + warmup %d + active %d) but the run has %d "
+                "left; the trace will hold what was collected",
+                self.steps,
+                self.cfg.wait,
+                self.cfg.warmup,
+                self.cfg.active,
+                remaining,
+            )
+        self.profiler = torch_profiler(self.cfg, self.out_dir, t.dist.rank)
+        self.profiler.start()
+        self.first_step = t.state.step
+
+    def after_step(self) -> None:
+        if self.profiler is None:
+            return
+        self.profiler.step()
+        if self.trainer.state.step - self.first_step >= self.steps:
+            self._finish()
+            log.info("trainer.profile.mode=torch: stopping after %d profiled steps", self.steps)
+            self.trainer.request_stop("profiled")
+
+    def after_train(self) -> None:
+        if self.profiler is not None:  # the run ended before the schedule did: keep what was recorded
+            self._finish()
+
+    def _finish(self) -> None:
+        prof, self.profiler = self.profiler, None
+        try:
+            prof.stop()
+        except Exception as e:  # noqa: BLE001 - a profiler failure must not hide the run's own result
+            log.warning("trainer.profile: stopping the profiler failed (%s); no trace written", e)
+            return
+        path = self.out_dir / f"trace_rank{self.trainer.dist.rank}.json"
+        if not path.exists():  # stopped before the active phase ended: write what was collected
+            try:
+                prof.export_chrome_trace(str(path))
+                log.info("profiler trace written to %s (partial: the run ended before the schedule did)", path)
+            except Exception as e:  # noqa: BLE001
+                log.warning("trainer.profile: no trace to write (%s): the run ended before any recorded step", e)
+
+
+class PeriodicCheckpoint(HookBase):
+    """``trainer.checkpoint.every_steps``: ``last.pt`` and ``step_<N>.pt`` in the middle of epochs."""
+
+    def __init__(self, every_steps: int) -> None:
+        self.every = int(every_steps)
+
+    def after_step(self) -> None:
+        t = self.trainer
+        if self.every and t.state.step % self.every == 0 and t.state.step_in_epoch < t.steps_per_epoch:
+            t.save_checkpoint(["last", f"step_{t.state.step:08d}"])
+
+
+class Validation(HookBase):
+    """Validate every ``trainer.val_every`` epochs and at the end; track the best checkpoint metric."""
+
+    def __init__(self, val_every: int, metric: str, mode: str) -> None:
+        self.val_every = int(val_every)
+        self.metric = metric
+        self.mode = mode
+
+    def before_epoch(self) -> None:
+        self.trainer.val_metrics = None
+        self.trainer.improved = False
+
+    def after_epoch(self) -> None:
+        t = self.trainer
+        last = t.state.step >= t.total_steps or t.state.epoch + 1 >= t.cfg.trainer.epochs
+        if not (t.epoch_done and (t.state.epoch + 1) % self.val_every == 0) and not last:
+            return
+        metrics = t.validate()
+        t.val_metrics = metrics
+        t.recorder.log("val", t.state.epoch, t.state.step, metrics)
+        value = metrics.get(self.metric)
+        log.info("epoch %d step %d val %s", t.state.epoch, t.state.step, summary(metrics, self.metric))
+        if value is not None and math.isfinite(value) and is_better(value, t.state.best_metric, self.mode):
+            t.state.best_metric = float(value)
+            t.improved = True
+
+
+def summary(metrics: Mapping[str, Any], key: str) -> str:
+    names = [key] + [k for k in ("miou", "pixel_acc", "pq", "sq", "rq", "ap", "ap50") if k != key]
+    parts = [f"{k} {metrics[k]:.4f}" for k in names if isinstance(metrics.get(k), float | int)]
+    extra = " (EMA weights)" if metrics.get("weights") == "ema" else ""
+    return ", ".join(parts) + extra
+
+
+def is_better(value: float, best: float | None, mode: str, min_delta: float = 0.0) -> bool:
+    if best is None:
+        return True
+    return value > best + min_delta if mode == "max" else value < best - min_delta
+
+
+class TensorBoardImages(HookBase):
+    """After each validation: input / ground truth / prediction / centre heatmap of the first val images."""
+
+    def __init__(self, num_images: int) -> None:
+        self.num_images = int(num_images)
+
+    @torch.no_grad()
+    def after_epoch(self) -> None:
+        t = self.trainer
+        if t.val_metrics is None or not t.dist.is_main or self.num_images <= 0:
+            return
+        dataset = t.val_loader.dataset
+        n = min(self.num_images, len(dataset))
+        batch = to_device(default_collate([dataset[i] for i in range(n)]), t.device)
+        net = t.eval_model()
+        was_training = net.training
+        net.eval()
+        try:
+            out = net(batch["image"])
+        finally:
+            net.train(was_training)
+        pred = out["semantic"].argmax(1)
+        for i in range(n):
+            img = to_uint8_image(batch["image"][i])
+            row = [
+                img,
+                overlay_semantic(img, batch["semantic"][i].cpu().numpy()),
+                overlay_semantic(img, pred[i].cpu().numpy()),
+            ]
+            if "center" in out:
+                row.append(overlay_heatmap(img, out["center"][i, 0].float().cpu().numpy()))
+            t.recorder.images(f"val/sample_{i}", t.state.step, [np.concatenate(row, axis=1)])
+
+
+class EpochCheckpoint(HookBase):
+    """At the end of every epoch (and of the run): ``last.pt``; ``best.pt`` + ``best_weights.pt`` on improvement."""
+
+    def after_epoch(self) -> None:
+        t = self.trainer
+        t.save_checkpoint(["last", "best"] if t.improved else ["last"], epoch_done=t.epoch_done)
+
+
+class EarlyStopping(HookBase):
+    """Stop when the checkpoint metric has not improved by ``min_delta`` for ``patience`` validations."""
+
+    def __init__(self, patience: int, min_delta: float, metric: str, mode: str) -> None:
+        self.patience = int(patience)
+        self.min_delta = float(min_delta)
+        self.metric = metric
+        self.mode = mode
+        self.best: float | None = None
+        self.bad = 0
+
+    def after_epoch(self) -> None:
+        t = self.trainer
+        value = (t.val_metrics or {}).get(self.metric)
+        if value is None:
+            return
+        if is_better(value, self.best, self.mode, self.min_delta):
+            self.best, self.bad = float(value), 0
+            return
+        self.bad += 1
+        log.info(
+            "early stopping: %s %.4f is not better than %.4f by %g (%d of %d)",
+            self.metric,
+            value,
+            self.best,
+            self.min_delta,
+            self.bad,
+            self.patience,
+        )
+        if self.bad >= self.patience:
+            log.warning(
+                "early stopping after epoch %d: %s has not improved by more than %g for %d validations (best %.4f)",
+                t.state.epoch,
+                self.metric,
+                self.min_delta,
+                self.patience,
+                self.best,
+            )
+            t.request_stop("early stopping")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "bad": self.bad}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.best, self.bad = state.get("best"), int(state.get("bad", 0))
+
+
+# --------------------------------------------------------------------------- assembly
+def default_hooks(cfg: Any, run_dir: Path) -> list[HookBase]:
+    """The built-in hooks, in the order they run at each call point."""
+    tr = cfg.trainer
+    ck = tr.checkpoint
+    hooks: list[HookBase] = [MetricsLogger(tr.log_every, tr.data_wait_warn, tr.progress, " ".join(sys.argv[1:]))]
+    if tr.profile.mode == "torch":
+        hooks.append(ProfilerHook(tr.profile, run_dir / "profile"))
+    hooks += [
+        PeriodicCheckpoint(ck.every_steps),
+        Validation(tr.val_every, ck.metric, ck.mode),
+        TensorBoardImages(tr.num_log_images),
+        EpochCheckpoint(),
+    ]
+    if tr.early_stop.patience > 0:
+        hooks.append(EarlyStopping(tr.early_stop.patience, tr.early_stop.min_delta, ck.metric, ck.mode))
+    return hooks + user_hooks(tr.hooks)
+
+
+def user_hooks(entries: Any) -> list[HookBase]:
+    """``trainer.hooks``: registry names, or ``{name: ..., <kwargs>}`` entries."""
+    hooks = []
+    for entry in entries or []:
+        if isinstance(entry, str):
+            name, kwargs = entry, {}
+        elif isinstance(entry, Mapping) and "name" in entry:
+            kwargs = {str(k): v for k, v in entry.items() if k != "name"}
+            name = str(entry["name"])
+        else:
+            raise ValueError(f"trainer.hooks entry {entry!r}: give a registered name or {{name: ..., key: value}}")
+        hook = HOOKS.get(name)(**kwargs)
+        if not isinstance(hook, HookBase):
+            raise TypeError(f"trainer.hooks: {name!r} made a {type(hook).__name__}, not a HookBase")
+        hooks.append(hook)
+    return hooks

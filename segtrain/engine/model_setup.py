@@ -1,0 +1,104 @@
+"""From config to a model ready to train on this rank: build, load weights, freeze, place, wrap.
+
+Everything that must happen to the *unwrapped* model (weights, SyncBN, freezing) happens here
+before DDP wraps it; the wrapped model is reached through ``distributed.unwrap`` afterwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import default_collate
+
+from segtrain.engine.distributed import DistInfo, all_reduce_
+from segtrain.engine.freeze import apply_freeze, freeze_report
+from segtrain.engine.losses import compute_losses
+from segtrain.engine.runtime import autocast, to_device
+from segtrain.engine.sync_bn import convert_sync_batchnorm
+from segtrain.models import build_model
+from segtrain.models.weights import load_checkpoint_weights
+
+log = logging.getLogger("segtrain.model")
+
+
+def prepare_model(
+    cfg: Any, dist: DistInfo, init_weights: Any = None, classes: tuple[int, int] | None = None
+) -> nn.Module:
+    """Built, with ``init_weights`` (a loaded ``ckpt=`` file: fine-tuning) loaded, SyncBN, frozen, on the device.
+
+    ``classes=(old, new)``: fine-tuning onto another class count re-initialises the class-dependent layers.
+    """
+    model = build_model(cfg.model, trust=bool(cfg.trust_checkpoint))
+    if init_weights is not None:
+        load_checkpoint_weights(model, init_weights, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), classes=classes)
+    if cfg.trainer.sync_bn:
+        if dist.distributed:
+            model = convert_sync_batchnorm(model, dist.device)
+        else:
+            log.info("trainer.sync_bn=true ignored: one process has nothing to synchronise")
+    if cfg.freeze:
+        apply_freeze(model, cfg.freeze)
+        if dist.is_main:
+            log.info("parameters by module:\n%s", freeze_report(model))
+    return model.to(dist.device)
+
+
+def find_unused_parameters(
+    model: nn.Module, batch: dict[str, torch.Tensor], loss_cfg: Any, precision: str
+) -> list[str]:
+    """Names of parameters that require grad but receive none from one real forward/backward.
+
+    Runs on a copy so BatchNorm statistics and gradients of the real model are untouched.
+    """
+    probe = copy.deepcopy(model).train()
+    device = next(probe.parameters()).device
+    batch = to_device(batch, device)
+    with autocast(device, precision):
+        out = probe(batch["image"])
+    compute_losses(out, batch, loss_cfg)["total"].backward()
+    return [n for n, p in probe.named_parameters() if p.requires_grad and p.grad is None]
+
+
+def wrap_model(
+    model: nn.Module, dist: DistInfo, cfg: Any, probe: Callable[[], dict[str, torch.Tensor]], precision: str
+) -> nn.Module:
+    """DDP (when world_size > 1) with find_unused_parameters decided from evidence, then compile."""
+    tr = cfg.trainer
+    if dist.distributed:
+        setting = str(tr.ddp.find_unused_parameters).lower()
+        if setting == "auto":
+            unused = find_unused_parameters(model, probe(), tr.loss, precision)
+            flags = torch.tensor([len(unused)], device=dist.device)
+            all_reduce_(flags)
+            find_unused = bool(flags.item() > 0)
+            if find_unused:
+                log.warning(
+                    "find_unused_parameters turned on: %d parameter(s) get no gradient (e.g. %s). This costs "
+                    "an extra graph traversal per step; freeze them (requires_grad=False) or use them to avoid it.",
+                    len(unused),
+                    ", ".join(unused[:8]) or "on another rank",
+                )
+        else:
+            find_unused = setting == "true"
+        device_ids = [dist.local_rank] if dist.device.type == "cuda" else None
+        model = nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            output_device=dist.local_rank if device_ids else None,
+            find_unused_parameters=find_unused,
+            static_graph=bool(tr.ddp.static_graph),
+        )
+    if tr.compile:
+        model = torch.compile(model)
+    return model
+
+
+def probe_batch(dataset: Any) -> dict[str, torch.Tensor]:
+    """Two validation items (final targets whatever the training mapper), for the unused-parameter probe."""
+    n = len(dataset)
+    return default_collate([dataset[0], dataset[min(1, n - 1)]])

@@ -1,0 +1,57 @@
+"""Preemption: SIGTERM / SIGUSR1 (what SLURM and Kubernetes send before killing a job) become a
+request to finish the current step, save ``last.pt`` and exit with a distinct status.
+
+The handler only sets a flag. The trainer adds the flag to the all_reduce it does every step
+anyway, so every rank learns of a signal received by any rank at the same step, and all stop
+after that step together (torchrun forwards SIGTERM to each worker, not necessarily at the
+same instant). Loader worker processes ignore these signals (engine.loaders.worker_init): a
+SLURM ``scancel --signal`` reaches every process of the job, and a killed worker would
+otherwise end the run with "DataLoader worker killed" before the checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None)) if s is not None)
+
+
+class StopSignals:
+    """Installs handlers for :data:`SIGNALS` while the trainer runs (main thread only)."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def pending(self) -> bool:
+        return self.received is not None
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be installed from the main thread (e.g. not in notebooks' workers)
+        for sig in SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.received is None:
+            log.warning("%s received: finishing this step, saving last.pt, then exiting", name)
+        self.received = name
+
+
+def ignore_in_workers() -> None:
+    """Loader workers: leave preemption to the training process (it ends the workers itself)."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

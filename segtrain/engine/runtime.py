@@ -1,0 +1,59 @@
+"""Small helpers every entry point shares: device transfer, autocast, determinism, progress bars.
+
+Trainer, evaluation, inference and the doctor import these from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """fp32: nothing; fp16/bf16: ``torch.autocast`` on the device's type."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def effective_precision(requested: str, device: torch.device) -> str:
+    """fp16 needs CUDA (a GradScaler on CPU is pointless); fall back to fp32 with a warning."""
+    if requested == "fp16" and device.type != "cuda":
+        log.warning("trainer.precision=fp16 needs CUDA; running fp32 on %s", device)
+        return "fp32"
+    return requested
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Non-blocking copies from pinned memory; integer maps become int64 and uint8 images float on the device."""
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    if "semantic" in out:
+        out["semantic"] = out["semantic"].long()
+    if out["image"].dtype == torch.uint8:
+        out["image"] = out["image"].float().div_(255.0)
+    return out
+
+
+def progress_bar(is_main: bool, enabled: bool) -> bool:
+    """A tqdm bar on rank 0 in a terminal; log lines instead when the output goes to a file or pipe."""
+    return is_main and bool(enabled) and sys.stderr.isatty()
+
+
+def configure_determinism(trainer: Any) -> None:
+    """Seed torch/NumPy and pick cuDNN's mode (``trainer.seed``, ``trainer.deterministic``)."""
+    torch.manual_seed(trainer.seed)
+    np.random.seed(trainer.seed % 2**32)
+    if trainer.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+    else:
+        torch.backends.cudnn.benchmark = True
