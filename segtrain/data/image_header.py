@@ -35,6 +35,8 @@ _JPEG_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})
 #: Segments before the frame header; real files have a handful. More means a hostile file: give up
 #: (the caller then falls back to OpenCV's bounded decode) rather than walk millions of them.
 _JPEG_MAX_SEGMENTS = 4096
+#: PNG colour type -> samples per pixel (grey, RGB, palette, grey+alpha, RGBA).
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 _TIFF_WIDTH, _TIFF_HEIGHT, _TIFF_ORIENTATION = 256, 257, 274
 _MAX_SIDE = 2**31 - 1
 
@@ -50,6 +52,10 @@ class ImageHeader:
     tiff_orientation: int = 1  # TIFF's Orientation tag (always applied); 1 for other formats
     # (offset, bytes) that set the TIFF Orientation tag to 1; None when there is nothing to rewrite
     tiff_orientation_patch: tuple[int, bytes] | None = None
+    # PNG: compressed bytes of image data (IDAT) and the decompressed size the header implies; deflate
+    # cannot compress more than 1032:1, so far too few bytes mean a truncated file or a forged header
+    data_bytes: int | None = None
+    raw_bytes: int | None = None
 
     def orientation(self, convention: str) -> int:
         """The orientation (1-8) to apply to the decoded stored grid for an annotation made under
@@ -74,7 +80,7 @@ def read_header(data: bytes) -> ImageHeader | None:
                 if header is None or not (0 < header.width <= _MAX_SIDE and 0 < header.height <= _MAX_SIDE):
                     return None
                 return header
-    except (struct.error, IndexError, ValueError):
+    except (struct.error, IndexError, ValueError, OverflowError):
         return None
     return None
 
@@ -120,7 +126,7 @@ def _exif_orientation(exif: bytes) -> int:
         exif = exif[6:]
     try:
         entries = _ifd0(exif)
-    except (struct.error, IndexError):
+    except (struct.error, IndexError, OverflowError):
         return 1
     value = (entries or {}).get(_TIFF_ORIENTATION, (1, 0, 0))[0]
     return value if 1 <= value <= 8 else 1
@@ -177,17 +183,22 @@ def _jpeg(d: bytes) -> ImageHeader | None:
 def _png(d: bytes) -> ImageHeader | None:
     if d[12:16] != b"IHDR":
         return None
-    width, height = struct.unpack_from(">II", d, 16)
-    exif, pos, n = 1, 8, len(d)
+    width, height, depth, color = struct.unpack_from(">IIBB", d, 16)
+    channels = _PNG_CHANNELS.get(color)
+    if channels is None:
+        return None
+    exif, idat, pos, n = 1, 0, 8, len(d)
     while pos + 8 <= n:  # eXIf may come before or after the image data; one step per chunk
         length, kind = struct.unpack_from(">I4s", d, pos)
-        if kind == b"eXIf":
+        if kind == b"IDAT":
+            idat += min(length, n - pos - 8)
+        elif kind == b"eXIf" and exif == 1:
             exif = _exif_orientation(d[pos + 8 : pos + 8 + length])
-            break
-        if kind == b"IEND":
+        elif kind == b"IEND":
             break
         pos += 12 + length
-    return ImageHeader("PNG", width, height, exif_orientation=exif)
+    raw = height * (1 + (width * channels * depth + 7) // 8)  # one filter byte per row (not interlaced)
+    return ImageHeader("PNG", width, height, exif_orientation=exif, data_bytes=idat, raw_bytes=raw)
 
 
 # --------------------------------------------------------------------------- BMP

@@ -55,6 +55,8 @@ _PNG_IEND = b"IEND\xaeB`\x82"
 #: Read limit: 16 bytes per pixel (uncompressed float32 RGBA) plus this much for metadata/thumbnails.
 BYTES_PER_PIXEL = 16
 METADATA_BYTES = 64 * 2**20
+#: Deflate's best compression is 1032:1; a little margin for stream headers.
+DEFLATE_MAX_RATIO = 1100
 ORIENTATIONS = ("stored", "exif")
 _ORIENTATION_NAMES = {
     2: "mirrored left-right",
@@ -252,6 +254,13 @@ def _decode_checked(
         size = oriented_size(header.width, header.height, orientation)
         _check_size(what, size, expected, header, convention)
         _check_pixels(header.width, header.height, max_image_pixels, f"{what} is")
+        if header.data_bytes is not None and header.data_bytes * DEFLATE_MAX_RATIO < header.raw_bytes:
+            raise _corrupt(
+                what,
+                f"{header.format} image data is {header.data_bytes:,} bytes, too little for {header.width}x"
+                f"{header.height} pixels ({header.raw_bytes:,} bytes; deflate compresses 1032:1 at best): the file "
+                "is truncated or its header is wrong",
+            )
         if header.tiff_orientation_patch is not None:  # decode TIFF's stored grid, orient below
             at, value = header.tiff_orientation_patch
             data = data[:at] + value + data[at + len(value) :]
