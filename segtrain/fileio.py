@@ -28,6 +28,8 @@ def open_regular(path: str | os.PathLike, what: str = "file") -> int:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
+            if stat.S_ISDIR(mode):  # os.open succeeds on a directory with O_RDONLY
+                raise UnsafeFileError(f"{what} {str(p)!r} is a directory, not a file")
             kind = "FIFO" if stat.S_ISFIFO(mode) else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "socket"
             raise UnsafeFileError(f"{what} {str(p)!r} is a {kind}, not a regular file; refusing to read it")
         if hasattr(os, "set_blocking"):
@@ -47,7 +49,17 @@ def read_bytes(path: str | os.PathLike, what: str = "file", max_bytes: int | Non
             raise UnsafeFileError(
                 f"{what} {str(path)!r} is {size:,} bytes, more than the limit of {max_bytes:,}; is it the right file?"
             )
-        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+        # read(n) allocates n bytes before reading: ask for the size the file has, not the limit
+        # (a 1 KB file under a 4 GB limit must not cost 4 GB), then read on in chunks in case it grew
+        chunk = f.read(size + 1 if max_bytes is None else min(size, max_bytes) + 1)
+        chunks, total = [], 0
+        while chunk:
+            chunks.append(chunk)
+            total += len(chunk)
+            if max_bytes is not None and total > max_bytes:
+                break
+            chunk = f.read(1 << 20)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     if max_bytes is not None and len(data) > max_bytes:
         raise UnsafeFileError(f"{what} {str(path)!r} grew past the limit of {max_bytes:,} bytes while reading")
     return data

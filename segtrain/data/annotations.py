@@ -83,6 +83,7 @@ class ImageRecord:
     # ignore regions first, then by decreasing area, so small objects stay on top) or "file"
     # (Cityscapes: in the order of ``instances``, later on top).
     paint_order: str = "area"
+    orientation: str = "stored"  # grid the annotation was drawn on: "stored" (EXIF ignored, COCO) or "exif" (LabelMe)
 
 
 @dataclass
@@ -585,6 +586,7 @@ def load_labelme(
                 path=path,
                 image_data=image_data,
                 instances=instances,
+                orientation="exif",  # LabelMe rotates by EXIF on load (apply_exif_orientation): see image_io
             )
         )
     return records, col.report

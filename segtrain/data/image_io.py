@@ -1,36 +1,77 @@
-"""Read the image of an :class:`ImageRecord`: decode, detect corruption, check the size.
+"""Read the image of an :class:`ImageRecord`: bounded read, header checks, decode, orientation.
 
-``cv2.imdecode`` happily returns a partly grey image for a truncated JPEG (it only prints a
-libjpeg warning), so the encoded bytes are checked first:
+Order, so that no file can cost more than its real content:
 
-* JPEG: after the last start-of-scan marker (FFDA) there must be an end-of-image marker (FFD9).
-  This accepts trailing bytes after the image (zero padding, appended metadata) and is not
-  fooled by the FFD9 of an embedded EXIF thumbnail.
-* PNG: the IEND chunk (with its fixed CRC) must be present.
-* BMP / WebP: the file must be at least as long as the size in its header.
+1. Read: :func:`segtrain.fileio.read_bytes` opens without blocking (a FIFO, device or folder is
+   refused at once) and reads at most 16 bytes per annotated pixel plus 64 MiB of metadata.
+2. Truncation: ``cv2.imdecode`` happily returns a partly grey image for a truncated JPEG (it
+   only prints a libjpeg warning), so the encoded bytes are checked first:
 
-The decoded size must equal the record's ``height`` x ``width``. When it equals the transposed
-size only because of an EXIF rotation that the annotation tool did not apply, the image is
-decoded again without applying EXIF orientation (so pixels and annotations agree); any other
-mismatch is an error.
+   * JPEG: after the last start-of-scan marker (FFDA) there must be an end-of-image marker (FFD9).
+     This accepts trailing bytes after the image (zero padding, appended metadata) and is not
+     fooled by the FFD9 of an embedded EXIF thumbnail.
+   * PNG: the IEND chunk (with its fixed CRC) must be present.
+   * BMP / WebP: the file must be at least as long as the size in its header.
+
+3. Size, before decoding: width and height come from the header (:mod:`image_header`), are
+   oriented (below) and must equal the annotation's; width x height must not exceed
+   ``max_image_pixels`` (``dataset.max_image_pixels``). A header claiming 30000 x 30000 pixels is
+   refused without allocating them. Formats without a parsed header are decoded under OpenCV's
+   ``OPENCV_IO_MAX_IMAGE_PIXELS`` limit (see :mod:`segtrain.image_limits`) and checked after.
+4. Decode with ``IMREAD_IGNORE_ORIENTATION`` (the stored pixel grid, whatever OpenCV's version
+   does with EXIF), then orient explicitly.
+
+Orientation, one convention per record (``ImageRecord.orientation``), never guessed from sizes:
+
+* ``"stored"`` (COCO and everything else): annotations are made on the pixel grid as stored,
+  EXIF Orientation ignored, as pycocotools-era tools and PIL without ``exif_transpose`` read it.
+* ``"exif"`` (LabelMe): the EXIF Orientation of JPEG/PNG/WebP is applied, because LabelMe rotates
+  the image when it loads it (``apply_exif_orientation``) and the polygons, ``imageHeight`` and
+  ``imageWidth`` are those of the rotated view.
+
+TIFF's own Orientation tag is part of its geometry and applied under both conventions (OpenCV and
+Pillow both do). Orientations 2-4 keep the size, so only the convention can tell them apart.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
 
+from segtrain.data.image_header import ImageHeader, oriented_size, read_header
+from segtrain.fileio import UnsafeFileError, read_bytes
+from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS, OPENCV_LIMIT_VAR
+
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from segtrain.data.annotations import ImageRecord
 
 _PNG_IEND = b"IEND\xaeB`\x82"
+#: Read limit: 16 bytes per pixel (uncompressed float32 RGBA) plus this much for metadata/thumbnails.
+BYTES_PER_PIXEL = 16
+METADATA_BYTES = 64 * 2**20
+#: Deflate's best compression is 1032:1; a little margin for stream headers.
+DEFLATE_MAX_RATIO = 1100
+ORIENTATIONS = ("stored", "exif")
+_ORIENTATION_NAMES = {
+    2: "mirrored left-right",
+    3: "rotated 180 degrees",
+    4: "mirrored top-bottom",
+    5: "transposed",
+    6: "rotated 90 degrees clockwise",
+    7: "transversed",
+    8: "rotated 90 degrees counter-clockwise",
+}
+_FIX = "or set dataset.on_error=skip to skip it"
 
 
 class ImageReadError(ValueError):
-    """An image that is missing, unreadable, corrupt/truncated, or not the size its annotation says."""
+    """An image that is missing, unreadable, corrupt/truncated, too large, or not the size its annotation says."""
 
 
 def check_encoded(data: bytes) -> str | None:
@@ -60,62 +101,194 @@ def check_encoded(data: bytes) -> str | None:
     return None
 
 
-def _decode(data: bytes, flags: int) -> np.ndarray | None:
-    buf = np.frombuffer(data, np.uint8)
-    try:
-        return cv2.imdecode(buf, flags)
-    except cv2.error:
-        return None
+def max_encoded_bytes(height: int, width: int, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> int:
+    """The most bytes read for an image annotated as ``height`` x ``width``: generous for any real
+    encoding of that many pixels (capped at ``max_image_pixels``), finite for anything else."""
+    return BYTES_PER_PIXEL * min(int(height) * int(width), int(max_image_pixels)) + METADATA_BYTES
 
 
-def read_encoded(record: ImageRecord) -> tuple[bytes, str]:
+def orient(image: np.ndarray, orientation: int) -> np.ndarray:
+    """``image`` as displayed under EXIF ``orientation`` (1-8; 1 and unknown values: unchanged)."""
+    if orientation == 2:
+        return cv2.flip(image, 1)
+    if orientation == 3:
+        return cv2.rotate(image, cv2.ROTATE_180)
+    if orientation == 4:
+        return cv2.flip(image, 0)
+    if orientation == 5:
+        return cv2.transpose(image)
+    if orientation == 6:
+        return cv2.rotate(image, cv2.ROTATE_90_CLOCKWISE)
+    if orientation == 7:
+        return cv2.rotate(cv2.transpose(image), cv2.ROTATE_180)
+    if orientation == 8:
+        return cv2.rotate(image, cv2.ROTATE_90_COUNTERCLOCKWISE)
+    return image
+
+
+def read_encoded(record: ImageRecord, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[bytes, str]:
     """The encoded bytes of ``record``'s image (file, else embedded data) and a description for errors.
 
-    Split from decoding so the time spent on storage and on the CPU can be told apart (doctor)."""
-    where = f"image {record.image_id!r} of {record.source}"
+    Split from decoding so the time spent on storage and on the CPU can be told apart (doctor).
+    Never blocks (FIFOs and devices are refused) and reads at most :func:`max_encoded_bytes`."""
+    where = _where(record)
+    _check_pixels(record.width, record.height, max_image_pixels, f"{where}: the annotation says the image is")
     if record.path is not None:
         try:
-            return record.path.read_bytes(), str(record.path)
+            limit = max_encoded_bytes(record.height, record.width, max_image_pixels)
+            return read_bytes(record.path, "image file", limit), str(record.path)
+        except UnsafeFileError as e:
+            if not record.image_data:
+                raise ImageReadError(
+                    f"{where}: {e}. Fix: point the annotation at the real image file (a {record.width}x"
+                    f"{record.height} image), {_FIX}"
+                ) from e
         except OSError as e:
             if not record.image_data:
                 raise ImageReadError(
-                    f"{where}: cannot read {record.path} ({e.strerror or e}). Fix: restore the file or "
-                    "the path, or set dataset.on_error=skip"
+                    f"{where}: cannot read {record.path} ({e.strerror or e}). Fix: restore the file or the path, {_FIX}"
                 ) from e
     if not record.image_data:
         raise ImageReadError(f"{where}: no image file and no embedded image data")
     return record.image_data, f"the imageData embedded in {record.source}"
 
 
-def decode_image(record: ImageRecord, data: bytes, what: str) -> np.ndarray:
-    """(H, W, 3) uint8 RGB from encoded bytes, checked for truncation and against the annotated size."""
-    where = f"image {record.image_id!r} of {record.source}"
+def decode_image(
+    record: ImageRecord, data: bytes, what: str, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> np.ndarray:
+    """(H, W, 3) uint8 RGB from encoded bytes: checked for truncation, sized from the header and
+    checked against the annotation and ``max_image_pixels`` before decoding, oriented under the
+    record's convention."""
+    convention = record.orientation
+    if convention not in ORIENTATIONS:
+        raise ValueError(f"{_where(record)}: orientation {convention!r} is not one of {ORIENTATIONS}")
+    return _decode_checked(
+        data, f"{_where(record)}: {what}", convention, (record.width, record.height), max_image_pixels
+    )
+
+
+def read_image(record: ImageRecord, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> np.ndarray:
+    """(H, W, 3) uint8 RGB image of ``record``; the file at ``record.path`` when it exists, else the
+    embedded ``record.image_data``. Raises :class:`ImageReadError` naming the file and the fix."""
+    return decode_image(record, *read_encoded(record, max_image_pixels), max_image_pixels=max_image_pixels)
+
+
+def read_image_file(
+    path: str | Path, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, orientation: str = "exif"
+) -> np.ndarray:
+    """(H, W, 3) uint8 RGB of an image file without an annotation (e.g. ``predict`` inputs): the
+    same non-blocking bounded read and header-first pixel cap; ``orientation="exif"`` shows it as
+    viewers do."""
+    if orientation not in ORIENTATIONS:
+        raise ValueError(f"orientation {orientation!r} is not one of {ORIENTATIONS}")
+    try:
+        data = read_bytes(path, "image file", BYTES_PER_PIXEL * int(max_image_pixels) + METADATA_BYTES)
+    except OSError as e:
+        raise ImageReadError(f"cannot read image {path}: {e.strerror or e}") from e
+    return _decode_checked(data, f"image {path}", orientation, None, max_image_pixels)
+
+
+# --------------------------------------------------------------------------- internals
+def _where(record: ImageRecord) -> str:
+    return f"image {record.image_id!r} of {record.source}"
+
+
+def _check_pixels(width: int, height: int, max_image_pixels: int, what_is: str) -> None:
+    pixels = int(width) * int(height)
+    if pixels > max_image_pixels:
+        raise ImageReadError(
+            f"{what_is} {width}x{height} (width x height) = {pixels:,} pixels, more than "
+            f"dataset.max_image_pixels = {int(max_image_pixels):,}. Fix: downscale the image and its "
+            f"annotation, or raise dataset.max_image_pixels if the machine has the memory (3 bytes per "
+            f"pixel per image in flight, in every loader worker), {_FIX}"
+        )
+
+
+def _check_size(
+    what: str, size: tuple[int, int], expected: tuple[int, int] | None, header: ImageHeader | None, convention: str
+) -> None:
+    """``size`` (width, height, oriented) must equal the annotation's ``expected``."""
+    if expected is None or size == expected:
+        return
+    (w, h), (ew, eh) = size, expected
+    hint = ""
+    if header is not None and header.exif_orientation in (5, 6, 7, 8) and (h, w) == (ew, eh):
+        name = _ORIENTATION_NAMES[header.exif_orientation]
+        if convention == "stored":
+            hint = (
+                f" The file's EXIF orientation says it is displayed {name}, and the annotation matches that view, "
+                "but this data set's convention is the stored pixel grid (COCO: EXIF orientation ignored). If the "
+                "annotation tool showed the rotated view, rotate the file's pixels to match "
+                "(e.g. `exiftran -ai FILE` or `mogrify -auto-orient FILE`) and the annotation will fit."
+            )
+        else:
+            hint = (
+                f" The file's EXIF orientation says it is displayed {name}, and LabelMe annotates that rotated view, "
+                "but the annotation matches the stored (unrotated) grid: the EXIF tag was probably added or changed "
+                "after annotating. Remove it (e.g. `exiftool -Orientation= FILE`) if the annotation is right."
+            )
+    advice = hint or (
+        " The annotations were made on a different version of the image: fix width/height in the annotation "
+        "file (and check the polygons still fit), or use the original image,"
+    )
+    raise ImageReadError(f"{what} is {w}x{h} (width x height) but the annotation says {ew}x{eh}.{advice} {_FIX}")
+
+
+def _corrupt(what: str, problem: str) -> ImageReadError:
+    return ImageReadError(
+        f"{what}: {problem}. Fix: replace the file with a complete copy (or delete the image and its "
+        f"annotations), {_FIX}"
+    )
+
+
+def _decode_checked(
+    data: bytes, what: str, convention: str, expected: tuple[int, int] | None, max_image_pixels: int
+) -> np.ndarray:
     problem = check_encoded(data)
-    if problem is None:
-        image = _decode(data, cv2.IMREAD_COLOR)
-        if image is None:
-            problem = "not a decodable image (unknown format or corrupt data)"
     if problem is not None:
-        raise ImageReadError(
-            f"{where}: {what}: {problem}. Fix: replace the file with a complete copy (or delete the image "
-            "and its annotations), or set dataset.on_error=skip to skip it"
-        )
+        raise _corrupt(what, problem)
+    header = read_header(data)
+    orientation = 1
+    if header is not None:  # every check before a single pixel is allocated
+        orientation = header.orientation(convention)
+        size = oriented_size(header.width, header.height, orientation)
+        _check_size(what, size, expected, header, convention)
+        _check_pixels(header.width, header.height, max_image_pixels, f"{what} is")
+        if header.data_bytes is not None and header.data_bytes * DEFLATE_MAX_RATIO < header.raw_bytes:
+            raise _corrupt(
+                what,
+                f"{header.format} image data is {header.data_bytes:,} bytes, too little for {header.width}x"
+                f"{header.height} pixels ({header.raw_bytes:,} bytes; deflate compresses 1032:1 at best): the file "
+                "is truncated or its header is wrong",
+            )
+        if header.tiff_orientation_patch is not None:  # decode TIFF's stored grid, orient below
+            at, value = header.tiff_orientation_patch
+            data = data[:at] + value + data[at + len(value) :]
+    image = _imdecode(data, what)
+    if image is None:
+        raise _corrupt(what, "not a decodable image (unknown format or corrupt data)")
+    image = orient(image, orientation)
+    # formats without a parsed header are checked here (OpenCV's limit bounded the decode); for the
+    # others this guards against a header that disagrees with the decoder
     h, w = image.shape[:2]
-    if (h, w) != (record.height, record.width) and (w, h) == (record.height, record.width):
-        raw = _decode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-        if raw is not None and raw.shape[:2] == (record.height, record.width):
-            image, (h, w) = raw, raw.shape[:2]
-    if (h, w) != (record.height, record.width):
-        raise ImageReadError(
-            f"{where}: {what} is {w}x{h} (width x height) but the annotation says "
-            f"{record.width}x{record.height}. The annotations were made on a different version of the image: "
-            "fix width/height in the annotation file (and check the polygons still fit), or use the "
-            "original image, or set dataset.on_error=skip"
-        )
+    _check_size(what, (w, h), expected, header, convention)
+    _check_pixels(w, h, max_image_pixels, f"{what} is")
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
 
 
-def read_image(record: ImageRecord) -> np.ndarray:
-    """(H, W, 3) uint8 RGB image of ``record``; the file at ``record.path`` when it exists, else the
-    embedded ``record.image_data``. Raises :class:`ImageReadError` naming the file and the fix."""
-    return decode_image(record, *read_encoded(record))
+def _imdecode(data: bytes, what: str) -> np.ndarray | None:
+    buf = np.frombuffer(data, np.uint8)
+    try:
+        return cv2.imdecode(buf, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    except cv2.error as e:
+        if "CV_IO_MAX_IMAGE" not in str(e):
+            return None
+        raise ImageReadError(
+            f"{what}: OpenCV refused to decode it: larger than its pixel limit {OPENCV_LIMIT_VAR} (now "
+            f"{_env_limit()}). Fix: if the image is meant to be this large, export {OPENCV_LIMIT_VAR}=N "
+            f"(N at least dataset.max_image_pixels) before starting, {_FIX}"
+        ) from e
+
+
+def _env_limit() -> str:
+    return os.environ.get(OPENCV_LIMIT_VAR, "unset: OpenCV's default 2**30")
