@@ -322,7 +322,7 @@ def check_missing(cfg: DictConfig) -> None:
 
 
 _CHOICES = {
-    "dataset.format": ("coco", "labelme", "synthetic"),
+    "dataset.format": ("coco", "labelme", "cityscapes", "synthetic"),
     "dataset.on_error": ("raise", "skip"),
     "augment.device": ("cpu", "cuda", "auto"),
     "optim.name": ("adamw", "adam", "sgd"),

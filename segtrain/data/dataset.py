@@ -103,7 +103,7 @@ class PolygonDataset(Dataset):
         lap("decode")
         if len(rec.instances) > MAX_INSTANCES:
             raise AnnotationError(f"{rec.source}: image {rec.image_id} has more than {MAX_INSTANCES} instances")
-        inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, np.uint16)
+        inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, np.uint16, paint_order=rec.paint_order)
         lap("rasterise")
         image, inst, valid = apply_transforms(self.transform, image, inst)
         lap("fit" if self.raw else "augment")
@@ -201,7 +201,14 @@ def load_records(cfg: Any, split: str) -> tuple[list[ImageRecord], LoadReport]:
         if not sp.dir or not Path(sp.dir).is_dir():
             raise FileNotFoundError(f"dataset.{split}.dir: {sp.dir!r} is not a folder")
         return load_labelme(sp.dir, class_map, ds.on_error)
-    raise ValueError(f"dataset.format={ds.format!r} is not one of coco, labelme, synthetic")
+    if ds.format == "cityscapes":  # temporary wiring, to move into the data-format registry
+        from segtrain.data.cityscapes import load_cityscapes
+
+        for key in ("annotations", "images"):
+            if not sp[key] or not Path(sp[key]).is_dir():
+                raise FileNotFoundError(f"dataset.{split}.{key}: {sp[key]!r} is not a folder")
+        return load_cityscapes(sp.images, sp.annotations, class_map, ds.on_error)
+    raise ValueError(f"dataset.format={ds.format!r} is not one of coco, labelme, cityscapes, synthetic")
 
 
 def build_dataset(cfg: Any, split: str) -> PolygonDataset:
