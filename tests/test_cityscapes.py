@@ -337,3 +337,18 @@ def test_build_dataset_end_to_end(tmp_path):
     assert sem[31, 43] == TRAIN_CLASSES.index("car")  # under the license plate
     assert sem[27, 80] == IGNORE_LABEL  # cargroup: crowd
     assert float(item["center"].max()) == 1.0 and float(item["offset_weight"].sum()) > 0
+
+
+def test_experiment_preset_follows_the_reference_recipe():
+    from segtrain.config import compose
+
+    cfg = compose(["experiment=cityscapes", "dataset.root=/data/cityscapes"])
+    assert cfg.dataset.format == "cityscapes" and list(cfg.dataset.classes) == list(TRAIN_CLASSES)
+    assert list(cfg.dataset.stuff_classes) == list(STUFF_CLASSES) and cfg.model.num_classes == 19
+    assert list(cfg.dataset.input_size) == [1024, 2048] and cfg.trainer.batch_size == 32
+    assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay, cfg.schedule.name) == ("adam", 1e-3, 0.0, "poly")
+    loss = cfg.trainer.loss
+    assert (loss.semantic, loss.center, loss.offset, loss.top_k_percent) == (1.0, 200.0, 0.01, 0.2)
+    assert (cfg.dataset.targets.small_instance_area, cfg.dataset.targets.small_instance_weight) == (4096, 3.0)
+    assert cfg.trainer.max_steps == 60000 and cfg.trainer.epochs * (2975 // 32) >= 60000
+    assert cfg.model.backbone == "resnet50" and cfg.model.output_stride == 16
