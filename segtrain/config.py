@@ -85,6 +85,9 @@ class DatasetConfig:
     stuff_classes: list[str] = field(default_factory=list)
     input_size: list[int] = field(default_factory=lambda: [512, 512])  # H, W of every item
     on_error: str = "raise"  # raise | skip
+    # Largest image (height x width) read, checked from the file header and the annotation before
+    # any decoding: a hostile or broken file cannot make a worker allocate gigabytes.
+    max_image_pixels: int = 2**28
     cache_dir: str = "${oc.env:SEGTRAIN_CACHE,'~/.cache/segtrain'}"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     targets: TargetsConfig = field(default_factory=TargetsConfig)
@@ -324,9 +327,12 @@ class ConfigError(ValueError):
 
 
 def check_missing(cfg: DictConfig) -> None:
+    from segtrain.registry import all_registries
+
     missing = set(OmegaConf.missing_keys(cfg))
-    if cfg.dataset.format in ("coco", "labelme"):
-        keys = ("images", "annotations") if cfg.dataset.format == "coco" else ("dir",)
+    formats = all_registries()["dataset.format"]
+    if cfg.dataset.format in formats:
+        keys = formats.get(cfg.dataset.format).split_keys  # what the format's loader reads
         for split in ("train", "val"):
             for k in keys:
                 node = cfg.dataset[split]._get_node(k)

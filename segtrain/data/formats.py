@@ -54,6 +54,13 @@ def _labelme(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRe
     return load_labelme(_existing(ds, split, "dir", folder=True), class_map, ds.on_error)
 
 
+def _cityscapes(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
+    from segtrain.data.cityscapes import load_cityscapes
+
+    images = _existing(ds, split, "images", folder=True)
+    return load_cityscapes(images, _existing(ds, split, "annotations", folder=True), class_map, ds.on_error)
+
+
 def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
     s = ds.synthetic
     root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
@@ -62,6 +69,7 @@ def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[Image
 
 FORMATS.register("coco", DataFormat(_coco, ("images", "annotations")))
 FORMATS.register("labelme", DataFormat(_labelme, ("dir",)))
+FORMATS.register("cityscapes", DataFormat(_cityscapes, ("images", "annotations"), unlabeled="ignore"))
 FORMATS.register("synthetic", DataFormat(_synthetic, ()))
 
 

@@ -31,6 +31,7 @@ from segtrain.data.image_io import decode_image, read_encoded
 from segtrain.data.rasterise import rasterise
 from segtrain.data.targets import make_targets
 from segtrain.data.transforms import MAX_INSTANCES, AffineCrop, apply_transforms
+from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 Reader = Callable[[ImageRecord], tuple[bytes, str]]
 
@@ -96,11 +97,17 @@ class _NoTimer:
 
 
 class _Mapper:
-    def __init__(self, pipeline: A.Compose, timer: StageTimer | None, reader: Reader | None) -> None:
+    def __init__(
+        self, pipeline: A.Compose, timer: StageTimer | None, reader: Reader | None, max_image_pixels: int
+    ) -> None:
         self.pipeline = pipeline
         self.timer = timer
         self._clock = timer if timer is not None else _NoTimer()
-        self.read: Reader = reader or read_encoded
+        self.max_image_pixels = int(max_image_pixels)
+        self.read: Reader = reader or self._read
+
+    def _read(self, rec: ImageRecord) -> tuple[bytes, str]:
+        return read_encoded(rec, self.max_image_pixels)
 
     @property
     def random(self) -> bool:
@@ -113,11 +120,11 @@ class _Mapper:
         clock.start()
         data, what = self.read(rec)
         clock.lap("read")
-        image = decode_image(rec, data, what)
+        image = decode_image(rec, data, what, self.max_image_pixels)
         clock.lap("decode")
         if len(rec.instances) > MAX_INSTANCES:
             raise AnnotationError(f"{rec.source}: image {rec.image_id} has more than {MAX_INSTANCES} instances")
-        inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, np.uint16)
+        inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, np.uint16, paint_order=rec.paint_order)
         clock.lap("rasterise")
         if seed is not None:
             self.pipeline.set_random_seed(seed)
@@ -146,8 +153,9 @@ class CpuMapper(_Mapper):
         uint8_images: bool = True,
         timer: StageTimer | None = None,
         reader: Reader | None = None,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
-        super().__init__(pipeline, timer, reader)
+        super().__init__(pipeline, timer, reader, max_image_pixels)
         self.targets = targets
         self.uint8_images = uint8_images
 
@@ -176,13 +184,14 @@ class DeviceMapper(_Mapper):
         *,
         timer: StageTimer | None = None,
         reader: Reader | None = None,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         if str(augment.name) not in DEVICE_PIPELINES:
             raise ValueError(
                 f"augment.device={augment.device} implements the pipelines {list(DEVICE_PIPELINES)}, "
                 f"not augment.name={augment.name!r}; use augment.device=cpu for custom pipelines"
             )
-        super().__init__(evaluation_pipeline(input_size), timer, reader)
+        super().__init__(evaluation_pipeline(input_size), timer, reader, max_image_pixels)
         self.input_size = (int(input_size[0]), int(input_size[1]))
         self.augment = augment
         self.targets = targets
@@ -220,7 +229,8 @@ def build_mapper(
     """The mapper ``cfg`` asks for: device augmentation for training with ``augment.device != cpu``."""
     size = (int(cfg.dataset.input_size[0]), int(cfg.dataset.input_size[1]))
     targets = TargetSpec.from_config(cfg.dataset)
+    cap = int(cfg.dataset.max_image_pixels)
     if train and str(cfg.augment.device) != "cpu":
-        return DeviceMapper(size, cfg.augment, targets, timer=timer, reader=reader)
+        return DeviceMapper(size, cfg.augment, targets, timer=timer, reader=reader, max_image_pixels=cap)
     pipeline = build_pipeline(cfg.augment if train else None, size, train)
-    return CpuMapper(pipeline, targets, timer=timer, reader=reader)
+    return CpuMapper(pipeline, targets, timer=timer, reader=reader, max_image_pixels=cap)

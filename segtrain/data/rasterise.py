@@ -26,10 +26,13 @@ does. Coordinates must be finite (the loaders reject NaN/inf).
 
 Overlaps
 --------
-Ids are ``1..N`` in the order of ``instances`` (0 = background), but they are *painted* in this
-order: first the crowd / ignore regions (``class_id == 255``), then all other instances by
-decreasing area, so a small object lying on a large one stays visible on top of it. A later
-paint overwrites an earlier one.
+Ids are ``1..N`` in the order of ``instances`` (0 = background). A later paint overwrites an
+earlier one; the order is the record's ``paint_order``:
+
+- ``"area"`` (COCO, LabelMe): first the crowd / ignore regions (``class_id == 255``), then all
+  other instances by decreasing area, so a small object lying on a large one stays visible on top.
+- ``"file"`` (Cityscapes): in the order of ``instances``, a later one on top, as the data set's
+  own tools draw it (the annotators rely on it: a car is drawn over the road it stands on).
 """
 
 from __future__ import annotations
@@ -292,16 +295,22 @@ def instance_masks(instances: Sequence[Instance], height: int, width: int) -> li
     return masks
 
 
+PAINT_ORDERS = ("area", "file")
+
+
 def rasterise(
-    instances: Sequence[Instance], height: int, width: int, dtype: type = np.int32
+    instances: Sequence[Instance], height: int, width: int, dtype: type = np.int32, paint_order: str = "area"
 ) -> tuple[np.ndarray, np.ndarray]:
     """-> (instance_mask (H,W) ``dtype`` (int32; the dataset asks for uint16, what augmentation warps)
     with ids 1..N in the order of ``instances``, 0 background;
     instance_classes (N+1,) int64 with [0] = 0 (background class) and [k] = instances[k-1].class_id).
 
-    Painting order: crowd/ignore regions (class 255) first, then the others by decreasing area
-    (pixels inside the image), so small instances stay on top of large ones; see the module docstring.
+    ``paint_order`` (pass ``ImageRecord.paint_order``): ``"area"``: crowd/ignore regions (class 255)
+    first, then the others by decreasing area (pixels inside the image), so small instances stay on
+    top of large ones; ``"file"``: in list order, later on top. See the module docstring.
     """
+    if paint_order not in PAINT_ORDERS:
+        raise ValueError(f"paint_order={paint_order!r} is not one of {PAINT_ORDERS}")
     height, width = int(height), int(width)
     if len(instances) > np.iinfo(dtype).max:
         raise ValueError(f"{len(instances)} instances do not fit an instance mask of dtype {np.dtype(dtype).name}")
@@ -324,7 +333,10 @@ def rasterise(
             if m is not None:
                 area[k] += int(mask_utils.area(inst.rle))
                 todo.append((k, m[0], m[1], m[2].view(np.uint8), -1))
-    todo.sort(key=lambda t: (cls[t[0] - 1] != IGNORE_INDEX, -area[t[0]], t[0]))  # ignore first, big first
+    if paint_order == "area":
+        todo.sort(key=lambda t: (cls[t[0] - 1] != IGNORE_INDEX, -area[t[0]], t[0]))  # ignore first, big first
+    else:
+        todo.sort(key=lambda t: t[0])  # list order (stable: an instance's polygons, then its RLE)
     masks: dict[int, np.ndarray] = {}
     pending = iter(boxes.batches([t[4] for t in todo if t[4] >= 0]))
     for k, r, c, m, j in todo:
