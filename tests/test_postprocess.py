@@ -199,6 +199,9 @@ def test_targets_outside_the_image_and_non_finite():
     off[0][torch.rand(sem.shape[1:], generator=g) < 0.01] = float("nan")
     off[1][torch.rand(sem.shape[1:], generator=g) < 0.01] = 1e30  # squares overflow to inf: ties to 0
     assert_same(sem, heat, off, [3, 4, 5], stuff_area=100)
+    peak = find_instance_centers(heat, 0.1, 7, None)[0][0]
+    heat[0, peak[0], peak[1] + 2] = float("nan")  # NaN suppresses its window, as in max_pool2d
+    assert_same(sem, heat, off, [3, 4, 5], stuff_area=100)
 
 
 def test_many_centres_dense_candidates():
