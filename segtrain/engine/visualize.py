@@ -1,7 +1,10 @@
-"""Colour overlays of semantic maps and centre heatmaps (TensorBoard images, predict outputs)."""
+"""Colour overlays of semantic maps, panoptic maps and centre heatmaps (TensorBoard images, predict outputs)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
+import cv2
 import numpy as np
 import torch
 
@@ -45,3 +48,154 @@ def overlay_heatmap(image: np.ndarray, heat: np.ndarray, alpha: float = 0.6) -> 
 def to_uint8_image(t: torch.Tensor) -> np.ndarray:
     """(3,H,W) float in [0,1] -> (H,W,3) uint8."""
     return (t.detach().float().clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
+
+
+_GOLDEN = 0.6180339887498949
+
+
+def _hsv_to_rgb(h: np.ndarray, s: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Vectorised HSV (all in [0, 1]) -> (N, 3) uint8 RGB."""
+    i = np.floor(h * 6).astype(np.int64) % 6
+    f = h * 6 - np.floor(h * 6)
+    p, q, t = v * (1 - s), v * (1 - f * s), v * (1 - (1 - f) * s)
+    table = np.stack([(v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q)])  # (6, 3, N)
+    rgb = table[i, :, np.arange(h.size)]
+    return np.round(rgb * 255).astype(np.uint8)
+
+
+def distinct_colours(n: int) -> np.ndarray:
+    """(n, 3) uint8 RGB colours, well separated for any n: hues step by the golden ratio (each new hue
+    falls in the largest gap left, consecutive colours differ by ~137 degrees) while saturation and
+    value follow the R2 low-discrepancy sequence, so colours of near hues differ in lightness.  A
+    prefix of the sequence never changes: instance k keeps its colour whatever n is."""
+    k = np.arange(n, dtype=np.float64)
+    hue = (0.05 + k * _GOLDEN) % 1.0
+    sat = 0.55 + 0.4 * ((0.5 + k * 0.7548776662466927) % 1.0)
+    val = 0.7 + 0.3 * ((0.5 + k * 0.5698402909980532) % 1.0)
+    return _hsv_to_rgb(hue, sat, val)
+
+
+def _class_colours(n: int) -> np.ndarray:
+    """Pastel colour per class (stuff): same golden-ratio hues, low saturation, so saturated instance
+    colours stand out against them."""
+    k = np.arange(n, dtype=np.float64)
+    return _hsv_to_rgb((0.55 + k * _GOLDEN) % 1.0, np.full(n, 0.45), np.full(n, 0.9))
+
+
+def _text(img: np.ndarray, text: str, org: tuple[int, int], scale: float, colour=(255, 255, 255)) -> None:
+    """Text with a dark halo: readable on any background."""
+    thick = max(1, round(scale * 2))
+    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), thick + 2, cv2.LINE_AA)
+    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, colour, thick, cv2.LINE_AA)
+
+
+def overlay_panoptic(
+    image: np.ndarray,
+    panoptic: np.ndarray | torch.Tensor,
+    class_names: Sequence[str],
+    label_divisor: int = 1000,
+    void_label: int = -1,
+    thing_ids: Iterable[int] = (),
+    alpha: float = 0.55,
+    skip_classes: Iterable[int] = (),
+    legend: bool = True,
+) -> np.ndarray:
+    """image (H, W, 3) uint8 RGB + panoptic map ``class * label_divisor + instance`` -> (H, W, 3) uint8.
+
+    Each thing instance gets its own colour (``distinct_colours``, in id order), stuff its class's
+    pastel colour; every segment is outlined (white line inside a black one: visible on light and dark
+    images), large-enough instances carry their class name, and a legend in the top-left corner lists
+    the classes present (thing classes with their instance count).  ``void_label`` and
+    ``skip_classes`` (e.g. the background) are left uncoloured.
+    """
+    if isinstance(panoptic, torch.Tensor):
+        panoptic = panoptic.detach().cpu().numpy()
+    pan = np.asarray(panoptic)
+    if pan.ndim == 3 and pan.shape[0] == 1:
+        pan = pan[0]
+    if image.ndim != 3 or image.shape[2] != 3 or pan.shape != image.shape[:2]:
+        raise ValueError(f"image (H, W, 3) and panoptic (H, W) must match, got {image.shape} and {pan.shape}")
+    h, w = pan.shape
+    things = {int(t) for t in thing_ids}
+    skip = {int(c) for c in skip_classes}
+    values, inverse = np.unique(pan, return_inverse=True)
+    inverse = inverse.reshape(h, w)
+    cls = values // label_divisor
+    is_void = (values == void_label) | np.isin(cls, list(skip))
+    is_thing = ~is_void & np.isin(cls, list(things)) & (values % label_divisor != 0)
+    colours = np.zeros((values.size, 3), np.uint8)
+    colours[is_thing] = distinct_colours(int(is_thing.sum()))
+    n_cls = max(len(class_names), int(cls.max(initial=0)) + 1)
+    stuff = ~is_void & ~is_thing
+    colours[stuff] = _class_colours(n_cls)[cls[stuff].clip(0, n_cls - 1)]
+
+    out = image.astype(np.float32)
+    paint = ~is_void[inverse]
+    out[paint] = (1 - alpha) * out[paint] + alpha * colours[inverse[paint]]
+    # Outlines: pixels whose right or lower neighbour is another segment (vectorised), a white core
+    # inside a black halo.
+    edge = np.zeros((h, w), bool)
+    dx = inverse[:, 1:] != inverse[:, :-1]
+    dy = inverse[1:, :] != inverse[:-1, :]
+    edge[:, 1:] |= dx
+    edge[1:, :] |= dy
+    halo = cv2.dilate(edge.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
+    out[halo] = 0
+    out[edge] = 255
+    out = out.clip(0, 255).astype(np.uint8)
+
+    def name(c: int) -> str:
+        return str(class_names[c]) if 0 <= c < len(class_names) else f"class {c}"
+
+    scale = float(np.clip(min(h, w) / 700.0, 0.3, 1.0))
+    if values.size and is_thing.any():
+        # Class name on each instance whose box can hold it.
+        seg = inverse.reshape(-1)
+        ys, xs = np.divmod(np.arange(h * w), w)
+        n = values.size
+        area = np.bincount(seg, minlength=n)
+        cy = np.bincount(seg, ys, minlength=n) / np.maximum(area, 1)
+        cx = np.bincount(seg, xs, minlength=n) / np.maximum(area, 1)
+        xmin = np.full(n, w)
+        xmax = np.full(n, -1)
+        np.minimum.at(xmin, seg, xs)
+        np.maximum.at(xmax, seg, xs)
+        for j in np.flatnonzero(is_thing):
+            label = name(int(cls[j]))
+            (tw, th), _ = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, scale, max(1, round(scale * 2)))
+            if xmax[j] - xmin[j] + 1 >= tw and area[j] >= 2 * tw * th:
+                _text(out, label, (int(cx[j] - tw / 2), int(cy[j] + th / 2)), scale)
+    if legend:
+        _draw_legend(out, is_thing[inverse], cls, is_thing, is_void, colours, name, scale)
+    return out
+
+
+def _draw_legend(out, thing_pixels, cls, is_thing, is_void, colours, name, scale) -> None:
+    """Class names with colour swatches in the image corner that hides the fewest instance pixels."""
+    rows = []
+    for c in np.unique(cls[~is_void]).tolist():
+        sel = np.flatnonzero((cls == c) & ~is_void)
+        inst = sel[is_thing[sel]]
+        if inst.size:
+            rows.append((f"{name(c)} x{inst.size}", colours[inst[:4]]))
+        else:
+            rows.append((name(c), colours[sel[:1]]))
+    if not rows:
+        return
+    thick = max(1, round(scale * 2))
+    line = int(cv2.getTextSize("Ag", cv2.FONT_HERSHEY_SIMPLEX, scale, thick)[0][1] * 1.9) + 2
+    sw = max(4, line - 4)
+    widths = [cv2.getTextSize(t, cv2.FONT_HERSHEY_SIMPLEX, scale, thick)[0][0] + len(c) * (sw + 1) for t, c in rows]
+    h, w = out.shape[:2]
+    bw, bh = min(w, max(widths) + sw + 10), min(h, line * len(rows) + 6)
+    corners = [(0, 0), (0, w - bw), (h - bh, 0), (h - bh, w - bw)]
+    y0, x0 = min(corners, key=lambda c: int(thing_pixels[c[0] : c[0] + bh, c[1] : c[1] + bw].sum()))
+    box = out[y0 : y0 + bh, x0 : x0 + bw].astype(np.float32)
+    out[y0 : y0 + bh, x0 : x0 + bw] = (box * 0.35).astype(np.uint8)  # darkened box: white text always readable
+    for r, (text, swatches) in enumerate(rows):
+        y = y0 + 3 + r * line
+        x = x0 + 4
+        for col in swatches:
+            cv2.rectangle(out, (x, y + 2), (x + sw - 1, y + sw + 1), tuple(int(v) for v in col), -1)
+            x += sw + 1
+        _text(out, text, (x + 3, y + sw), scale)

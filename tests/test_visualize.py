@@ -1,0 +1,53 @@
+"""Panoptic overlay: distinct instance colours, outlines, legend, void untouched."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from segtrain.engine.visualize import distinct_colours, overlay_panoptic, overlay_semantic
+
+
+def test_distinct_colours_are_well_separated():
+    c = distinct_colours(60).astype(np.int64)
+    assert c.shape == (60, 3) and distinct_colours(60).dtype == np.uint8
+    d = np.sqrt(((c[:, None] - c[None]) ** 2).sum(-1))
+    assert d[np.triu_indices(60, 1)].min() > 12  # no two of 60 are near-identical
+    assert d[np.arange(59), np.arange(1, 60)].min() > 150  # consecutive instances differ strongly
+    assert np.array_equal(distinct_colours(5), distinct_colours(60)[:5])  # stable prefix
+
+
+def scene():
+    img = np.full((64, 96, 3), 128, np.uint8)
+    pan = np.full((64, 96), -1, np.int64)
+    pan[40:, :] = 3000  # stuff class 3
+    pan[5:25, 5:35] = 1001
+    pan[5:25, 40:70] = 1002
+    pan[30:38, 75:90] = 2001
+    return img, pan
+
+
+def test_overlay_panoptic_colours_outlines_and_void():
+    img, pan = scene()
+    names = ["bg", "circle", "square", "road"]
+    out = overlay_panoptic(img, pan, names, thing_ids=[1, 2], legend=False)
+    assert out.shape == img.shape and out.dtype == np.uint8
+    a, b = out[15, 20].astype(int), out[15, 55].astype(int)  # inside two instances of one class
+    assert np.abs(a - b).sum() > 60
+    assert (out[30, 20] == 128).all()  # void: untouched
+    assert (out[5, 20] == 255).all() or (out[4, 20] == 255).all()  # white outline on the boundary
+    assert (out[4:7, 20] == 0).any()  # with a black halo
+    with_legend = overlay_panoptic(img, torch.from_numpy(pan)[None], names, thing_ids=[1, 2])
+    assert with_legend.shape == img.shape
+    assert (with_legend != out).any()  # legend (and labels) drawn
+    skipped = overlay_panoptic(img, pan, names, thing_ids=[1, 2], skip_classes=[3], legend=False)
+    assert (skipped[50, 10] == 128).all()
+
+
+def test_overlay_panoptic_validation_and_old_overlays():
+    img, pan = scene()
+    with pytest.raises(ValueError, match="must match"):
+        overlay_panoptic(img, pan[:10], ["a"])
+    sem = (pan // 1000).clip(min=0)
+    assert overlay_semantic(img, sem).shape == img.shape
