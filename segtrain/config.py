@@ -70,6 +70,20 @@ class TargetsConfig:
 
 
 @dataclass
+class PanopticConfig:
+    """Panoptic post-processing and scoring (Panoptic-DeepLab's defaults; COCO uses nms_kernel 41, stuff_area 4096)."""
+
+    label_divisor: int = 1000  # panoptic id = class * label_divisor + instance
+    stuff_area: int = 2048  # a stuff class keeps its pixels only where its area is at least this
+    threshold: float = 0.1  # centre heatmap peaks above this are instance centres
+    nms_kernel: int = 7  # a peak must be the maximum of its nms_kernel x nms_kernel window
+    top_k: int = 200  # at most this many centres per image
+    # Unannotated pixels in the ground truth: void (COCO panoptic's rule; PQ is then over the
+    # annotated classes) or stuff (the background class is one scored stuff segment).
+    background: str = "void"
+
+
+@dataclass
 class DatasetConfig:
     name: str = "synthetic"
     format: str = "coco"  # coco | labelme | synthetic
@@ -91,6 +105,7 @@ class DatasetConfig:
     cache_dir: str = "${oc.env:SEGTRAIN_CACHE,'~/.cache/segtrain'}"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     targets: TargetsConfig = field(default_factory=TargetsConfig)
+    panoptic: PanopticConfig = field(default_factory=PanopticConfig)
 
 
 # --------------------------------------------------------------------------- augment
@@ -210,6 +225,11 @@ class TrainerConfig:
     log_every: int = 10  # steps between scalar logs
     val_every: int = 1  # epochs
     num_log_images: int = 4
+    # Validation of instance-aware models also reports pq/sq/rq/pq_th/pq_st and mask ap/ap50.
+    val_panoptic: bool = True
+    # input: score at dataset.input_size (fast, what training sees); native: at the annotation's
+    # resolution, as segtrain.evaluate does (comparable with published figures).
+    val_resolution: str = "input"
     data_wait_warn: float = 0.1
     progress: bool = True
     loss: LossConfig = field(default_factory=LossConfig)
@@ -224,6 +244,25 @@ class TrainerConfig:
 
 
 # --------------------------------------------------------------------------- tools
+@dataclass
+class InferenceConfig:
+    """How evaluate/predict (and native-resolution validation) run the model on a whole image."""
+
+    # fit: fit into input_size and pad (the training geometry); pad: the whole image, padded to a
+    # multiple of pad_multiple; sliding: input_size windows over the padded image, overlapping.
+    mode: str = "fit"
+    input_size: list[int] | None = None  # H, W; default dataset.input_size
+    pad_multiple: int = 32  # the network's output stride divides this
+    overlap: float = 0.25  # sliding: fraction of a window shared with its neighbour
+
+
+@dataclass
+class EvaluateConfig:
+    resolution: str = "native"  # native: score at the annotation's size; input: at dataset.input_size
+    export: str | None = None  # coco_panoptic: also write predictions as COCO panoptic PNGs + JSON
+    panoptic: bool = True  # PQ/SQ/RQ and AP for instance-aware models
+
+
 @dataclass
 class DoctorConfig:
     json: bool = False
@@ -250,6 +289,8 @@ class SegtrainConfig:
     input: str | None = None
     output: str | None = None
     doctor: DoctorConfig = field(default_factory=DoctorConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
 
 
 def _register() -> None:
@@ -361,6 +402,11 @@ _CHOICES = {
     "trainer.checkpoint.mode": ("max", "min"),
     "trainer.profile.mode": ("off", "torch"),
     "trainer.on_nonfinite": ("stop", "skip_step"),
+    "trainer.val_resolution": ("input", "native"),
+    "dataset.panoptic.background": ("void", "stuff"),
+    "inference.mode": ("fit", "pad", "sliding"),
+    "evaluate.resolution": ("native", "input"),
+    "evaluate.export": (None, "coco_panoptic"),
 }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from segtrain.engine.inference import evaluate_checkpoint
+from segtrain.engine.evaluate_checkpoint import evaluate_checkpoint
 from segtrain.engine.session import session
 from segtrain.entry import checkpoint_config, run_entry
 

@@ -1,11 +1,11 @@
-"""``python -m segtrain.predict ckpt=PATH input=DIR output=DIR``: colour overlays of the semantic
-prediction and the centre heatmap for every image in ``input``."""
+"""``python -m segtrain.predict ckpt=PATH input=FILE_OR_DIR output=DIR``: panoptic and semantic overlays,
+COCO-panoptic id PNGs and segment JSON for every input image (see engine/predict_images.py)."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from segtrain.engine.inference import predict_folder
+from segtrain.engine.predict_images import predict
 from segtrain.engine.session import session
 from segtrain.entry import checkpoint_config, run_entry
 
@@ -14,7 +14,7 @@ def job(cfg: DictConfig, output_dir: str) -> None:
     cfg, blob = checkpoint_config(cfg, "predict")
     with session(cfg, output_dir, "predict.log") as (dist, _run_dir):
         if dist.is_main:
-            predict_folder(cfg, blob, dist.device)
+            predict(cfg, blob, dist.device)
 
 
 def main() -> None:

@@ -54,6 +54,9 @@ def test_metrics_jsonl(smoke_run):
         } <= set(r)
     assert val and 0.0 <= val[-1]["miou"] <= 1.0
     assert len(val[-1]["iou"]) == 4
+    # instance-aware model: panoptic quality and mask AP beside mIoU, and how long validation took
+    assert {"pq", "sq", "rq", "pq_th", "pq_st", "ap", "ap50", "val_time_s", "val_panoptic_time_s"} <= set(val[-1])
+    assert 0.0 <= val[-1]["pq"] <= 1.0 and val[-1]["pq_st"] is None, "no stuff classes: pq_st is NaN -> null"
 
 
 def test_tensorboard_events(smoke_run):
@@ -68,6 +71,8 @@ def test_tensorboard_events(smoke_run):
         "loss/offset",
         "train/lr",
         "val/miou",
+        "val/pq",
+        "val/ap",
         "perf/images_per_s",
         "perf/data_wait_frac",
     ):

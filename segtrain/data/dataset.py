@@ -18,7 +18,7 @@ from torch.utils.data import Dataset, default_collate
 from segtrain.data.annotations import AnnotationError, ImageRecord
 from segtrain.data.formats import load_split
 from segtrain.data.image_io import ImageReadError
-from segtrain.data.mappers import CpuMapper, DeviceMapper, Reader, StageTimer, build_mapper
+from segtrain.data.mappers import CpuMapper, DeviceMapper, NativeMapper, Reader, StageTimer, build_mapper
 from segtrain.data.seeding import item_seed
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,12 @@ class PolygonDataset(Dataset):
 
     The augmentation of an item is a function of (seed, epoch, index) alone, not of worker count,
     worker state or world size: that is what makes resume exact and lets runs with different
-    numbers of processes see the same augmented samples. With ``on_error="skip"`` an unreadable
-    image is replaced by the next readable one (and logged); otherwise the error names the file.
+    numbers of processes see the same augmented samples. Every item carries its record ``index``.
+
+    With ``on_error="skip"`` an unreadable image is logged and, in training (``replace_bad``),
+    replaced by the next readable one; in evaluation it is left out (the item is ``{"skipped": 1}``,
+    dropped and counted by :func:`collate`), so no image is ever scored twice. Otherwise the error
+    names the file.
     """
 
     def __init__(
@@ -45,8 +49,10 @@ class PolygonDataset(Dataset):
         seed: int = 0,
         on_error: str = "raise",
         name: str = "",
+        replace_bad: bool = True,
     ) -> None:
         self.records = records
+        self.replace_bad = replace_bad
         self.mapper = mapper
         self.classes = list(classes)
         self.seed = int(seed)
@@ -62,25 +68,40 @@ class PolygonDataset(Dataset):
             i = (index + attempt) % len(self.records)
             seed = item_seed(self.seed, epoch, i) if self.mapper.random else None
             try:
-                return self.mapper(self.records[i], seed)
+                item = self.mapper(self.records[i], seed)
+                item["index"] = torch.tensor(i)
+                return item
             except ImageReadError as e:
                 if self.on_error != "skip":
                     raise
                 log.warning("skipping image (dataset.on_error=skip): %s", e)
+                if not self.replace_bad:
+                    return {"skipped": torch.tensor(1)}
         raise RuntimeError(
             f"{self.name}: {MAX_CONSECUTIVE_BAD} consecutive unreadable images from index {index}; check the data set"
         )
 
 
+#: Per-image vectors with one entry per instance id: padded to the longest in the batch.
+PER_INSTANCE = {"instance_classes": 0, "crowd_classes": -1}
+
+
 def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """default_collate, except per-image ``instance_classes`` (device-mapper items) are padded to one length."""
-    if items and "instance_classes" in items[0]:
-        k = max(int(it["instance_classes"].numel()) for it in items)
-        for it in items:
-            c = it["instance_classes"]
-            if c.numel() < k:
-                it["instance_classes"] = torch.cat([c, c.new_zeros(k - c.numel())])
-    return default_collate(items)
+    """default_collate, except that per-instance vectors are padded to one length and skipped
+    evaluation items (``{"skipped": 1}``) are dropped and counted in ``batch["skipped"]``."""
+    good = [it for it in items if "skipped" not in it]
+    skipped = len(items) - len(good)
+    for key, fill in PER_INSTANCE.items():
+        if good and key in good[0]:
+            k = max(int(it[key].numel()) for it in good)
+            for it in good:
+                c = it[key]
+                if c.numel() < k:
+                    it[key] = torch.cat([c, c.new_full((k - c.numel(),), fill)])
+    batch = default_collate(good) if good else {}
+    if skipped:
+        batch["skipped"] = torch.tensor(skipped)
+    return batch
 
 
 def load_records(cfg: Any, split: str) -> Sequence[ImageRecord]:
@@ -102,19 +123,39 @@ def load_records(cfg: Any, split: str) -> Sequence[ImageRecord]:
 
 
 def build_dataset(
-    cfg: Any, split: str, *, timer: StageTimer | None = None, reader: Reader | None = None
+    cfg: Any,
+    split: str,
+    *,
+    native: bool = False,
+    timer: StageTimer | None = None,
+    reader: Reader | None = None,
 ) -> PolygonDataset:
     """The data set of ``split`` ("train" or "val") as ``cfg.dataset`` and ``cfg.augment`` configure it.
 
+    ``native``: evaluation items at the annotation's resolution (:class:`NativeMapper`, ``cfg.inference``);
     ``timer`` collects per-stage seconds (segtrain.doctor); ``reader`` replaces how image bytes are read.
     """
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    if native:
+        inf = cfg.inference
+        size = tuple(inf.input_size or cfg.dataset.input_size)
+        mapper: CpuMapper | DeviceMapper | NativeMapper = NativeMapper(
+            str(inf.mode),
+            size,
+            int(inf.pad_multiple),
+            timer=timer,
+            reader=reader,
+            max_image_pixels=int(cfg.dataset.max_image_pixels),
+        )
+    else:
+        mapper = build_mapper(cfg, train=(split == "train"), timer=timer, reader=reader)
     return PolygonDataset(
         load_records(cfg, split),
-        build_mapper(cfg, train=(split == "train"), timer=timer, reader=reader),
+        mapper,
         classes=list(cfg.dataset.classes),
         seed=int(cfg.trainer.seed),
         on_error=str(cfg.dataset.on_error),
         name=f"{cfg.dataset.name}/{split}",
+        replace_bad=(split == "train"),
     )

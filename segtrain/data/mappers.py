@@ -115,7 +115,8 @@ class _Mapper:
         first = self.pipeline.transforms[0] if self.pipeline.transforms else None
         return len(self.pipeline.transforms) > 1 or (isinstance(first, AffineCrop) and first.random)
 
-    def _instance_image(self, rec: ImageRecord, seed: int | None) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray]:
+    def _native(self, rec: ImageRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(image (H,W,3) uint8, instance ids (H,W) uint16, instance classes (N+1,)) at the record's size."""
         clock = self._clock
         clock.start()
         data, what = self.read(rec)
@@ -126,6 +127,10 @@ class _Mapper:
             raise AnnotationError(f"{rec.source}: image {rec.image_id} has more than {MAX_INSTANCES} instances")
         inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, np.uint16, paint_order=rec.paint_order)
         clock.lap("rasterise")
+        return image, inst, inst_classes
+
+    def _instance_image(self, rec: ImageRecord, seed: int | None) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray]:
+        image, inst, inst_classes = self._native(rec)
         if seed is not None:
             self.pipeline.set_random_seed(seed)
         image, inst, valid = apply_transforms(self.pipeline, image, inst)
@@ -165,6 +170,7 @@ class CpuMapper(_Mapper):
         tg = make_targets(inst, inst_classes, self.targets.sigma, valid=valid, **self.targets.kwargs())
         self._clock.lap("targets")
         item = to_tensors(image, inst, tg, self.uint8_images)
+        item.update(instance_info(rec, inst_classes, valid, inst.shape))
         self._clock.lap("to_tensor")
         return item
 
@@ -202,12 +208,101 @@ class DeviceMapper(_Mapper):
         return {
             "image": torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1),
             "instance": torch.from_numpy(inst.astype(np.int32, copy=False)),
-            "valid": torch.from_numpy(valid) if valid is not None else torch.ones(inst.shape, dtype=torch.bool),
-            "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
+            **instance_info(rec, inst_classes, valid, inst.shape),
         }
 
     def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment:
         return DeviceBatchAugment(self.augment, self.input_size, self.targets, device, seed, rank)
+
+
+class NativeMapper(_Mapper):
+    """Evaluation at the annotation's own resolution: ground truth rasterised at native size, and the
+    model input prepared as ``inference.mode`` says.
+
+    Items: ``image`` the model input (3,H',W') uint8 — ``fit``: fitted into ``input_size`` and padded
+    (the training geometry); ``pad`` and ``sliding``: the native image padded bottom/right to a
+    multiple of ``pad_multiple`` — ``scale`` (1,) the input pixels per native pixel, ``native_size``
+    (2,) = (H, W); at native size ``semantic`` (H,W) uint8 (255 = ignore), ``instance``,
+    ``instance_classes``, ``crowd_classes``, ``valid``. Sizes differ per image: batch size 1.
+    """
+
+    MODES = ("fit", "pad", "sliding")
+
+    def __init__(
+        self,
+        mode: str,
+        input_size: tuple[int, int],
+        pad_multiple: int = 32,
+        *,
+        timer: StageTimer | None = None,
+        reader: Reader | None = None,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    ) -> None:
+        if mode not in self.MODES:
+            raise ValueError(f"inference.mode={mode!r} is not one of {list(self.MODES)}")
+        super().__init__(evaluation_pipeline(input_size), timer, reader, max_image_pixels)
+        self.mode = mode
+        self.input_size = (int(input_size[0]), int(input_size[1]))
+        self.pad_multiple = max(int(pad_multiple), 1)
+
+    @property
+    def random(self) -> bool:
+        return False
+
+    def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
+        image, inst, inst_classes = self._native(rec)
+        h, w = inst.shape
+        model_input, scale = prepare_input(image, self.mode, self.input_size, self.pad_multiple, self.pipeline)
+        self._clock.lap("fit")
+        semantic = semantic_of(inst, inst_classes)
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(model_input)).permute(2, 0, 1),
+            "scale": torch.tensor([scale], dtype=torch.float64),
+            "native_size": torch.tensor([h, w]),
+            "semantic": torch.from_numpy(semantic),
+            "instance": torch.from_numpy(inst.astype(np.int32, copy=False)),
+            **instance_info(rec, inst_classes, None, inst.shape),
+        }
+
+
+def prepare_input(
+    image: np.ndarray, mode: str, input_size: tuple[int, int], pad_multiple: int, fit: A.Compose | None = None
+) -> tuple[np.ndarray, float]:
+    """(model input (H',W',3) uint8, input pixels per image pixel) for an (H,W,3) image.
+
+    ``fit``: the validation geometry (longest side fitted into ``input_size``, padded bottom/right);
+    ``pad``/``sliding``: the image itself, padded bottom/right to a multiple of ``pad_multiple``."""
+    h, w = image.shape[:2]
+    if mode == "fit":
+        pipeline = fit if fit is not None else evaluation_pipeline(input_size)
+        return pipeline(image=image)["image"], min(input_size[0] / h, input_size[1] / w)
+    ph, pw = -(-h // pad_multiple) * pad_multiple, -(-w // pad_multiple) * pad_multiple
+    if (ph, pw) == (h, w):
+        return image, 1.0
+    out = np.zeros((ph, pw, 3), np.uint8)
+    out[:h, :w] = image
+    return out, 1.0
+
+
+def semantic_of(inst: np.ndarray, inst_classes: np.ndarray) -> np.ndarray:
+    """(H,W) uint8 class of every pixel (255 on crowd/ignore regions): the semantic ground truth."""
+    return inst_classes.astype(np.uint8)[inst]
+
+
+def crowd_classes(rec: ImageRecord) -> np.ndarray:
+    """(N+1,) the class of each crowd region (``Instance.crowd_class``), -1 elsewhere: panoptic ground truth."""
+    return np.array([-1, *(-1 if i.crowd_class is None else int(i.crowd_class) for i in rec.instances)], np.int64)
+
+
+def instance_info(
+    rec: ImageRecord, inst_classes: np.ndarray, valid: np.ndarray | None, shape: tuple[int, ...]
+) -> dict[str, torch.Tensor]:
+    """What evaluation needs besides the targets: per-id classes (padded per batch by ``collate``) and ``valid``."""
+    return {
+        "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
+        "crowd_classes": torch.from_numpy(crowd_classes(rec)),
+        "valid": torch.from_numpy(valid) if valid is not None else torch.ones(shape, dtype=torch.bool),
+    }
 
 
 def to_tensors(

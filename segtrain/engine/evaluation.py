@@ -8,16 +8,23 @@ evaluators (panoptic quality, instance AP) plug into the same loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
 
-from segtrain.engine.distributed import unwrap
-from segtrain.engine.metrics import ConfusionMatrix
+from segtrain.config import IGNORE_LABEL
+from segtrain.data.panoptic_gt import panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
+from segtrain.engine.distributed import all_reduce_, unwrap
+from segtrain.engine.instance_ap import InstanceAP, instances_from_panoptic, instances_from_segments
+from segtrain.engine.metrics import ConfusionMatrix, PanopticQuality
 from segtrain.engine.runtime import autocast, to_device
+from segtrain.models.postprocess import panoptic_segmentation
 
 
 class Evaluator(Protocol):
@@ -48,6 +55,150 @@ class SemanticEvaluator:
         return self.cm.all_reduce().compute()
 
 
+@dataclass(frozen=True)
+class PanopticSpec:
+    """What turns outputs into a panoptic map and how it is scored (``dataset.panoptic`` + the classes)."""
+
+    class_names: tuple[str, ...]
+    thing_ids: tuple[int, ...]
+    stuff_ids: tuple[int, ...]
+    background_class: int  # -1 when unannotated pixels are ignore regions (Cityscapes): no background class
+    label_divisor: int = 1000
+    stuff_area: int = 2048
+    threshold: float = 0.1
+    nms_kernel: int = 7
+    top_k: int = 200
+    background: str = "void"
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> PanopticSpec:
+        from segtrain.data.formats import FORMATS
+
+        ds = cfg.dataset
+        classes = [str(c) for c in ds.classes]
+        unlabeled = FORMATS.get(str(ds.format)).unlabeled if str(ds.format) in FORMATS else "background"
+        background_class = 0 if unlabeled == "background" else -1
+        stuff = {classes.index(s) for s in ds.stuff_classes}
+        things = tuple(i for i in range(len(classes)) if i not in stuff and i != background_class)
+        pan = ds.panoptic
+        return cls(
+            tuple(classes),
+            things,
+            tuple(sorted(stuff)),
+            background_class,
+            int(pan.label_divisor),
+            int(pan.stuff_area),
+            float(pan.threshold),
+            int(pan.nms_kernel),
+            int(pan.top_k),
+            str(pan.background),
+        )
+
+    def segment(self, semantic: torch.Tensor, center: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """``panoptic_segmentation`` of one image: semantic (H,W) class map, center (1,H,W), offset (2,H,W)."""
+        return panoptic_segmentation(
+            semantic[None],
+            center,
+            offset,
+            self.thing_ids,
+            label_divisor=self.label_divisor,
+            stuff_area=self.stuff_area,
+            threshold=self.threshold,
+            nms_kernel=self.nms_kernel,
+            top_k=self.top_k,
+        )
+
+    def ground_truth(self, batch: dict[str, torch.Tensor], i: int) -> tuple[np.ndarray, list[dict[str, int]]]:
+        """Panoptic ground truth of image ``i`` of a batch (the rule of ``data.panoptic_gt``)."""
+        valid = batch.get("valid")
+        return panoptic_ground_truth(
+            batch["instance"][i].cpu().numpy(),
+            batch["instance_classes"][i].cpu().numpy(),
+            batch["crowd_classes"][i].cpu().numpy() if "crowd_classes" in batch else None,
+            self.thing_ids,
+            self.stuff_ids,
+            ignore_label=IGNORE_LABEL,
+            background_class=self.background_class,
+            background=self.background,
+            valid=None if valid is None else valid[i].cpu().numpy(),
+        )
+
+    def prediction(self, panoptic: torch.Tensor) -> tuple[np.ndarray, list[dict[str, int]]]:
+        return panoptic_from_prediction(
+            panoptic, self.label_divisor, -1, background_class=self.background_class, background=self.background
+        )
+
+    def categories(self) -> dict[int, dict[str, Any]]:
+        return panoptic_categories(self.class_names, self.thing_ids, self.background_class, self.background)
+
+
+class PanopticEvaluator:
+    """``pq``, ``sq``, ``rq``, ``pq_th``, ``pq_st`` (COCO panoptic rules) and mask ``ap``/``ap50``/``ap75``
+    from the semantic, centre and offset outputs, against ground truth built from the same records.
+
+    ``on_image(batch, i, pred_map, pred_segments, gt_map, gt_segments)`` (optional) sees every image's
+    prediction and ground truth as COCO panoptic id maps + segments: the evaluate tool exports them.
+    ``seconds`` is the time spent here (post-processing + scoring)."""
+
+    def __init__(self, spec: PanopticSpec, with_ap: bool = True, on_image: Callable[..., None] | None = None) -> None:
+        self.spec = spec
+        self.with_ap = with_ap
+        self.on_image = on_image
+        self.reset()
+
+    def reset(self) -> None:
+        self.pq = PanopticQuality(self.spec.categories())
+        self.ap = InstanceAP(self.spec.thing_ids) if self.with_ap else None
+        self.seconds = 0.0
+
+    def process(self, batch: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+        t0 = time.perf_counter()
+        semantic = outputs["semantic"].float()
+        classes = semantic.argmax(1)
+        prob = semantic.softmax(1) if self.ap is not None else None
+        for i in range(classes.shape[0]):
+            panoptic, instances = self.spec.segment(
+                classes[i], outputs["center"][i].float(), outputs["offset"][i].float()
+            )
+            pred_map, pred_segments = self.spec.prediction(panoptic)
+            gt_map, gt_segments = self.spec.ground_truth(batch, i)
+            self.pq.update(pred_map, pred_segments, gt_map, gt_segments)
+            index = int(batch["index"][i]) if "index" in batch else len(self.ap.images if self.ap else [])
+            if self.ap is not None:
+                pred = instances_from_panoptic(panoptic, instances, prob[i], self.spec.label_divisor)
+                gt = instances_from_segments(gt_map, gt_segments, self.spec.thing_ids)
+                self.ap.update(gt, pred, gt_map.shape[0], gt_map.shape[1], image_id=index)
+            if self.on_image is not None:
+                self.on_image(batch, i, pred_map, pred_segments, gt_map, gt_segments)
+        self.seconds += time.perf_counter() - t0
+
+    def result(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.pq.all_reduce()
+        r = self.pq.compute()
+        out: dict[str, Any] = {
+            "pq": r["all"]["pq"],
+            "sq": r["all"]["sq"],
+            "rq": r["all"]["rq"],
+            "pq_th": r["things"]["pq"],
+            "pq_st": r["stuff"]["pq"],
+            "pq_per_class": {self.spec.class_names[c]: v for c, v in r["per_class"].items()},
+        }
+        if self.ap is not None:
+            a = self.ap.all_reduce().compute()
+            out.update(ap=a["ap"], ap50=a["ap50"], ap75=a["ap75"])
+        out["val_panoptic_time_s"] = round(self.seconds + time.perf_counter() - t0, 3)  # this rank's
+        return out
+
+
+def evaluators_for(cfg: Any, model: nn.Module, device: torch.device, panoptic: bool = True, **kwargs: Any) -> list:
+    """Semantic metrics always; panoptic metrics for instance-aware models (unless turned off)."""
+    evs: list[Evaluator] = [SemanticEvaluator(int(cfg.model.num_classes), device)]
+    if panoptic and getattr(unwrap(model), "instance_aware", False):
+        evs.append(PanopticEvaluator(PanopticSpec.from_config(cfg), **kwargs))
+    return evs
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -56,9 +207,12 @@ def evaluate(
     device: torch.device,
     precision: str = "fp32",
     progress: bool = False,
+    forward: Callable[[nn.Module, dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
 ) -> dict[str, Any]:
-    """Run ``model`` over ``loader`` in eval mode and merge every evaluator's result.
+    """Run ``model`` over ``loader`` in eval mode and merge every evaluator's result; ``images`` and
+    ``skipped_images`` (``dataset.on_error=skip``) count over all ranks.
 
+    ``forward(net, batch)`` replaces ``net(batch["image"])`` (native-resolution evaluation).
     Uses the unwrapped model: ranks hold unequal shards, and a DDP forward may synchronise buffers.
     """
     net = unwrap(model)
@@ -66,11 +220,16 @@ def evaluate(
     net.eval()
     for ev in evaluators:
         ev.reset()
+    counts = torch.zeros(2, dtype=torch.int64)
     try:
         for batch in tqdm(loader, desc="val", disable=not progress, leave=False, dynamic_ncols=True):
+            counts[1] += int(batch.pop("skipped", 0))
+            if "image" not in batch:
+                continue
+            counts[0] += int(batch["image"].shape[0])
             batch = to_device(batch, device)
             with autocast(device, precision):
-                outputs = net(batch["image"])
+                outputs = forward(net, batch) if forward is not None else net(batch["image"])
             for ev in evaluators:
                 ev.process(batch, outputs)
     finally:
@@ -78,4 +237,6 @@ def evaluate(
     metrics: dict[str, Any] = {}
     for ev in evaluators:
         metrics.update(ev.result())
+    counts = all_reduce_(counts.to(device)).cpu()
+    metrics["images"], metrics["skipped_images"] = int(counts[0]), int(counts[1])
     return metrics

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.utils.data import default_collate
 from tqdm import tqdm
 
+from segtrain.data import collate
+from segtrain.engine.evaluation import PanopticSpec
 from segtrain.engine.profiling import DataWaitMeter, torch_profiler
 from segtrain.engine.recorder import FILE_ONLY
 from segtrain.engine.runtime import progress_bar, to_device
-from segtrain.engine.visualize import overlay_heatmap, overlay_semantic, to_uint8_image
+from segtrain.engine.visualize import overlay_heatmap, overlay_panoptic, to_uint8_image
 from segtrain.registry import Registry
 
 if TYPE_CHECKING:
@@ -233,7 +234,9 @@ def is_better(value: float, best: float | None, mode: str, min_delta: float = 0.
 
 
 class TensorBoardImages(HookBase):
-    """After each validation: input / ground truth / prediction / centre heatmap of the first val images."""
+    """After each validation, one row per val image: input / ground truth / prediction, and for
+    instance-aware models the panoptic ground truth / panoptic prediction (each instance its own
+    colour, stuff by class) / centre heatmap."""
 
     def __init__(self, num_images: int) -> None:
         self.num_images = int(num_images)
@@ -241,11 +244,14 @@ class TensorBoardImages(HookBase):
     @torch.no_grad()
     def after_epoch(self) -> None:
         t = self.trainer
-        if t.val_metrics is None or not t.dist.is_main or self.num_images <= 0:
+        dataset = t.panel_set
+        if t.val_metrics is None or not t.dist.is_main or self.num_images <= 0 or dataset is None:
             return
-        dataset = t.val_loader.dataset
         n = min(self.num_images, len(dataset))
-        batch = to_device(default_collate([dataset[i] for i in range(n)]), t.device)
+        items = [it for it in (dataset[i] for i in range(n)) if "image" in it]
+        if not items:
+            return
+        batch = to_device(collate(items), t.device)
         net = t.eval_model()
         was_training = net.training
         net.eval()
@@ -254,16 +260,50 @@ class TensorBoardImages(HookBase):
         finally:
             net.train(was_training)
         pred = out["semantic"].argmax(1)
-        for i in range(n):
+        spec = PanopticSpec.from_config(t.cfg) if "center" in out else None
+        names = list(spec.class_names) if spec is not None else [str(c) for c in t.cfg.dataset.classes]
+        skip = (0,) if spec is None or spec.background_class == 0 else ()
+        divisor = spec.label_divisor if spec is not None else 1000
+
+        def classes_of(labels: torch.Tensor) -> np.ndarray:  # class map drawn with overlay_panoptic's colours
+            lab = labels.to(torch.int64).cpu().numpy()
+            return np.where(lab == 255, -1, lab * divisor)
+
+        for i in range(len(items)):
             img = to_uint8_image(batch["image"][i])
-            row = [
-                img,
-                overlay_semantic(img, batch["semantic"][i].cpu().numpy()),
-                overlay_semantic(img, pred[i].cpu().numpy()),
+            row = [img] + [
+                overlay_panoptic(img, classes_of(m), names, divisor, skip_classes=skip, legend=False)
+                for m in (batch["semantic"][i], pred[i])
             ]
-            if "center" in out:
+            if spec is not None:
+                gt_map, gt_segments = spec.ground_truth(batch, i)
+                gt_pan = segments_to_panoptic(gt_map, gt_segments, spec.label_divisor)
+                pan, _ = spec.segment(pred[i], out["center"][i].float(), out["offset"][i].float())
+                for p_map in (gt_pan, pan[0].cpu().numpy()):
+                    row.append(
+                        overlay_panoptic(
+                            img,
+                            p_map,
+                            names,
+                            spec.label_divisor,
+                            thing_ids=spec.thing_ids,
+                            skip_classes=skip,
+                            legend=False,
+                        )
+                    )
                 row.append(overlay_heatmap(img, out["center"][i, 0].float().cpu().numpy()))
             t.recorder.images(f"val/sample_{i}", t.state.step, [np.concatenate(row, axis=1)])
+
+
+def segments_to_panoptic(id_map: np.ndarray, segments: list[dict[str, Any]], label_divisor: int) -> np.ndarray:
+    """COCO-panoptic (id map, segments) -> ``class * label_divisor + instance`` (VOID -> -1), for drawing."""
+    lut = np.full(int(id_map.max(initial=0)) + 1, -1, np.int64)
+    count: dict[int, int] = {}
+    for s in segments:
+        c = int(s["category_id"])
+        count[c] = count.get(c, 0) + 1
+        lut[int(s["id"])] = c * label_divisor + (0 if s.get("iscrowd") else count[c])
+    return lut[id_map]
 
 
 class EpochCheckpoint(HookBase):

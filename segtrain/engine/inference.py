@@ -1,30 +1,29 @@
-"""Using a trained model: rebuild it from a checkpoint, evaluate a split, predict single images."""
+"""Running a trained network on whole images: rebuild it from a checkpoint, prepare the input, and bring
+every output back to the image's own resolution (``inference.mode``: fit, pad or sliding windows).
+
+Shared by ``segtrain.evaluate`` (native-resolution scoring), ``segtrain.predict`` and native-resolution
+validation; the geometry matches ``data.mappers.prepare_input``.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import cv2
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from segtrain.data import build_dataset
-from segtrain.data.augmentations import evaluation_pipeline
-from segtrain.engine.distributed import DistInfo
-from segtrain.engine.evaluation import SemanticEvaluator, evaluate
-from segtrain.engine.loaders import build_loader
-from segtrain.engine.runtime import autocast, effective_precision, progress_bar
-from segtrain.engine.visualize import overlay_heatmap, overlay_semantic
+from segtrain.data.mappers import prepare_input
+from segtrain.engine.runtime import autocast
 from segtrain.models import build_model
 from segtrain.models.weights import load_checkpoint_weights
 
 log = logging.getLogger("segtrain.inference")
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+Outputs = dict[str, torch.Tensor]
 
 
 def model_from_checkpoint(cfg: Any, blob: Any, device: torch.device) -> nn.Module:
@@ -34,97 +33,78 @@ def model_from_checkpoint(cfg: Any, blob: Any, device: torch.device) -> nn.Modul
     return model.to(device).eval()
 
 
-def evaluate_checkpoint(cfg: Any, blob: Any, dist: DistInfo, run_dir: Path) -> dict[str, Any]:
-    """mIoU and per-class IoU on ``dataset.val`` (exact under torchrun); rank 0 writes ``eval.json``."""
-    model = model_from_checkpoint(cfg, blob, dist.device)
-    loader = build_loader(build_dataset(cfg, "val"), dist, cfg.trainer, train=False)
-    precision = effective_precision(cfg.trainer.precision, dist.device)
-    metrics = evaluate(
-        model,
-        loader,
-        [SemanticEvaluator(int(cfg.model.num_classes), dist.device)],
-        dist.device,
-        precision,
-        progress_bar(dist.is_main, cfg.trainer.progress),
-    )
-    classes = list(cfg.dataset.classes)
-    metrics["per_class"] = {c: metrics["iou"][i] for i, c in enumerate(classes)}
-    metrics["checkpoint"] = str(cfg.ckpt)
-    metrics["images"] = len(loader.dataset)
-    if dist.is_main:
-        width = max(len(c) for c in classes)
-        lines = [f"{'class'.ljust(width)}  IoU"]
-        lines += [
-            f"{c.ljust(width)}  {'  n/a' if np.isnan(v) else f'{v:.4f}'}" for c, v in metrics["per_class"].items()
-        ]
-        lines.append(
-            f"{'mIoU'.ljust(width)}  {metrics['miou']:.4f}   (pixel acc {metrics['pixel_acc']:.4f}, "
-            f"{metrics['images']} images)"
-        )
-        print("\n".join(lines), flush=True)
-        clean = json.loads(json.dumps(metrics, default=float).replace("NaN", "null"))
-        (run_dir / "eval.json").write_text(json.dumps(clean, indent=1))
-        log.info("wrote %s", run_dir / "eval.json")
-    return metrics
+def sliding_window(net: nn.Module, image: torch.Tensor, window: tuple[int, int], overlap: float) -> Outputs:
+    """Average of the outputs of ``window``-sized crops overlapping by ``overlap`` (images larger than
+    memory allows in one pass). Offsets are relative (pixels), so they average like the rest."""
+    _, _, h, w = image.shape
+    wh, ww = min(int(window[0]), h), min(int(window[1]), w)
+    if (wh, ww) == (h, w):
+        return net(image)
+
+    def starts(size: int, win: int) -> list[int]:
+        stride = max(int(win * (1.0 - overlap)), 1)
+        out = list(range(0, max(size - win, 0) + 1, stride))
+        return out if out[-1] == size - win else [*out, size - win]
+
+    total: Outputs = {}
+    count = torch.zeros((1, 1, h, w), device=image.device)
+    for y in starts(h, wh):
+        for x in starts(w, ww):
+            out = net(image[:, :, y : y + wh, x : x + ww])
+            for k, v in out.items():
+                acc = total.setdefault(k, torch.zeros((1, v.shape[1], h, w), device=v.device, dtype=torch.float32))
+                acc[:, :, y : y + wh, x : x + ww] += v.float()
+            count[:, :, y : y + wh, x : x + ww] += 1
+    return {k: v / count for k, v in total.items()}
+
+
+def to_native(outputs: Outputs, scale: float, size: tuple[int, int]) -> Outputs:
+    """Outputs on the model input (image pixel centres at ``scale * (x + 0.5) - 0.5``, the geometry of
+    ``prepare_input``) resampled onto the image's ``size`` grid; offsets rescaled to image pixels."""
+    h, w = int(size[0]), int(size[1])
+    first = next(iter(outputs.values()))
+    ih, iw = first.shape[-2:]
+    if scale == 1.0 and (ih, iw) == (h, w):
+        return {k: v.float() for k, v in outputs.items()}
+    if scale == 1.0:  # padded input: crop
+        return {k: v[..., :h, :w].float() for k, v in outputs.items()}
+    dev = first.device
+    ys = (2.0 * scale * (torch.arange(h, device=dev, dtype=torch.float64) + 0.5) / ih - 1.0).float()
+    xs = (2.0 * scale * (torch.arange(w, device=dev, dtype=torch.float64) + 0.5) / iw - 1.0).float()
+    grid = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), dim=-1)[None]  # (1, h, w, 2) as (x, y)
+    out = {}
+    for k, v in outputs.items():
+        v = v.float()
+        g = grid.expand(v.shape[0], -1, -1, -1)
+        r = F.grid_sample(v, g, mode="bilinear", padding_mode="border", align_corners=False)
+        out[k] = r / scale if k == "offset" else r
+    return out
+
+
+def native_forward(cfg: Any) -> Callable[[nn.Module, dict[str, torch.Tensor]], Outputs]:
+    """``forward(net, batch)`` for native-resolution items (``data.mappers.NativeMapper``, batch size 1)."""
+    inf = cfg.inference
+    window = tuple(inf.input_size or cfg.dataset.input_size)
+
+    def forward(net: nn.Module, batch: dict[str, torch.Tensor]) -> Outputs:
+        image = batch["image"]
+        out = sliding_window(net, image, window, float(inf.overlap)) if inf.mode == "sliding" else net(image)
+        h, w = (int(v) for v in batch["native_size"][0].tolist())
+        return to_native(out, float(batch["scale"][0]), (h, w))
+
+    return forward
 
 
 @torch.no_grad()
 def predict_image(
-    model: nn.Module, image: np.ndarray, input_size: tuple[int, int], device: torch.device, precision: str = "fp32"
-) -> dict[str, np.ndarray]:
-    """image (H,W,3) uint8 RGB -> ``semantic`` (H,W) labels and ``center`` (H,W) heatmap at the image's size.
-
-    Uses the validation geometry (fit into ``input_size``, pad bottom/right), then undoes it.
-    """
-    h, w = image.shape[:2]
-    t = evaluation_pipeline(input_size)
-    x = t(image=image)["image"]
-    scale = min(input_size[0] / h, input_size[1] / w)
-    sh, sw = max(round(h * scale), 1), max(round(w * scale), 1)
+    model: nn.Module, image: np.ndarray, cfg: Any, device: torch.device, precision: str = "fp32"
+) -> Outputs:
+    """All outputs for one (H,W,3) uint8 RGB image at its own resolution, as ``inference.*`` says:
+    ``semantic`` (1,C,H,W) logits, and for instance-aware models ``center`` (1,1,H,W), ``offset`` (1,2,H,W)."""
+    inf = cfg.inference
+    size = tuple(int(v) for v in (inf.input_size or cfg.dataset.input_size))
+    x, scale = prepare_input(image, str(inf.mode), size, int(inf.pad_multiple))
     inp = torch.from_numpy(np.ascontiguousarray(x)).permute(2, 0, 1).float().div_(255).unsqueeze(0).to(device)
     with autocast(device, precision):
-        out = model(inp)
-    logits = out["semantic"][0, :, :sh, :sw].float()
-    logits = torch.nn.functional.interpolate(logits[None], size=(h, w), mode="bilinear", align_corners=False)[0]
-    result = {"semantic": logits.argmax(0).cpu().numpy().astype(np.uint8)}
-    if "center" in out:
-        c = out["center"][0, 0, :sh, :sw].float().cpu().numpy()
-        result["center"] = cv2.resize(c, (w, h), interpolation=cv2.INTER_LINEAR)
-    return result
-
-
-def predict_folder(cfg: Any, blob: Any, device: torch.device) -> list[Path]:
-    """Per input image: ``<stem>_semantic.png`` (colour overlay), ``<stem>_center.png`` (heatmap overlay)
-    and ``<stem>_labels.png`` (raw class ids)."""
-    if not cfg.input or not Path(cfg.input).is_dir():
-        raise FileNotFoundError(f"input={cfg.input!r} is not a folder of images")
-    if not cfg.output:
-        raise ValueError("predict needs output=DIR")
-    out_dir = Path(cfg.output)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = sorted(p for p in Path(cfg.input).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise FileNotFoundError(f"input={cfg.input!r} holds no images ({', '.join(IMAGE_SUFFIXES)})")
-    model = model_from_checkpoint(cfg, blob, device)
-    precision = effective_precision(cfg.trainer.precision, device)
-    written: list[Path] = []
-    for path in files:
-        bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        if bgr is None:
-            raise ValueError(f"cannot decode image {path}")
-        rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
-        pred = predict_image(model, rgb, tuple(cfg.dataset.input_size), device, precision)
-        outputs = {
-            f"{path.stem}_semantic.png": overlay_semantic(rgb, pred["semantic"]),
-            f"{path.stem}_labels.png": pred["semantic"],
-        }
-        if "center" in pred:
-            outputs[f"{path.stem}_center.png"] = overlay_heatmap(rgb, pred["center"])
-        for name, img in outputs.items():
-            target = out_dir / name
-            data = img if img.ndim == 2 else cv2.cvtColor(img, cv2.COLOR_RGB2BGR)
-            if not cv2.imwrite(str(target), data):
-                raise OSError(f"could not write {target}")
-            written.append(target)
-        log.info("%s -> %s", path.name, ", ".join(outputs))
-    return written
+        out = sliding_window(model, inp, size, float(inf.overlap)) if inf.mode == "sliding" else model(inp)
+    return to_native(out, scale, image.shape[:2])

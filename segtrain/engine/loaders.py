@@ -107,8 +107,11 @@ def worker_init(worker_id: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_loader(dataset: Dataset, dist: DistInfo, trainer: Any, train: bool) -> DataLoader:
-    """``trainer`` is ``cfg.trainer``; batch sizes there are global."""
+def build_loader(
+    dataset: Dataset, dist: DistInfo, trainer: Any, train: bool, batch_size: int | None = None
+) -> DataLoader:
+    """``trainer`` is ``cfg.trainer``; batch sizes there are global. ``batch_size`` (evaluation only) is
+    per rank and overrides them (native-resolution items differ in size: 1)."""
     workers = int(trainer.num_workers)
     common: dict[str, Any] = {
         "num_workers": workers,
@@ -129,7 +132,7 @@ def build_loader(dataset: Dataset, dist: DistInfo, trainer: Any, train: bool) ->
             )
         return DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **common)
     vbs = int(trainer.val_batch_size or trainer.batch_size)
-    bs = max(math.ceil(vbs / dist.world_size), 1)
+    bs = batch_size or max(math.ceil(vbs / dist.world_size), 1)
     return DataLoader(
         dataset,
         batch_size=bs,

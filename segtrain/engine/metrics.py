@@ -44,6 +44,7 @@ class ConfusionMatrix:
         return {
             "miou": float(iou[present].mean()) if present.any() else 0.0,
             "pixel_acc": float(tp.sum() / total),
+            "pixels": int(m.sum()),  # scored (not ignored) ground-truth pixels
             "iou": [float(v) if p else float("nan") for v, p in zip(iou.tolist(), present.tolist(), strict=True)],
         }
 

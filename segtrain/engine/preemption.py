@@ -11,7 +11,12 @@ otherwise end the run with "DataLoader worker killed" before the checkpoint is w
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import multiprocessing
+import multiprocessing.util  # noqa: F401 - its exit handler must be registered before ours
+import os
 import signal
 import threading
 from types import FrameType
@@ -55,3 +60,19 @@ def ignore_in_workers() -> None:
     """Loader workers: leave preemption to the training process (it ends the workers itself)."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def _kill_loader_workers() -> None:
+    """At exit, before multiprocessing joins its daemonic children: loader workers ignore SIGTERM (above),
+    so the SIGTERM multiprocessing sends them would leave the exit joining forever. They hold no state."""
+    children = [c for c in multiprocessing.active_children() if c.daemon]
+    if children and hasattr(signal, "SIGCHLD") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would report the kills as worker failures
+    for child in children:
+        if child.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child.pid, signal.SIGKILL)
+
+
+# Registered after multiprocessing's own exit handler (imported with torch), so it runs first.
+atexit.register(_kill_loader_workers)

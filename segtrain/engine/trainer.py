@@ -21,12 +21,13 @@ import torch
 from torch import nn
 
 from segtrain.config import to_container
-from segtrain.data import build_dataset
+from segtrain.data import PolygonDataset, build_dataset, build_mapper
 from segtrain.engine import checkpoint as ckpt_io
 from segtrain.engine.distributed import DistInfo, all_gather_object, all_reduce_, barrier, is_dist, unwrap
 from segtrain.engine.ema import ModelEMA
-from segtrain.engine.evaluation import SemanticEvaluator, evaluate
+from segtrain.engine.evaluation import evaluate, evaluators_for
 from segtrain.engine.hooks import HookBase, default_hooks
+from segtrain.engine.inference import native_forward
 from segtrain.engine.loaders import build_loader, per_rank_batch
 from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms
 from segtrain.engine.model_setup import prepare_model, probe_batch, wrap_model
@@ -114,6 +115,7 @@ class Trainer:
         self.recorder = recorder
         self.batch_transform = batch_transform
         self.ema = ema
+        self.panel_set: Any = getattr(val_loader, "dataset", None)  # input-size val items (TensorBoard panels)
         self.state = TrainState()
         self.hooks: list[HookBase] = []
         tr = cfg.trainer
@@ -143,7 +145,16 @@ class Trainer:
         tr = cfg.trainer
         configure_determinism(tr)
         precision = effective_precision(tr.precision, dist.device)
-        train_set, val_set = build_dataset(cfg, "train"), build_dataset(cfg, "val")
+        native = tr.val_resolution == "native"
+        train_set, val_set = build_dataset(cfg, "train"), build_dataset(cfg, "val", native=native)
+        # input-size items of the same records: TensorBoard panels and the unused-parameter probe
+        panel_set = (
+            val_set
+            if not native
+            else PolygonDataset(
+                val_set.records, build_mapper(cfg, train=False), classes=val_set.classes, name=val_set.name
+            )
+        )
         batch_transform = train_set.mapper.batch_transform(dist.device, int(tr.seed), dist.rank)
         if batch_transform is not None:
             log.info("augment.device=%s: augmentation and targets run on %s", cfg.augment.device, dist.device)
@@ -154,7 +165,7 @@ class Trainer:
                 f"process(es), which do not split into trainer.accumulate={tr.accumulate} equal micro-batches"
             )
         train_loader = build_loader(train_set, dist, tr, train=True)
-        val_loader = build_loader(val_set, dist, tr, train=False)
+        val_loader = build_loader(val_set, dist, tr, train=False, batch_size=1 if native else None)
         model = prepare_model(cfg, dist, init_weights, classes)
         optimizer = build_optimizer(model, cfg.optim)
         total_steps = len(train_loader) * int(tr.epochs)
@@ -179,11 +190,12 @@ class Trainer:
             batch_transform=batch_transform,
             ema=ema,
         )
+        trainer.panel_set = panel_set
         trainer.register_hooks(default_hooks(cfg, run_dir))
         path = find_resume_checkpoint(cfg, run_dir)
         if path is not None:
             restore_training_state(trainer, path)
-        trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(val_set), precision)
+        trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(panel_set), precision)
         return trainer
 
     def register_hooks(self, hooks: Iterable[HookBase]) -> None:
@@ -370,13 +382,16 @@ class Trainer:
     def validate(self) -> dict[str, Any]:
         """Metrics on the whole validation split (every rank's shard, reduced once)."""
         t0 = time.perf_counter()
+        tr = self.cfg.trainer
+        model = self.eval_model()
         metrics = evaluate(
-            self.eval_model(),
+            model,
             self.val_loader,
-            [SemanticEvaluator(int(self.cfg.model.num_classes), self.device)],
+            evaluators_for(self.cfg, model, self.device, panoptic=bool(tr.val_panoptic)),
             self.device,
             self.precision,
-            progress_bar(self.dist.is_main, self.cfg.trainer.progress),
+            progress_bar(self.dist.is_main, tr.progress),
+            forward=native_forward(self.cfg) if tr.val_resolution == "native" else None,
         )
         metrics["val_time_s"] = round(time.perf_counter() - t0, 3)
         if self.ema is not None:

@@ -47,7 +47,7 @@ def overlay_heatmap(image: np.ndarray, heat: np.ndarray, alpha: float = 0.6) -> 
 
 def to_uint8_image(t: torch.Tensor) -> np.ndarray:
     """(3,H,W) float in [0,1] -> (H,W,3) uint8."""
-    return (t.detach().float().clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
+    return np.ascontiguousarray((t.detach().float().clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy())
 
 
 _GOLDEN = 0.6180339887498949
@@ -110,6 +110,7 @@ def overlay_panoptic(
     """
     if isinstance(panoptic, torch.Tensor):
         panoptic = panoptic.detach().cpu().numpy()
+    image = np.ascontiguousarray(image)  # OpenCV draws only on C-contiguous arrays
     pan = np.asarray(panoptic)
     if pan.ndim == 3 and pan.shape[0] == 1:
         pan = pan[0]

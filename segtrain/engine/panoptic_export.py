@@ -1,0 +1,111 @@
+"""Predictions (and the ground truth they were scored against) as COCO panoptic files.
+
+``<out>/predictions/<image>.png`` + ``predictions.json`` and ``<out>/ground_truth/<image>.png`` +
+``ground_truth.json``: id maps RGB-encoded as COCO panoptic does (id = R + 256 G + 256^2 B, 0 = VOID),
+``segments_info`` with ``id``, ``category_id``, ``iscrowd``, ``area``, ``bbox`` [x, y, w, h], and the
+categories with ``isthing``. The official evaluator runs on them as they are::
+
+    from panopticapi.evaluation import pq_compute
+    pq_compute("ground_truth.json", "predictions.json", "ground_truth", "predictions")
+
+Category ids are segtrain's class indices (the ``categories`` list names them). Under torchrun every
+rank writes its images' PNGs; rank 0 writes the JSON files with everyone's segments.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+from scipy import ndimage
+
+from segtrain.engine.distributed import all_gather_object
+
+
+def encode_ids(id_map: np.ndarray) -> np.ndarray:
+    """(H, W) ids -> (H, W, 3) uint8 RGB, COCO panoptic's encoding."""
+    ids = id_map.astype(np.uint32)
+    return np.stack([ids & 255, (ids >> 8) & 255, (ids >> 16) & 255], axis=-1).astype(np.uint8)
+
+
+def decode_ids(rgb: np.ndarray) -> np.ndarray:
+    """(H, W, 3) uint8 RGB -> (H, W) int64 ids."""
+    rgb = rgb.astype(np.int64)
+    return rgb[..., 0] + 256 * rgb[..., 1] + 65536 * rgb[..., 2]
+
+
+def with_boxes(id_map: np.ndarray, segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``segments`` with ``bbox`` [x, y, w, h] (one pass over the map) and integer fields."""
+    boxes = ndimage.find_objects(id_map.astype(np.int64)) if segments else []
+    out = []
+    for s in segments:
+        box = boxes[s["id"] - 1] if s["id"] - 1 < len(boxes) else None
+        bbox = (
+            [0, 0, 0, 0]
+            if box is None
+            else [box[1].start, box[0].start, box[1].stop - box[1].start, box[0].stop - box[0].start]
+        )
+        out.append(
+            {
+                "id": int(s["id"]),
+                "category_id": int(s["category_id"]),
+                "iscrowd": int(s.get("iscrowd", 0)),
+                "area": int(s["area"]),
+                "bbox": [int(v) for v in bbox],
+            }
+        )
+    return out
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "image"
+
+
+class CocoPanopticExport:
+    """``on_image`` callback of ``PanopticEvaluator``; ``finish()`` writes the JSON files."""
+
+    def __init__(self, out_dir: Path, dataset: Any, categories: dict[int, dict[str, Any]], is_main: bool) -> None:
+        self.out = Path(out_dir)
+        self.dataset = dataset
+        self.categories = categories
+        self.is_main = is_main
+        self.rows: list[tuple[int, dict, dict, dict]] = []
+        for sub in ("predictions", "ground_truth"):
+            (self.out / sub).mkdir(parents=True, exist_ok=True)
+
+    def __call__(
+        self,
+        batch: dict[str, Any],
+        i: int,
+        pred_map: np.ndarray,
+        pred_segments: list[dict[str, Any]],
+        gt_map: np.ndarray,
+        gt_segments: list[dict[str, Any]],
+    ) -> None:
+        index = int(batch["index"][i])
+        rec = self.dataset.records[index]
+        stem = f"{index:06d}_{_safe_name(str(rec.image_id))}"
+        h, w = gt_map.shape
+        image = {"id": index, "file_name": rec.path.name if rec.path is not None else stem, "height": h, "width": w}
+        rows = []
+        for sub, id_map, segments in (("predictions", pred_map, pred_segments), ("ground_truth", gt_map, gt_segments)):
+            name = f"{stem}.png"
+            if not cv2.imwrite(str(self.out / sub / name), cv2.cvtColor(encode_ids(id_map), cv2.COLOR_RGB2BGR)):
+                raise OSError(f"could not write {self.out / sub / name}")
+            rows.append({"image_id": index, "file_name": name, "segments_info": with_boxes(id_map, segments)})
+        self.rows.append((index, image, rows[0], rows[1]))
+
+    def finish(self) -> Path | None:
+        rows = sorted((r for part in all_gather_object(self.rows) for r in part), key=lambda r: r[0])
+        if not self.is_main:
+            return None
+        cats = [{"id": int(k), "name": v["name"], "isthing": int(v["isthing"])} for k, v in self.categories.items()]
+        images = [r[1] for r in rows]
+        for name, col in (("predictions", 2), ("ground_truth", 3)):
+            doc = {"images": images, "annotations": [r[col] for r in rows], "categories": cats}
+            (self.out / f"{name}.json").write_text(json.dumps(doc))
+        return self.out

@@ -1,0 +1,150 @@
+"""``segtrain.predict``: what the model sees in each image, as pictures and as data.
+
+Per input image (a file, or every image under a folder, recursively), into ``output`` (mirroring
+the input's sub-folders):
+
+- ``<name>_panoptic.png``: every instance in its own colour with outline and class name, stuff by
+  class colour, a legend (instance-aware models); ``<name>_semantic.png``: the class map, coloured,
+  with a legend;
+- ``<name>_panoptic_ids.png``: the COCO-panoptic id PNG (id = R + 256 G + 256^2 B) and
+  ``<name>_segments.json``: per segment id, class, category id, area, box [x, y, w, h], score;
+- ``<name>_labels.png``: class ids (uint8); ``<name>_center.png``: the centre heatmap over the image.
+
+``<name>`` is the file's stem; inputs of one folder that share a stem (``a.jpg``, ``a.png``) are
+told apart by their extension (``a_jpg``, ``a_png``), so no input's outputs overwrite another's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from segtrain.data.image_io import read_image_file
+from segtrain.engine.evaluation import PanopticSpec
+from segtrain.engine.inference import model_from_checkpoint, predict_image
+from segtrain.engine.panoptic_export import encode_ids, with_boxes
+from segtrain.engine.runtime import effective_precision
+from segtrain.engine.visualize import overlay_heatmap, overlay_panoptic
+from segtrain.fileio import atomic_write_bytes
+
+log = logging.getLogger("segtrain.predict")
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+
+
+class PredictInputError(FileNotFoundError):
+    """``input=`` names nothing to predict on; the message says what was looked for."""
+
+
+def collect_inputs(source: str | Path) -> tuple[Path, list[Path]]:
+    """(root, image files): one file, or every image under a folder (recursively, sorted)."""
+    path = Path(str(source)).expanduser()
+    if path.is_file():
+        return path.parent, [path]
+    if not path.is_dir():
+        raise PredictInputError(f"input={source!r}: no such file or folder")
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise PredictInputError(f"input={source!r} holds no images ({', '.join(IMAGE_SUFFIXES)}, searched recursively)")
+    return path, files
+
+
+def output_names(root: Path, files: list[Path]) -> dict[Path, Path]:
+    """A distinct output base path (relative, without suffix) per input file."""
+    stems = Counter((f.parent, f.stem) for f in files)
+    out = {}
+    for f in files:
+        rel = f.parent.relative_to(root)
+        name = f.stem if stems[(f.parent, f.stem)] == 1 else f"{f.stem}_{f.suffix.lstrip('.').lower()}"
+        out[f] = rel / name
+    return out
+
+
+def _write_png(path: Path, image: np.ndarray) -> None:
+    data = image if image.ndim == 2 else cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
+    ok, buf = cv2.imencode(".png", data)
+    if not ok:
+        raise OSError(f"could not encode {path}")
+    atomic_write_bytes(path, buf.tobytes())
+
+
+@torch.no_grad()
+def predict(cfg: Any, blob: Any, device: torch.device) -> list[Path]:
+    """Write the outputs for every input image; returns the files written."""
+    if not cfg.input:
+        raise PredictInputError("segtrain.predict needs input=FILE_OR_FOLDER (and output=FOLDER)")
+    if not cfg.output:
+        raise PredictInputError("segtrain.predict needs output=FOLDER")
+    root, files = collect_inputs(cfg.input)
+    names = output_names(root, files)
+    out_dir = Path(str(cfg.output)).expanduser()
+    model = model_from_checkpoint(cfg, blob, device)
+    precision = effective_precision(cfg.trainer.precision, device)
+    classes = [str(c) for c in cfg.dataset.classes]
+    spec = PanopticSpec.from_config(cfg) if getattr(model, "instance_aware", False) else None
+    skip = (0,) if spec is not None and spec.background_class == 0 else ()
+    written: list[Path] = []
+    for path in files:
+        rgb = read_image_file(path, int(cfg.dataset.max_image_pixels))
+        out = predict_image(model, rgb, cfg, device, precision)
+        logits = out["semantic"][0]
+        labels = logits.argmax(0)
+        base = out_dir / names[path]
+        base.parent.mkdir(parents=True, exist_ok=True)
+        files_out = {f"{base}_labels.png": labels.to(torch.uint8).cpu().numpy()}
+        divisor = spec.label_divisor if spec is not None else 1000
+        semantic_map = (labels.to(torch.int64) * divisor).cpu().numpy()
+        files_out[f"{base}_semantic.png"] = overlay_panoptic(rgb, semantic_map, classes, divisor, skip_classes=skip)
+        if spec is not None:
+            panoptic, instances = spec.segment(labels, out["center"][0], out["offset"][0])
+            pan = panoptic[0].cpu().numpy()
+            files_out[f"{base}_panoptic.png"] = overlay_panoptic(
+                rgb, pan, classes, spec.label_divisor, thing_ids=spec.thing_ids, skip_classes=skip
+            )
+            id_map, segments = spec.prediction(panoptic)
+            files_out[f"{base}_panoptic_ids.png"] = encode_ids(id_map)
+            files_out[f"{base}_center.png"] = overlay_heatmap(rgb, out["center"][0, 0].cpu().numpy())
+            json_path = Path(f"{base}_segments.json")
+            atomic_write_bytes(json_path, json.dumps(describe(segments, id_map, pan, instances, logits, spec)).encode())
+            written.append(json_path)
+        for name, image in files_out.items():
+            _write_png(Path(name), image)
+            written.append(Path(name))
+        log.info("%s -> %s_*", path, base)
+    return written
+
+
+def describe(
+    segments: list[dict[str, Any]],
+    id_map: np.ndarray,
+    panoptic: np.ndarray,
+    instances: dict[str, torch.Tensor],
+    logits: torch.Tensor,
+    spec: PanopticSpec,
+) -> dict[str, Any]:
+    """The segments JSON: id (in the ids PNG), class, category id, area, box, score (things)."""
+    from segtrain.engine.instance_ap import instance_scores
+
+    scores = {}
+    if instances["id"].numel():
+        s = instance_scores(
+            torch.from_numpy(panoptic).to(logits.device), logits.float().softmax(0), instances, spec.label_divisor
+        )
+        scores = dict(zip(instances["id"].tolist(), s.tolist(), strict=True))
+    # panoptic id of each segment id (segments are in ascending panoptic-id order)
+    pan_ids = np.unique(panoptic[id_map > 0]) if segments else []
+    rows = []
+    for seg, pid in zip(with_boxes(id_map, segments), pan_ids, strict=True):
+        cls = int(seg["category_id"])
+        row = {**seg, "class": spec.class_names[cls], "isthing": int(cls in spec.thing_ids), "panoptic_id": int(pid)}
+        if int(pid) in scores:
+            row["score"] = round(float(scores[int(pid)]), 4)
+        rows.append(row)
+    return {"label_divisor": spec.label_divisor, "segments": rows}
