@@ -15,6 +15,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from segtrain.errors import UserError
+
 VERSION_BASE = "1.3"
 IGNORE_LABEL = 255
 
@@ -232,6 +234,9 @@ class TrainerConfig:
     val_resolution: str = "input"
     data_wait_warn: float = 0.1
     progress: bool = True
+    # A fresh run (no resume=) in a directory holding another run's checkpoints is an error unless
+    # this is true: then that run's checkpoints, metrics and TensorBoard files are removed first.
+    overwrite: bool = False
     loss: LossConfig = field(default_factory=LossConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -341,8 +346,12 @@ def check_overrides(overrides: list[str]) -> None:
     for ov in overrides:
         if "=" not in ov:
             continue
-        key = ov.split("=", 1)[0].lstrip("+~")
-        if key.startswith("hydra") or key in _GROUPS:
+        key, value = ov.split("=", 1)
+        key = key.lstrip("+~")
+        if key.startswith("hydra"):
+            continue
+        if key in _GROUPS:
+            check_group_option(key, value)
             continue
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(schema, parent) if parent else schema
@@ -350,7 +359,7 @@ def check_overrides(overrides: list[str]) -> None:
             raise ConfigError(f"unknown config key {key!r}: there is no section {parent!r}")
         if not isinstance(node, DictConfig):
             raise ConfigError(f"unknown config key {key!r}: {parent!r} is a value, not a section")
-        if leaf not in node and not _is_free_form(parent):
+        if leaf not in list(node.keys()) and not _is_free_form(parent):  # `in` is False for MISSING values
             near = difflib.get_close_matches(leaf, [str(k) for k in node], n=3)
             hint = f" Did you mean {', '.join(repr(f'{parent}.{n}' if parent else n) for n in near)}?" if near else ""
             raise ConfigError(
@@ -359,11 +368,24 @@ def check_overrides(overrides: list[str]) -> None:
             )
 
 
+def check_group_option(group: str, value: str) -> None:
+    """``experiment=nme`` must name a file of ``configs/<group>/``; Hydra would skip an optional one silently."""
+    if value in ("", "null", "None") or "," in value:  # removal, or a multirun sweep (Hydra checks each)
+        return
+    options = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+    if value not in options:
+        import difflib
+
+        near = difflib.get_close_matches(value, options, n=1)
+        hint = f" Did you mean {group}={near[0]}?" if near else ""
+        raise ConfigError(f"{group}={value}: no such preset in configs/{group}/.{hint} Available: {', '.join(options)}")
+
+
 def _is_free_form(parent: str) -> bool:
     return parent == "dataset.class_map" or parent.startswith("dataset.class_map.")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value is missing or invalid; the message names the key and the fix."""
 
 
@@ -419,28 +441,122 @@ def validate(cfg: DictConfig) -> None:
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {list(allowed)}")
     check_registered(cfg)
-    classes = list(cfg.dataset.classes)
-    if len(classes) < 2:
+    check_ranges(cfg)
+    check_classes(cfg)
+    if len(cfg.dataset.input_size) != 2 or min(cfg.dataset.input_size) < 8:
+        raise ConfigError(f"dataset.input_size must be [H, W] with H, W >= 8, got {list(cfg.dataset.input_size)}")
+    metric = cfg.trainer.checkpoint.metric
+    if metric not in VALIDATION_METRICS:
+        import difflib
+
+        near = difflib.get_close_matches(str(metric), VALIDATION_METRICS, n=1, cutoff=0.3)
+        hint = f" Did you mean trainer.checkpoint.metric={near[0]}?" if near else ""
         raise ConfigError(
-            f"dataset.classes={classes} must list the background class first, then at least one class; "
-            "e.g. dataset.classes=[background,person,car]"
+            f"trainer.checkpoint.metric={metric!r}: validation never reports it, so best.pt would never be "
+            f"written.{hint} Validation reports: {', '.join(VALIDATION_METRICS)}"
         )
+
+
+#: What validation reports: semantic metrics always, panoptic ones for instance-aware models.
+SEMANTIC_METRICS = ("miou", "pixel_acc")
+PANOPTIC_METRICS = ("pq", "sq", "rq", "pq_th", "pq_st", "ap", "ap50", "ap75")
+VALIDATION_METRICS = SEMANTIC_METRICS + PANOPTIC_METRICS
+
+# key: (lowest allowed value, inclusive?) -- None values are allowed where the schema says Optional
+_RANGES: dict[str, tuple[float, bool]] = {
+    "trainer.epochs": (1, True),
+    "trainer.max_steps": (1, True),
+    "trainer.batch_size": (1, True),
+    "trainer.val_batch_size": (1, True),
+    "trainer.num_workers": (0, True),
+    "trainer.prefetch_factor": (1, True),
+    "trainer.cpu_threads": (1, True),
+    "trainer.log_every": (1, True),
+    "trainer.val_every": (1, True),
+    "trainer.accumulate": (1, True),
+    "trainer.nonfinite_limit": (1, True),
+    "trainer.grad_clip": (0, True),
+    "trainer.num_log_images": (0, True),
+    "trainer.checkpoint.every_steps": (0, True),
+    "trainer.checkpoint.keep_last": (0, True),
+    "trainer.early_stop.patience": (0, True),
+    "trainer.early_stop.min_delta": (0, True),
+    "trainer.ema.decay": (0, True),
+    "trainer.ema.warmup_steps": (0, True),
+    "trainer.ddp.timeout_s": (1, True),
+    "trainer.profile.wait": (0, True),
+    "trainer.profile.warmup": (0, True),
+    "trainer.profile.active": (1, True),
+    "optim.lr": (0, False),
+    "optim.weight_decay": (0, True),
+    "schedule.warmup_steps": (0, True),
+    "schedule.min_lr": (0, True),
+    "dataset.targets.sigma": (0, False),
+    "dataset.targets.small_instance_area": (0, True),
+    "dataset.targets.small_instance_weight": (0, True),
+    "dataset.max_image_pixels": (1, True),
+    "dataset.panoptic.label_divisor": (1, True),
+    "dataset.panoptic.stuff_area": (0, True),
+    "dataset.panoptic.threshold": (0, True),
+    "dataset.panoptic.nms_kernel": (1, True),
+    "dataset.panoptic.top_k": (1, True),
+    "inference.pad_multiple": (1, True),
+    "inference.overlap": (0, True),
+}
+
+
+def check_ranges(cfg: DictConfig) -> None:
+    """Numbers that cannot be right (zero epochs, sigma <= 0, ...) fail before any work, naming the key."""
+    for key, (low, inclusive) in _RANGES.items():
+        value = OmegaConf.select(cfg, key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or (value < low if inclusive else value <= low):
+            bound = f">= {low}" if inclusive else f"> {low}"
+            raise ConfigError(f"{key}={value!r} must be {bound}")
+    if not 0.0 < cfg.trainer.loss.top_k_percent <= 1.0:
+        raise ConfigError(f"trainer.loss.top_k_percent={cfg.trainer.loss.top_k_percent} must be in (0, 1]")
+    if cfg.trainer.ema.decay >= 1.0:
+        raise ConfigError(f"trainer.ema.decay={cfg.trainer.ema.decay} must be below 1 (0 turns EMA off)")
+    if cfg.inference.overlap >= 1.0:
+        raise ConfigError(f"inference.overlap={cfg.inference.overlap} must be below 1")
+    if cfg.dataset.panoptic.nms_kernel % 2 == 0:
+        raise ConfigError(f"dataset.panoptic.nms_kernel={cfg.dataset.panoptic.nms_kernel} must be odd")
+
+
+#: Names accepted for the class of unannotated pixels (COCO, LabelMe, synthetic: index 0).
+BACKGROUND_NAMES = ("background", "_background_", "__background__", "bg", "void", "unlabeled", "unlabelled")
+
+
+def check_classes(cfg: DictConfig) -> None:
+    """The class list fits the data format: where unannotated pixels are background (COCO, LabelMe),
+    class 0 must be the background; where they are ignore regions (Cityscapes), any list works."""
+    from segtrain.registry import all_registries
+
+    classes = [str(c) for c in cfg.dataset.classes]
+    fmt = all_registries()["dataset.format"].get(str(cfg.dataset.format))
+    if fmt.unlabeled == "background":
+        if len(classes) < 2 or classes[0].lower() not in BACKGROUND_NAMES:
+            raise ConfigError(
+                f"dataset.classes={classes[:6]}{'...' if len(classes) > 6 else ''}: with dataset.format="
+                f"{cfg.dataset.format}, unannotated pixels become class 0, so list the background first, then at "
+                f"least one class: e.g. dataset.classes=[background,{','.join(classes[:2]) or 'person'}]"
+            )
+    elif not classes:
+        raise ConfigError("dataset.classes is empty; list the training classes")
+    if len(set(classes)) != len(classes):
+        dup = sorted({c for c in classes if classes.count(c) > 1})
+        raise ConfigError(f"dataset.classes lists {dup} more than once")
     if len(classes) >= IGNORE_LABEL:
         raise ConfigError(f"dataset.classes has {len(classes)} entries; at most {IGNORE_LABEL - 1} are supported")
     for s in cfg.dataset.stuff_classes:
         if s not in classes:
-            raise ConfigError(f"dataset.stuff_classes: {s!r} is not in dataset.classes {classes}")
-    if len(cfg.dataset.input_size) != 2 or min(cfg.dataset.input_size) < 8:
-        raise ConfigError(f"dataset.input_size must be [H, W] with H, W >= 8, got {list(cfg.dataset.input_size)}")
+            raise ConfigError(f"dataset.stuff_classes: {s!r} is not in dataset.classes {classes[:10]}")
     if cfg.model.num_classes != len(classes):
         raise ConfigError(
             f"model.num_classes={cfg.model.num_classes} but dataset.classes has {len(classes)} entries; "
             "leave model.num_classes to its default ${len:${dataset.classes}}"
         )
-    if cfg.trainer.batch_size < 1:
-        raise ConfigError(f"trainer.batch_size must be >= 1, got {cfg.trainer.batch_size}")
-    if not 0.0 < cfg.trainer.loss.top_k_percent <= 1.0:
-        raise ConfigError("trainer.loss.top_k_percent must be in (0, 1]")
 
 
 def check_registered(cfg: DictConfig) -> None:
@@ -466,6 +582,7 @@ def expand_path(path: str | os.PathLike) -> Path:
 
 
 CHECKPOINT_SECTIONS = ("model", "dataset")
+_NOT_FROM_CHECKPOINT = ("cache_dir", "synthetic", "max_image_pixels")
 
 
 def config_from_checkpoint(cli_cfg: DictConfig, stored: dict | None, overrides: list[str]) -> DictConfig:
@@ -484,7 +601,15 @@ def config_from_checkpoint(cli_cfg: DictConfig, stored: dict | None, overrides: 
     groups = {o.key_or_group for o in parsed if "." not in o.key_or_group}
     for section in CHECKPOINT_SECTIONS:
         if section in stored and section not in groups:
-            cfg[section] = OmegaConf.merge(base[section], stored[section])
+            kept = dict(stored[section])
+            if section == "dataset":
+                # What a tool that only reads may generate or write comes from this command line,
+                # never from a file: a checkpoint cannot point the cache elsewhere or ask for a
+                # synthetic set of a billion images.
+                for key in _NOT_FROM_CHECKPOINT:
+                    kept.pop(key, None)
+            current = {k: cfg[section][k] for k in _NOT_FROM_CHECKPOINT if section == "dataset"}
+            cfg[section] = OmegaConf.merge(base[section], current, kept)
     for o in parsed:
         key = o.key_or_group
         if key.split(".")[0] in CHECKPOINT_SECTIONS and "." in key and not o.is_delete():

@@ -8,6 +8,7 @@ handles composition errors.
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -17,12 +18,20 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
+from segtrain.engine.distributed import env_rank
 from segtrain.engine.session import follower_overrides
+from segtrain.engine.trainer import EXIT_PREEMPTED, Preempted
+from segtrain.errors import EXIT_USER_ERROR, UserError, debug_requested, is_running
 from segtrain.models.weights import read_checkpoint
 
 
 def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
-    """Compose ``configs/<config_name>.yaml`` with the command line and call ``job(cfg, output_dir)``."""
+    """Compose ``configs/<config_name>.yaml`` with the command line and call ``job(cfg, output_dir)``.
+
+    A :class:`~segtrain.errors.UserError` ends the process with one line on stderr and exit status 2
+    (printed once under torchrun, see segtrain/errors.py); a preemption (SIGTERM/SIGUSR1 handled, last.pt
+    saved) with status 75; anything else with its traceback (torchrun's ``@record`` reports it).
+    """
     failure: list[BaseException] = []
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base=VERSION_BASE)
@@ -34,11 +43,11 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
             failure.append(e)
 
     argv = sys.argv[1:]
+    debug = debug_requested(argv)
     try:
         check_overrides([a for a in argv if not a.startswith("-")])
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _user_error(e, debug)
     sys.argv = [sys.argv[0], *follower_overrides(argv)]
 
     @record
@@ -46,12 +55,24 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         _task()
         if failure:
             err = failure[0]
-            if isinstance(err, ConfigError):
-                print(f"error: {err}", file=sys.stderr)
-                sys.exit(2)
+            if isinstance(err, Preempted):
+                print(f"preempted: {err}", file=sys.stderr, flush=True)
+                sys.exit(EXIT_PREEMPTED)
+            if isinstance(err, UserError):
+                _user_error(err, debug)
             raise err
 
     _main()
+
+
+def _user_error(err: BaseException, debug: bool) -> None:
+    """One line (and the traceback with SEGTRAIN_DEBUG=1), once per job; exit status 2."""
+    if debug:
+        traceback.print_exception(err)
+    if env_rank() == 0 or is_running():
+        prefix = f"[rank {env_rank()}] " if env_rank() else ""
+        print(f"{prefix}error: {err}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_USER_ERROR)
 
 
 def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:

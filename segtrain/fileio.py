@@ -12,8 +12,10 @@ import os
 import stat
 from pathlib import Path
 
+from segtrain.errors import UserError
 
-class UnsafeFileError(OSError):
+
+class UnsafeFileError(UserError, OSError):
     """The path is not a regular file, or is larger than allowed; the message names it."""
 
 

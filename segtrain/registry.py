@@ -13,6 +13,8 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from segtrain.errors import UserError
+
 T = TypeVar("T")
 
 _ALL: dict[str, Registry] = {}
@@ -29,7 +31,7 @@ PROVIDERS = (
 )
 
 
-class UnknownChoiceError(ValueError):
+class UnknownChoiceError(UserError, ValueError):
     """A config value names no registered entry; the message lists the known ones."""
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
+from segtrain.errors import UserError
 
 IGNORE = "__ignore__"
 ON_ERROR = ("raise", "skip")
@@ -44,7 +45,7 @@ _IMAGE_MAGIC = (
 )
 
 
-class AnnotationError(ValueError):
+class AnnotationError(UserError, ValueError):
     """Bad annotation data. The message names the file, the annotation id, the problem and the fix."""
 
 

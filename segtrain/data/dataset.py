@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from segtrain.data.annotations import AnnotationError, ImageRecord
-from segtrain.data.formats import load_split
+from segtrain.data.formats import check_paths, load_split
 from segtrain.data.image_io import ImageReadError
 from segtrain.data.mappers import CpuMapper, DeviceMapper, NativeMapper, Reader, StageTimer, build_mapper
 from segtrain.data.seeding import item_seed
@@ -105,7 +105,9 @@ def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 def load_records(cfg: Any, split: str) -> Sequence[ImageRecord]:
-    """Parse the annotations of one split (fails before training when a path is missing); logs what was skipped."""
+    """Parse the annotations of one split (fails before training when a path is missing: every missing
+    path of both splits is listed at once); logs what was skipped."""
+    check_paths(cfg.dataset)
     records, report = load_split(cfg.dataset, split)
     for reason in report.skipped_images + report.skipped_annotations:
         log.warning("dataset.on_error=skip: %s", reason)

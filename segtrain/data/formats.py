@@ -15,6 +15,7 @@ from typing import Any
 
 from segtrain.data.annotations import ClassMap, ImageRecord, LoadReport, load_coco, load_labelme
 from segtrain.data.synthetic import ensure_synthetic
+from segtrain.errors import UserError
 from segtrain.registry import Registry
 
 Loader = Callable[[Any, str, ClassMap], tuple[Sequence[ImageRecord], LoadReport]]
@@ -25,6 +26,11 @@ class DataFormat:
     load: Loader  # (cfg.dataset, split, class_map) -> (records, report)
     split_keys: tuple[str, ...]  # dataset.<split>.<key> the loader reads (checked before any work)
     unlabeled: str = "background"  # what pixels outside every annotation are: background | ignore
+    folder_keys: tuple[str, ...] = ("images", "dir", "panoptic")  # split keys naming folders (others: files)
+
+
+class DataPathError(UserError, FileNotFoundError):
+    """Configured data paths that do not exist (all of them, listed at once)."""
 
 
 FORMATS: Registry[DataFormat] = Registry("dataset.format", "data format")
@@ -35,13 +41,35 @@ def class_map_of(ds: Any) -> ClassMap:
 
 
 def _existing(ds: Any, split: str, key: str, folder: bool) -> Path:
-    value = ds[split][key]
+    problem = _path_problem(ds[split][key], folder)
+    if problem:
+        raise DataPathError(f"dataset.{split}.{key}: {problem}")
+    return Path(str(ds[split][key]))
+
+
+def _path_problem(value: Any, folder: bool) -> str | None:
     path = Path(str(value)) if value else None
-    ok = path is not None and (path.is_dir() if folder else path.exists())
-    if not ok:
-        what = "does not exist" if path is None or not path.exists() else "is not a folder"
-        raise FileNotFoundError(f"dataset.{split}.{key}: {value!r} {what}")
-    return path
+    if path is None or not path.exists():
+        return f"{value!r} does not exist"
+    if folder and not path.is_dir():
+        return f"{value!r} is not a folder"
+    if not folder and path.is_dir():
+        return f"{value!r} is a folder; give the annotation file"
+    return None
+
+
+def check_paths(ds: Any, splits: tuple[str, ...] = ("train", "val")) -> None:
+    """Every configured data path of ``splits`` exists: one error listing all that do not."""
+    fmt = FORMATS.get(str(ds.format))
+    problems = []
+    for split in splits:
+        for key in fmt.split_keys:
+            problem = _path_problem(ds[split][key], key in fmt.folder_keys)
+            if problem:
+                problems.append(f"  dataset.{split}.{key}: {problem}")
+    if problems:
+        root = f" (dataset.root={ds.root})" if ds.get("root") else ""
+        raise DataPathError(f"data not found{root}:\n" + "\n".join(problems))
 
 
 def _coco(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
@@ -69,7 +97,7 @@ def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[Image
 
 FORMATS.register("coco", DataFormat(_coco, ("images", "annotations")))
 FORMATS.register("labelme", DataFormat(_labelme, ("dir",)))
-FORMATS.register("cityscapes", DataFormat(_cityscapes, ("images", "annotations"), unlabeled="ignore"))
+FORMATS.register("cityscapes", DataFormat(_cityscapes, ("images", "annotations"), "ignore", ("images", "annotations")))
 FORMATS.register("synthetic", DataFormat(_synthetic, ()))
 
 

@@ -43,6 +43,7 @@ import cv2
 import numpy as np
 
 from segtrain.data.image_header import ImageHeader, oriented_size, read_header
+from segtrain.errors import UserError
 from segtrain.fileio import UnsafeFileError, read_bytes
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS, OPENCV_LIMIT_VAR
 
@@ -70,7 +71,7 @@ _ORIENTATION_NAMES = {
 _FIX = "or set dataset.on_error=skip to skip it"
 
 
-class ImageReadError(ValueError):
+class ImageReadError(UserError, ValueError):
     """An image that is missing, unreadable, corrupt/truncated, too large, or not the size its annotation says."""
 
 

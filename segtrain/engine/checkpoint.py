@@ -10,6 +10,7 @@ Reading weights from any file goes through ``segtrain.models.weights`` (the one 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -34,10 +35,33 @@ __all__ = ["CheckpointError", "atomic_save", "capture_rng", "model_state", "read
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over ``path``.
 
-    A kill at any instant leaves either the old file or the new one, never a torn one.
+    A kill at any instant leaves either the old file or the new one, never a torn one; a full disk
+    raises :class:`CheckpointError` saying so, with the old file intact.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _atomic_save(obj, path)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            kept = f"; the previous {path.name} is intact" if path.exists() else ""
+            raise CheckpointError(
+                f"no space left on device while writing {path}{kept}. Free space (or move the run) and continue "
+                "with resume=auto"
+            ) from None
+        raise
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Temp files of saves that were killed mid-write (``.<name>.<random>.tmp``); the run directory's
+    lock guarantees no other writer, so all of them are leftovers."""
+    stale = sorted(Path(folder).glob(".*.tmp")) if Path(folder).is_dir() else []
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     umask = os.umask(0)
     os.umask(umask)

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from segtrain.config import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -47,10 +49,10 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but CUDA is not available; use trainer.device=cpu or auto")
+        raise ConfigError("trainer.device=cuda but CUDA is not available here; use trainer.device=cpu or auto")
     n = torch.cuda.device_count()
     if local_rank >= n:
-        raise RuntimeError(
+        raise ConfigError(
             f"LOCAL_RANK={local_rank} but this node has {n} visible GPU(s); "
             f"use --nproc_per_node {n} or fix CUDA_VISIBLE_DEVICES"
         )
@@ -70,7 +72,7 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 1800) ->
     if backend == "auto":
         backend = "nccl" if dev.type == "cuda" else "gloo"
     if backend == "nccl" and dev.type != "cuda":
-        raise RuntimeError("trainer.ddp.backend=nccl needs CUDA devices; use gloo on CPU")
+        raise ConfigError("trainer.ddp.backend=nccl needs CUDA devices; use trainer.ddp.backend=gloo (or auto) on CPU")
     if not dist.is_initialized():
         kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
         if dev.type == "cuda":

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from segtrain.config import ConfigError
 from segtrain.engine.distributed import unwrap
 
 
@@ -52,7 +53,7 @@ def apply_freeze(model: nn.Module, freeze: Any) -> list[str]:
         hits = [n for n in names if _matches(n, pattern)]
         if not hits:
             tops = sorted({n.split(".")[0] for n in names})
-            raise ValueError(
+            raise ConfigError(
                 f"freeze pattern {pattern!r} matches no parameter. Top-level modules: {', '.join(tops)}; "
                 "use a module prefix (backbone, backbone.layer1) or a glob (backbone.*.bn1.*)"
             )

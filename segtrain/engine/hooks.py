@@ -217,6 +217,7 @@ class Validation(HookBase):
         log.info("epoch %d step %d val %s", t.state.epoch, t.state.step, summary(metrics, self.metric))
         if value is not None and math.isfinite(value) and is_better(value, t.state.best_metric, self.mode):
             t.state.best_metric = float(value)
+            t.best_at = (t.state.epoch, t.state.step)
             t.improved = True
 
 

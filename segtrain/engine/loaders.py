@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from segtrain.config import ConfigError
 from segtrain.data.dataset import collate
 from segtrain.engine.distributed import DistInfo, env_rank
 from segtrain.engine.preemption import ignore_in_workers
@@ -25,7 +26,7 @@ from segtrain.engine.preemption import ignore_in_workers
 
 def per_rank_batch(global_batch: int, world_size: int, key: str = "trainer.batch_size") -> int:
     if global_batch % world_size:
-        raise ValueError(
+        raise ConfigError(
             f"{key}={global_batch} is the global batch and must divide by the world size {world_size} "
             f"(got {global_batch / world_size:.2f} per rank); "
             f"use e.g. {key}={world_size * max(global_batch // world_size, 1)}"
@@ -126,7 +127,7 @@ def build_loader(
         bs = per_rank_batch(int(trainer.batch_size), dist.world_size)
         sampler: Sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed))
         if len(sampler) < bs:
-            raise ValueError(
+            raise ConfigError(
                 f"the training set has {len(dataset)} images: {len(sampler)} per rank, fewer than the per-rank "
                 f"batch {bs}; lower trainer.batch_size"
             )

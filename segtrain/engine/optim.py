@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from segtrain.config import ConfigError
 from segtrain.registry import Registry
 
 OptimizerBuilder = Callable[[list[dict[str, Any]], Any], torch.optim.Optimizer]
@@ -32,7 +33,7 @@ def param_groups(model: nn.Module, weight_decay: float, no_decay_norm_bias: bool
                 continue
             (no_decay if no_decay_norm_bias and (is_norm or name == "bias") else decay).append(p)
     if not decay and not no_decay:
-        raise ValueError("the model has no trainable parameters (is everything frozen?)")
+        raise ConfigError("the model has no trainable parameters: freeze= froze everything; freeze less")
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})

@@ -32,6 +32,7 @@ from segtrain.engine.inference import model_from_checkpoint, predict_image
 from segtrain.engine.panoptic_export import encode_ids, with_boxes
 from segtrain.engine.runtime import effective_precision
 from segtrain.engine.visualize import overlay_heatmap, overlay_panoptic
+from segtrain.errors import UserError
 from segtrain.fileio import atomic_write_bytes
 
 log = logging.getLogger("segtrain.predict")
@@ -39,7 +40,7 @@ log = logging.getLogger("segtrain.predict")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
-class PredictInputError(FileNotFoundError):
+class PredictInputError(UserError, FileNotFoundError):
     """``input=`` names nothing to predict on; the message says what was looked for."""
 
 

@@ -47,6 +47,7 @@ def session(cfg: Any, output_dir: str | None, log_name: str = "train.log") -> It
                 " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             )
             log.info("run directory: %s", run_dir)
+            write_effective_config(cfg, run_dir)
             log.info(
                 "world size %d, backend %s, device %s, OMP threads %d",
                 dist.world_size,
@@ -57,6 +58,18 @@ def session(cfg: Any, output_dir: str | None, log_name: str = "train.log") -> It
         yield dist, run_dir
     finally:
         cleanup()
+
+
+def write_effective_config(cfg: Any, run_dir: Path) -> None:
+    """``.hydra/config.yaml`` = the config the job really runs with (resolved; for evaluate/predict/finetune
+    the checkpoint's model and data set merged in), replacing Hydra's composed-but-unmerged one."""
+    from omegaconf import OmegaConf
+
+    from segtrain.fileio import atomic_write_bytes
+
+    folder = run_dir / ".hydra"
+    if folder.is_dir():
+        atomic_write_bytes(folder / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
 
 
 def cpu_threads(trainer: Any) -> int:

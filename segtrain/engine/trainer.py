@@ -20,10 +20,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from segtrain.config import to_container
+from segtrain.config import ConfigError, to_container
 from segtrain.data import PolygonDataset, build_dataset, build_mapper
 from segtrain.engine import checkpoint as ckpt_io
-from segtrain.engine.distributed import DistInfo, all_gather_object, all_reduce_, barrier, is_dist, unwrap
+from segtrain.engine.distributed import (
+    DistInfo,
+    all_gather_object,
+    all_reduce_,
+    barrier,
+    broadcast_object,
+    is_dist,
+    unwrap,
+)
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.evaluation import evaluate, evaluators_for
 from segtrain.engine.hooks import HookBase, default_hooks
@@ -36,7 +44,9 @@ from segtrain.engine.preemption import StopSignals
 from segtrain.engine.profiling import Nvtx
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.resume import find_resume_checkpoint, restore_training_state
+from segtrain.engine.run_dir import RunDirLock, check_fresh
 from segtrain.engine.runtime import autocast, configure_determinism, effective_precision, progress_bar, to_device
+from segtrain.errors import UserError, mark_running
 
 log = logging.getLogger("segtrain.trainer")
 
@@ -44,7 +54,7 @@ log = logging.getLogger("segtrain.trainer")
 EXIT_PREEMPTED = 75
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(UserError, FloatingPointError):
     """A loss or gradient became NaN/inf; the weights of the previous step are intact."""
 
 
@@ -115,6 +125,7 @@ class Trainer:
         self.recorder = recorder
         self.batch_transform = batch_transform
         self.ema = ema
+        self.lock: RunDirLock | None = None
         self.panel_set: Any = getattr(val_loader, "dataset", None)  # input-size val items (TensorBoard panels)
         self.state = TrainState()
         self.hooks: list[HookBase] = []
@@ -143,6 +154,7 @@ class Trainer:
         """Everything ``cfg`` describes, restored from ``resume=`` when given; ``init_weights``: a loaded
         ``ckpt=`` file (fine-tuning: weights only, never its optimiser state)."""
         tr = cfg.trainer
+        lock = claim_run_dir(cfg, run_dir, dist)
         configure_determinism(tr)
         precision = effective_precision(tr.precision, dist.device)
         native = tr.val_resolution == "native"
@@ -160,13 +172,14 @@ class Trainer:
             log.info("augment.device=%s: augmentation and targets run on %s", cfg.augment.device, dist.device)
         per_rank = per_rank_batch(int(tr.batch_size), dist.world_size)
         if per_rank % int(tr.accumulate):
-            raise ValueError(
+            raise ConfigError(
                 f"trainer.batch_size={tr.batch_size} gives {per_rank} images per rank on {dist.world_size} "
                 f"process(es), which do not split into trainer.accumulate={tr.accumulate} equal micro-batches"
             )
         train_loader = build_loader(train_set, dist, tr, train=True)
         val_loader = build_loader(val_set, dist, tr, train=False, batch_size=1 if native else None)
         model = prepare_model(cfg, dist, init_weights, classes)
+        check_metric_available(cfg, model)
         optimizer = build_optimizer(model, cfg.optim)
         total_steps = len(train_loader) * int(tr.epochs)
         if tr.max_steps is not None:
@@ -191,6 +204,7 @@ class Trainer:
             ema=ema,
         )
         trainer.panel_set = panel_set
+        trainer.lock = lock
         trainer.register_hooks(default_hooks(cfg, run_dir))
         path = find_resume_checkpoint(cfg, run_dir)
         if path is not None:
@@ -296,6 +310,8 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until ``total_steps`` (or a hook stops the run); returns the last validation metrics."""
         self._log_start()
+        mark_running()
+        started = time.perf_counter()
         last_val: dict[str, Any] = {}
         self.signals.install()
         try:
@@ -322,6 +338,10 @@ class Trainer:
             finally:
                 self.signals.uninstall()
                 self.recorder.close()
+                if self.lock is not None:
+                    self.lock.release()
+        if self.stop_reason != "preempted":
+            self._log_summary(time.perf_counter() - started)
         if self.stop_reason == "preempted":
             raise Preempted(
                 f"stopped by {self.signals.received or 'a signal on another rank'} after step {self.state.step}; "
@@ -342,6 +362,29 @@ class Trainer:
             self.call_hooks("before_step")
             self.step_losses = self.run_step(batch)
             self.call_hooks("after_step")
+
+    def _log_summary(self, seconds: float) -> None:
+        """What a user wants at the end: the best result, where it is, how long it took, how to look at it."""
+        if not self.dist.is_main:
+            return
+        ck = self.cfg.trainer.checkpoint
+        folder = self.run_dir / "checkpoints"
+        minutes, secs = divmod(int(round(seconds)), 60)
+        lines = [
+            f"run finished after {self.state.step} steps in {minutes}m{secs:02d}s"
+            + (f" ({self.stop_reason})" if self.stop_reason else "")
+        ]
+        if self.state.best_metric is not None:
+            lines.append(
+                f"best {ck.metric} {self.state.best_metric:.4f} ({self.best_epoch_text()}): {folder / 'best.pt'}"
+            )
+        lines.append(f"last checkpoint: {folder / 'last.pt'}")
+        lines.append(f"look at it: tensorboard --logdir {self.run_dir / 'tb'}")
+        log.info("\n  ".join(lines))
+
+    def best_epoch_text(self) -> str:
+        best = getattr(self, "best_at", None)
+        return f"epoch {best[0]}, step {best[1]}" if best else "from a previous part of the run"
 
     def request_stop(self, reason: str) -> None:
         """End the run after the current step (hooks call this: early stopping, profiling, preemption)."""
@@ -412,6 +455,8 @@ class Trainer:
                     f"{', '.join(bad[:5])}; the previous checkpoints are kept"
                 )
             folder = self.run_dir / "checkpoints"
+            for stale in ckpt_io.remove_stale_temporaries(folder):
+                log.info("removed %s, left by an interrupted save", stale.name)
             for tag in tags:
                 ckpt_io.atomic_save(blob, folder / f"{tag}.pt")
             if "best" in tags:
@@ -457,6 +502,39 @@ class Trainer:
             "config": to_container(self.cfg),
             "version": segtrain.__version__,
         }
+
+
+def claim_run_dir(cfg: Any, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
+    """Rank 0 locks the run directory and refuses to mix a fresh run with another's checkpoints; every
+    rank learns the outcome, so all fail together with rank 0's message."""
+    lock, problem = None, None
+    if dist.is_main:
+        try:
+            lock = RunDirLock(run_dir).acquire()
+            check_fresh(run_dir, cfg.resume, bool(cfg.trainer.overwrite))
+        except ConfigError as e:
+            if lock is not None:
+                lock.release()
+            problem = str(e)
+    problem = broadcast_object(problem)
+    if problem:
+        raise ConfigError(problem)
+    return lock
+
+
+def check_metric_available(cfg: Any, model: nn.Module) -> None:
+    """A panoptic checkpoint metric needs an instance-aware model and panoptic validation."""
+    from segtrain.config import PANOPTIC_METRICS
+
+    metric = cfg.trainer.checkpoint.metric
+    if metric in PANOPTIC_METRICS:
+        if not getattr(model, "instance_aware", False):
+            raise ConfigError(
+                f"trainer.checkpoint.metric={metric}: model {cfg.model.name} is semantic-only, so validation reports "
+                "miou and pixel_acc only; use trainer.checkpoint.metric=miou"
+            )
+        if not cfg.trainer.val_panoptic:
+            raise ConfigError(f"trainer.checkpoint.metric={metric} needs trainer.val_panoptic=true")
 
 
 def step_trainer(cfg: Any, dist: DistInfo, batch_transform: Any = None, total_steps: int = 10**9) -> Trainer:

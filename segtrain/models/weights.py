@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from segtrain.errors import UserError
 from segtrain.fileio import UnsafeFileError, open_regular
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ _CLASSIFIER_PREFIXES = ("fc.", "classifier.", "head.", "heads.", "aux_classifier
 _WEIGHTS_NAME = re.compile(r"^(?:[A-Za-z][A-Za-z0-9_]*_Weights\.)?[A-Z][A-Z0-9_]*$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint cannot be read or does not fit the model; the message says which file and why."""
 
 

@@ -1,0 +1,36 @@
+"""Errors that are the user's to fix, as opposed to bugs.
+
+An entry point prints a :class:`UserError` as one short line (``error: ...``, exit status 2) instead
+of a traceback: its message already names the file or key and the fix. Under torchrun it is printed
+once, by rank 0, when every rank meets it during setup; an error met by one rank while training
+(e.g. a corrupt image in its shard) is printed by that rank. ``SEGTRAIN_DEBUG=1`` (or
+``hydra.verbose=true``) shows the traceback as well. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """Mixed into the error classes whose message tells the user what to change."""
+
+
+_running = False
+
+
+def mark_running() -> None:
+    """From here on, errors may be rank-local (a rank's own data): every rank reports its own."""
+    global _running
+    _running = True
+
+
+def is_running() -> bool:
+    return _running
+
+
+def debug_requested(argv: list[str] | None = None) -> bool:
+    flags = ("hydra.verbose=true", "hydra.verbose=True", "hydra.verbose=[__root__]")
+    return os.environ.get("SEGTRAIN_DEBUG", "") not in ("", "0") or any(a in flags for a in (argv or []))
