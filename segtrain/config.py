@@ -51,6 +51,7 @@ class SplitConfig:
     images: str | None = None  # COCO: folder the `file_name`s are relative to
     annotations: str | None = None  # COCO: instances JSON
     dir: str | None = None  # LabelMe: folder of *.json (+ images)
+    panoptic: str | None = None  # COCO panoptic: folder of the PNG id maps (annotations = the panoptic JSON)
 
 
 @dataclass
