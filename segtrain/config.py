@@ -234,6 +234,15 @@ class DoctorConfig:
 
 
 @dataclass
+class ExportConfig:
+    format: str = "onnx"  # onnx | torchscript (`python -m segtrain.export format=...` sets this)
+    output: str | None = None  # file; None: next to the checkpoint, <stem>.onnx / <stem>.torchscript.pt
+    opset: int = 18  # ONNX opset (18: the dynamo exporter's own; onnxruntime >= 1.14)
+    dynamic: bool = True  # batch, height and width dynamic; false: fixed at (1, 3, *dataset.input_size)
+    verify: bool = True  # run the written file on another input size and compare with PyTorch
+
+
+@dataclass
 class SegtrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -251,6 +260,7 @@ class SegtrainConfig:
     input: str | None = None
     output: str | None = None
     doctor: DoctorConfig = field(default_factory=DoctorConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
 
 def _register() -> None:
@@ -362,6 +372,7 @@ _CHOICES = {
     "trainer.checkpoint.mode": ("max", "min"),
     "trainer.profile.mode": ("off", "torch"),
     "trainer.on_nonfinite": ("stop", "skip_step"),
+    "export.format": ("onnx", "torchscript"),
 }
 
 
