@@ -40,6 +40,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
 from segtrain.config import IGNORE_LABEL
@@ -60,6 +61,7 @@ __all__ = [
     "MAX_SEGMENT_ID",
     "UNLABELED",
     "VOID_SEGMENT",
+    "crowd_classes",
     "load_coco_panoptic",
     "panoptic_ground_truth_from_png",
     "rasterise_panoptic",
@@ -127,8 +129,17 @@ def _int_id(v: Any) -> int | None:
     return None
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+_NUMBER = (int, float)  # exact types: bools are not numbers here
+
+
+def _finite_numbers(values: Any, n: int) -> bool:
+    """``values`` is a list of ``n`` finite JSON numbers (a fast check: it runs for every segment)."""
+    return (
+        type(values) is list
+        and len(values) == n
+        and all(type(v) in _NUMBER for v in values)
+        and math.isfinite(math.fsum(values))
+    )
 
 
 def _categories(src: str, cats: Any) -> dict[int, dict[str, Any]]:
@@ -142,7 +153,7 @@ def _categories(src: str, cats: Any) -> dict[int, dict[str, Any]]:
         if cid is None or not isinstance(name, str) or not name:
             raise AnnotationError(f"{src}: categories[{i}] = {c!r} needs an integer 'id' and a 'name'")
         isthing = c.get("isthing")
-        if isthing not in (0, 1) or (isinstance(isthing, float) and not isthing.is_integer()):
+        if isthing not in (0, 1):
             raise AnnotationError(
                 f"{src}: category {cid} ({name!r}) has isthing={isthing!r}; COCO panoptic categories need "
                 "isthing 1 (countable objects) or 0 (stuff)"
@@ -159,14 +170,14 @@ def _segment_problem(seg: dict, categories: dict[int, dict[str, Any]]) -> str | 
     if _int_id(cat) not in categories:
         return f"category_id {cat!r} is not in 'categories'; fix the category_id or add the category"
     crowd = seg.get("iscrowd", 0)
-    if crowd not in (0, 1) or isinstance(crowd, float) and not crowd.is_integer():
+    if crowd not in (0, 1):
         return f"iscrowd={crowd!r}; it must be 0 or 1"
-    if "area" in seg and not (_number(seg["area"]) and seg["area"] >= 0):
-        return f"area={seg['area']!r}; it must be a non-negative number (pixel count)"
-    if "bbox" in seg:
-        box = seg["bbox"]
-        if not (isinstance(box, list) and len(box) == 4 and all(_number(v) for v in box) and min(box[2:]) >= 0):
-            return f"bbox={box!r}; it must be [x, y, width, height] with finite numbers, width/height >= 0"
+    area = seg.get("area", 0)
+    if not (_finite_numbers([area], 1) and area >= 0):
+        return f"area={area!r}; it must be a non-negative number (pixel count)"
+    box = seg.get("bbox")
+    if box is not None and not (_finite_numbers(box, 4) and box[2] >= 0 and box[3] >= 0):
+        return f"bbox={box!r}; it must be [x, y, width, height] with finite numbers, width/height >= 0"
     return None
 
 
@@ -252,9 +263,12 @@ def load_coco_panoptic(
         if not isinstance(a, dict):
             col.annotation(f"{src}: annotations[{i}] is not an object")
             continue
+        if isinstance(im_id, dict | list):
+            col.annotation(f"{where}: image_id must be a number or a string")
+            continue
         if im_id in bad_images:
             continue  # already reported
-        rec = records.get(im_id) if not isinstance(im_id, dict | list) else None
+        rec = records.get(im_id)
         if rec is None:
             col.annotation(f"{where}: image_id {im_id!r} is not in 'images'; fix image_id or add the image")
             continue
@@ -315,16 +329,18 @@ def _instances(
     seen: set[int] = set()
     for k, seg in enumerate(segments):
         sid = _int_id(seg.get("id")) if isinstance(seg, dict) else None
-        where = f"{src}: image id {rec.image_id} ({png_name}), segments_info[{k}]"
         if sid is None or not 0 < sid <= MAX_SEGMENT_ID:
             col.annotation(
-                f"{where}: segment id {seg.get('id') if isinstance(seg, dict) else seg!r} must be an integer in "
-                f"1..{MAX_SEGMENT_ID} (R + 256 G + 256^2 B of its pixels); fix the JSON"
+                f"{src}: image id {rec.image_id} ({png_name}), segments_info[{k}]: segment id "
+                f"{seg.get('id') if isinstance(seg, dict) else seg!r} must be an integer in 1..{MAX_SEGMENT_ID} "
+                "(R + 256 G + 256^2 B of its pixels); fix the JSON"
             )
             continue
-        where = f"{src}: image id {rec.image_id} ({png_name}), segment id {sid}"
         if sid in seen:
-            col.image(f"{where} appears twice in segments_info; segment ids must be unique per image")
+            col.image(
+                f"{src}: image id {rec.image_id} ({png_name}), segment id {sid} appears twice in segments_info; "
+                "segment ids must be unique per image"
+            )
             return None
         seen.add(sid)
         problem = _segment_problem(seg, categories)
@@ -334,18 +350,19 @@ def _instances(
         elif cid in label_errors:
             problem = f"category {categories[cid]['name']!r}: {label_errors[cid]}"
         if problem is not None:
-            col.annotation(f"{where}: {problem}")
+            col.annotation(f"{src}: image id {rec.image_id} ({png_name}), segment id {sid}: {problem}")
             out.append(Instance(f"{png_name}#{sid}", "__ignore__", IGNORE_LABEL, [], segment_id=sid))
             continue
         label = categories[cid]["name"]
         cls = classes_of[cid]
         crowd = bool(seg.get("iscrowd", 0))
+        ann_id = f"{png_name}#{sid}"
         if cls is None:  # dropped by dataset.class_map: unannotated, as a dropped polygon
-            out.append(Instance(f"{png_name}#{sid}", label, unannotated, [], segment_id=sid))
-        elif crowd and cls != IGNORE_LABEL:
-            out.append(Instance(f"{png_name}#{sid}", label, IGNORE_LABEL, [], None, True, int(cls), segment_id=sid))
+            out.append(Instance(ann_id, label, unannotated, [], segment_id=sid))
+        elif crowd and cls != IGNORE_LABEL:  # ignored by the loss, forgiven by PQ
+            out.append(Instance(ann_id, label, IGNORE_LABEL, [], iscrowd=True, crowd_class=int(cls), segment_id=sid))
         else:
-            out.append(Instance(f"{png_name}#{sid}", label, int(cls), [], iscrowd=crowd, segment_id=sid))
+            out.append(Instance(ann_id, label, int(cls), [], iscrowd=crowd, segment_id=sid))
     return out
 
 
@@ -411,18 +428,17 @@ def read_segment_ids(record: ImageRecord, max_image_pixels: int = DEFAULT_MAX_IM
     if problem is not None:
         raise ImageReadError(f"{where}: panoptic PNG {path} is {problem}; {_FIX_SKIP}")
     rgb = decode_image(record, data, f"panoptic PNG {path}", max_image_pixels)
-    ids = rgb[..., 2].astype(np.int32)
-    ids <<= 8
-    ids |= rgb[..., 1]
-    ids <<= 8
-    ids |= rgb[..., 0]
-    return ids
+    # R + 256 G + 256^2 B in two passes: RGBA bytes read as one little-endian uint32, alpha masked off
+    rgba = cv2.cvtColor(rgb, cv2.COLOR_RGB2RGBA)
+    ids = rgba.view("<u4").reshape(rgb.shape[:2]) & np.uint32(MAX_SEGMENT_ID)
+    return ids.view(np.int32)
 
 
 def rasterise_panoptic(record: ImageRecord, segment_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(instance_mask (H, W) uint16 with ids 1..N in the order of ``record.instances``, 0 unannotated;
     instance_classes (N+1,) int64, [0] = 0) from the PNG's ``segment_ids`` (:func:`read_segment_ids`):
-    what :func:`segtrain.data.rasterise.rasterise` gives for polygons. One ``searchsorted`` over the pixels.
+    what :func:`segtrain.data.rasterise.rasterise` gives for polygons. Ids are looked up per run of equal
+    pixels (one ``searchsorted`` over the runs), then expanded.
     """
     instances = record.instances
     ids = np.asarray([-1 if inst.segment_id is None else int(inst.segment_id) for inst in instances], np.int64)
@@ -430,25 +446,31 @@ def rasterise_panoptic(record: ImageRecord, segment_ids: np.ndarray) -> tuple[np
         raise ValueError(f"image {record.image_id!r} of {record.source}: instances without segment_id in a PNG record")
     classes = np.array([0, *(int(inst.class_id) for inst in instances)], np.int64)
     order = np.argsort(ids, kind="stable")
-    sorted_ids = ids[order]
-    flat = np.asarray(segment_ids).reshape(-1)
+    sorted_ids = ids[order].astype(np.int32)
+    flat = np.asarray(segment_ids, np.int32).reshape(-1)
+    # Segments are areas: a row of pixels holds a few runs of one id. Look up each run, not each pixel.
+    change = np.empty(flat.size, bool)
+    change[:1] = True
+    np.not_equal(flat[1:], flat[:-1], out=change[1:])
+    starts = np.flatnonzero(change)
+    values = flat[starts]
     if len(sorted_ids):
-        pos = np.searchsorted(sorted_ids, flat).clip(max=len(sorted_ids) - 1)
-        found = sorted_ids[pos] == flat
-        lut = (order + 1).astype(np.uint16)
-        inst = np.where(found, lut[pos], np.uint16(0))
+        pos = np.searchsorted(sorted_ids, values).clip(max=len(sorted_ids) - 1)
+        found = sorted_ids[pos] == values
+        run_inst = np.where(found, (order + 1).astype(np.uint16)[pos], np.uint16(0))
     else:
-        found = np.zeros(flat.shape, bool)
-        inst = np.zeros(flat.shape, np.uint16)
-    unknown = ~found & (flat != VOID_SEGMENT)
+        found = np.zeros(values.shape, bool)
+        run_inst = np.zeros(values.shape, np.uint16)
+    unknown = ~found & (values != VOID_SEGMENT)
     if unknown.any():
-        missing = np.unique(flat[unknown])
+        missing = np.unique(values[unknown])
         raise ImageReadError(
             f"image {record.image_id!r} of {record.source}: its panoptic PNG {record.panoptic_png} holds segment ids "
             f"{missing[:10].tolist()}{' ...' if missing.size > 10 else ''} ({missing.size} in all) that its "
             f"segments_info does not list. Fix: re-export the PNG and JSON together, {_FIX_SKIP}"
         )
-    return inst.reshape(np.shape(segment_ids)).astype(np.uint16, copy=False), classes
+    inst = np.repeat(run_inst, np.diff(np.append(starts, flat.size)))
+    return inst.reshape(np.shape(segment_ids)), classes
 
 
 def crowd_classes(record: ImageRecord) -> np.ndarray:
