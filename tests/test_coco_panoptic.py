@@ -17,6 +17,7 @@ from segtrain.config import IGNORE_LABEL, compose
 from segtrain.data import build_dataset
 from segtrain.data.annotations import AnnotationError
 from segtrain.data.coco_panoptic import (
+    image_path,
     load_coco_panoptic,
     panoptic_ground_truth_from_png,
     rasterise_panoptic,
@@ -175,6 +176,15 @@ def test_malformed_files_name_file_and_problem(tmp_path, sample, ds_cfg, edit, m
     with pytest.raises(AnnotationError, match=match) as e:
         _load(sample, ds_cfg, bad)
     assert str(bad) in str(e.value)
+
+
+def test_image_paths_coco_and_cityscapes_panoptic():
+    root = Path("/data/leftImg8bit/val")
+    assert image_path(root, "000000142238.jpg") == root / "000000142238.jpg"
+    assert image_path(root, "sub/x.png") == root / "sub/x.png"
+    # cityscapesscripts' createPanopticImgs writes the instanceIds name with _leftImg8bit, without the city folder
+    name = "frankfurt_000000_000294_gtFine_leftImg8bit.png"
+    assert image_path(root, name) == root / "frankfurt" / "frankfurt_000000_000294_leftImg8bit.png"
 
 
 def test_unknown_label_and_invalid_json(tmp_path, sample):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ __all__ = [
     "UNLABELED",
     "VOID_SEGMENT",
     "crowd_classes",
+    "image_path",
     "load_coco_panoptic",
     "panoptic_ground_truth_from_png",
     "rasterise_panoptic",
@@ -77,9 +79,21 @@ _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _PNG_RGB_TYPES = {2: "RGB", 3: "palette", 6: "RGBA"}  # colour types that decode to exact RGB values
 _PNG_TYPE_NAMES = {0: "greyscale", 2: "RGB", 3: "palette", 4: "greyscale+alpha", 6: "RGBA"}
 _FIX_SKIP = "or set dataset.on_error=skip to leave it out"
+# cityscapesscripts' createPanopticImgs names images "<city>_<seq>_<frame>_gtFine_leftImg8bit.png", a file
+# that does not exist: the image is leftImg8bit/<split>/<city>/<city>_<seq>_<frame>_leftImg8bit.png
+_CITYSCAPES_IMAGE = re.compile(r"^(?P<city>[a-z]+)_(?P<frame>\d{6}_\d{6})_gtFine_leftImg8bit\.png$")
 
 
 # --------------------------------------------------------------------------- loading
+def image_path(images: Path, file_name: str) -> Path:
+    """``images / file_name``; for Cityscapes panoptic's ``<city>_<seq>_<frame>_gtFine_leftImg8bit.png``
+    names, ``images / <city> / <city>_<seq>_<frame>_leftImg8bit.png`` (the leftImg8bit/<split> layout)."""
+    m = _CITYSCAPES_IMAGE.match(file_name)
+    if m is None:
+        return images / file_name
+    return images / m["city"] / f"{m['city']}_{m['frame']}_leftImg8bit.png"
+
+
 class _Collector:
     """Raise (on_error="raise"), or record the reason and go on (on_error="skip")."""
 
@@ -192,7 +206,8 @@ def load_coco_panoptic(
     stuff_classes: Collection[str] | None = None,
     check_files: bool = False,
 ) -> tuple[list[ImageRecord], LoadReport]:
-    """Records of a COCO panoptic JSON: image ``images / file_name``, PNG ``panoptic / annotation file_name``.
+    """Records of a COCO panoptic JSON: image ``images / file_name`` (Cityscapes panoptic names: see
+    :func:`image_path`), PNG ``panoptic / annotation file_name``.
 
     ``unlabeled``: what VOID pixels (segment id 0) are, ``"ignore"`` (class 255; COCO panoptic) or
     ``"background"`` (class 0). ``stuff_classes`` (``dataset.stuff_classes``): when given, categories whose
@@ -250,7 +265,7 @@ def load_coco_panoptic(
             source=src,
             height=h,
             width=w,
-            path=img_root / file_name,
+            path=image_path(img_root, file_name),
             image_data=None,
             instances=[],
             paint_order="file",  # segments never overlap: the order does not matter
