@@ -53,6 +53,7 @@ class SplitConfig:
     images: str | None = None  # COCO: folder the `file_name`s are relative to
     annotations: str | None = None  # COCO: instances JSON
     dir: str | None = None  # LabelMe: folder of *.json (+ images)
+    panoptic: str | None = None  # COCO panoptic: folder of the PNG id maps (annotations = the panoptic JSON)
 
 
 @dataclass
@@ -277,6 +278,15 @@ class DoctorConfig:
 
 
 @dataclass
+class ExportConfig:
+    format: str = "onnx"  # onnx | torchscript (`python -m segtrain.export format=...` sets this)
+    output: str | None = None  # file; None: next to the checkpoint, <stem>.onnx / <stem>.torchscript.pt
+    opset: int = 18  # ONNX opset (18: the dynamo exporter's own; onnxruntime >= 1.14)
+    dynamic: bool = True  # batch, height and width dynamic; false: fixed at (1, 3, *dataset.input_size)
+    verify: bool = True  # run the written file on another input size and compare with PyTorch
+
+
+@dataclass
 class SegtrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -296,6 +306,7 @@ class SegtrainConfig:
     doctor: DoctorConfig = field(default_factory=DoctorConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
 
 def _register() -> None:
@@ -429,6 +440,7 @@ _CHOICES = {
     "inference.mode": ("fit", "pad", "sliding"),
     "evaluate.resolution": ("native", "input"),
     "evaluate.export": (None, "coco_panoptic"),
+    "export.format": ("onnx", "torchscript"),
 }
 
 

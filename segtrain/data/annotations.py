@@ -69,6 +69,9 @@ class Instance:
     # ``__ignore__`` regions. Panoptic ground truth needs it: PQ forgives a prediction lying on a
     # crowd region of its own class.
     crowd_class: int | None = None
+    # COCO panoptic: the segment id (R + 256 G + 256^2 B in the record's ``panoptic_png``) whose pixels
+    # are this instance; 0 for the VOID region. None for polygon / RLE instances.
+    segment_id: int | None = None
 
 
 @dataclass
@@ -85,6 +88,9 @@ class ImageRecord:
     # (Cityscapes: in the order of ``instances``, later on top).
     paint_order: str = "area"
     orientation: str = "stored"  # grid the annotation was drawn on: "stored" (EXIF ignored, COCO) or "exif" (LabelMe)
+    # COCO panoptic: the PNG id map the instances' pixels come from (each Instance's ``segment_id``),
+    # decoded per item instead of rasterising polygons. None for polygon / RLE records.
+    panoptic_png: Path | None = None
 
 
 @dataclass

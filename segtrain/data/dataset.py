@@ -105,9 +105,9 @@ def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 def load_records(cfg: Any, split: str) -> Sequence[ImageRecord]:
-    """Parse the annotations of one split (fails before training when a path is missing: every missing
-    path of both splits is listed at once); logs what was skipped."""
-    check_paths(cfg.dataset)
+    """Parse the annotations of one split (fails before any work when a path is missing, listing every
+    missing path of the split at once); logs what was skipped."""
+    check_paths(cfg.dataset, (split,))
     records, report = load_split(cfg.dataset, split)
     for reason in report.skipped_images + report.skipped_annotations:
         log.warning("dataset.on_error=skip: %s", reason)

@@ -89,6 +89,20 @@ def _cityscapes(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[Imag
     return load_cityscapes(images, _existing(ds, split, "annotations", folder=True), class_map, ds.on_error)
 
 
+def _coco_panoptic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
+    from segtrain.data.coco_panoptic import load_coco_panoptic
+
+    return load_coco_panoptic(
+        _existing(ds, split, "annotations", folder=False),
+        _existing(ds, split, "images", folder=True),
+        _existing(ds, split, "panoptic", folder=True),
+        class_map,
+        ds.on_error,
+        unlabeled=FORMATS.get("coco_panoptic").unlabeled,
+        stuff_classes=list(ds.stuff_classes),
+    )
+
+
 def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
     s = ds.synthetic
     root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
@@ -98,6 +112,8 @@ def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[Image
 FORMATS.register("coco", DataFormat(_coco, ("images", "annotations")))
 FORMATS.register("labelme", DataFormat(_labelme, ("dir",)))
 FORMATS.register("cityscapes", DataFormat(_cityscapes, ("images", "annotations"), "ignore", ("images", "annotations")))
+# COCO panoptic's unlabelled pixels are VOID: ignored, not background
+FORMATS.register("coco_panoptic", DataFormat(_coco_panoptic, ("images", "annotations", "panoptic"), unlabeled="ignore"))
 FORMATS.register("synthetic", DataFormat(_synthetic, ()))
 
 

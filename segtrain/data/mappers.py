@@ -1,5 +1,7 @@
 """The per-item pipeline: record -> read -> decode -> rasterise -> augment -> targets -> tensors.
 
+(Rasterise: polygons / RLE, or for COCO panoptic records the decoded PNG id map; same output.)
+
 A mapper turns one :class:`~segtrain.data.annotations.ImageRecord` into one item and is chosen
 when the data set is built, never switched afterwards:
 
@@ -26,6 +28,7 @@ import torch
 from segtrain.config import IGNORE_LABEL
 from segtrain.data.annotations import AnnotationError, ImageRecord
 from segtrain.data.augmentations import DEVICE_PIPELINES, build_pipeline, evaluation_pipeline
+from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
 from segtrain.data.device_augment import DeviceBatchAugment
 from segtrain.data.image_io import decode_image, read_encoded
 from segtrain.data.rasterise import rasterise
@@ -125,7 +128,10 @@ class _Mapper:
         clock.lap("decode")
         if len(rec.instances) > MAX_INSTANCES:
             raise AnnotationError(f"{rec.source}: image {rec.image_id} has more than {MAX_INSTANCES} instances")
-        inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, np.uint16, paint_order=rec.paint_order)
+        if rec.panoptic_png is not None:  # COCO panoptic: the instances' pixels are in a PNG id map
+            inst, inst_classes = rasterise_panoptic(rec, read_segment_ids(rec, self.max_image_pixels))
+        else:
+            inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, np.uint16, paint_order=rec.paint_order)
         clock.lap("rasterise")
         return image, inst, inst_classes
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from segtrain.config import IGNORE_LABEL
+from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL
 from segtrain.data.panoptic_gt import panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
 from segtrain.engine.distributed import all_reduce_, unwrap
 from segtrain.engine.instance_ap import InstanceAP, instances_from_panoptic, instances_from_segments
@@ -76,8 +76,11 @@ class PanopticSpec:
 
         ds = cfg.dataset
         classes = [str(c) for c in ds.classes]
+        # Class 0 is the background when unannotated pixels are background (COCO, LabelMe) or when it is
+        # named so (COCO panoptic keeps one that never gets pixels); Cityscapes' class 0 is road.
         unlabeled = FORMATS.get(str(ds.format)).unlabeled if str(ds.format) in FORMATS else "background"
-        background_class = 0 if unlabeled == "background" else -1
+        named = bool(classes) and classes[0].lower() in BACKGROUND_NAMES
+        background_class = 0 if unlabeled == "background" or named else -1
         stuff = {classes.index(s) for s in ds.stuff_classes}
         things = tuple(i for i in range(len(classes)) if i not in stuff and i != background_class)
         pan = ds.panoptic

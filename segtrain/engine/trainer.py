@@ -22,6 +22,7 @@ from torch import nn
 
 from segtrain.config import ConfigError, to_container
 from segtrain.data import PolygonDataset, build_dataset, build_mapper
+from segtrain.data.formats import check_paths
 from segtrain.engine import checkpoint as ckpt_io
 from segtrain.engine.distributed import (
     DistInfo,
@@ -154,6 +155,7 @@ class Trainer:
         """Everything ``cfg`` describes, restored from ``resume=`` when given; ``init_weights``: a loaded
         ``ckpt=`` file (fine-tuning: weights only, never its optimiser state)."""
         tr = cfg.trainer
+        check_paths(cfg.dataset)  # both splits, every missing path at once, before anything is built
         lock = claim_run_dir(cfg, run_dir, dist)
         configure_determinism(tr)
         precision = effective_precision(tr.precision, dist.device)

@@ -1,0 +1,362 @@
+"""Export a trained network to ONNX or TorchScript: the network only, post-processing stays separate.
+
+What is exported is ``model.forward``: input ``image``, float32 (B, 3, H, W) RGB in [0, 1] (the ImageNet
+normalisation is inside the graph), outputs at the input's resolution:
+
+- ``semantic`` (B, C, H, W) class logits (argmax -> class ids),
+- ``center`` (B, 1, H, W) instance-centre heatmap, ``offset`` (B, 2, H, W) (dy, dx) in pixels, for
+  instance-aware models (semantic-only models export ``semantic`` alone).
+
+ONNX (``torch.onnx.export(dynamo=True)``, which needs the ``onnx`` and ``onnxscript`` packages:
+``pip install 'segtrain[export]'``) names these outputs, in this order. TorchScript (``torch.jit.trace``,
+which works for every built-in model; ``torch.jit.script`` does not compile them) returns the same dict
+as the PyTorch model. With ``export.dynamic=true`` (default) batch, height and width are all dynamic: any
+batch >= 1 and any size (not only multiples of the output stride; height/width >= 32 for ONNX);
+otherwise the shape is fixed at (1, 3, *dataset.input_size).
+
+Both files carry a JSON description (classes, thing/stuff ids, outputs), ONNX in its ``metadata_props``
+(key ``segtrain``), TorchScript as the extra file ``segtrain.json``, which is all that
+:func:`segtrain.models.postprocess.panoptic_segmentation` needs besides the outputs. After writing, the
+file is run on a second input size (and batch) and compared with PyTorch (``export.verify``), because a
+trace can silently bake a shape in; ONNX verification needs ``onnxruntime`` and is skipped without it.
+Files are written to a temporary name in the target folder and renamed: a crash leaves no torn file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+import segtrain
+from segtrain.config import ConfigError, to_container
+from segtrain.models import build_model
+from segtrain.models.weights import load_checkpoint_weights
+
+log = logging.getLogger("segtrain.export")
+
+__all__ = [
+    "EXPORT_FORMATS",
+    "OUTPUT_NAMES",
+    "ExportDependencyError",
+    "ExportError",
+    "ExportResult",
+    "check_onnx_dependencies",
+    "default_output",
+    "export_checkpoint",
+    "export_model",
+    "model_metadata",
+    "verify_export",
+]
+
+EXPORT_FORMATS = ("onnx", "torchscript")
+OUTPUT_NAMES = ("semantic", "center", "offset")  # the order of ONNX outputs
+SUFFIXES = {"onnx": ".onnx", "torchscript": ".torchscript.pt"}
+METADATA_KEY = "segtrain"  # ONNX metadata_props key; TorchScript extra file "segtrain.json"
+MIN_DYNAMIC_SIDE = 32
+ONNX_PACKAGES = ("onnx", "onnxscript")
+# verification: max |exported - PyTorch| <= TOLERANCE * max(1, max |PyTorch|), per output
+TOLERANCE = 1e-4
+
+
+class ExportError(RuntimeError):
+    """The exporter failed or the written file does not reproduce the PyTorch outputs."""
+
+
+class ExportDependencyError(ConfigError):
+    """A package the chosen format needs is missing (a ConfigError: the entry point prints one line)."""
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    format: str
+    outputs: list[str]
+    dynamic: dict[str, list[str]]  # input/output name -> names of its dynamic axes
+    seconds: float
+    max_abs_diff: dict[str, float] = field(default_factory=dict)  # per output, from verification
+
+
+def check_onnx_dependencies() -> None:
+    """Raise :class:`ExportDependencyError` (one line) when ``onnx`` / ``onnxscript`` are missing."""
+    missing = []
+    for name in ONNX_PACKAGES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ExportDependencyError(
+            f"format=onnx needs the package(s) {', '.join(missing)} (torch's ONNX exporter): "
+            "pip install 'segtrain[export]' (or pip install onnx onnxscript), or use format=torchscript"
+        )
+
+
+def default_output(ckpt: str | os.PathLike, fmt: str) -> Path:
+    """``<ckpt folder>/<ckpt stem>.onnx`` or ``.torchscript.pt``."""
+    path = Path(ckpt)
+    return path.with_name(path.stem + SUFFIXES[fmt])
+
+
+class _TupleOutputs(nn.Module):
+    """The model with its dict outputs as a tuple in ``OUTPUT_NAMES`` order (ONNX outputs are positional)."""
+
+    def __init__(self, model: nn.Module, names: Sequence[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.names = tuple(names)
+
+    def forward(self, image: Tensor) -> tuple[Tensor, ...]:
+        out = self.model(image)
+        return tuple(out[k] for k in self.names)
+
+
+def _output_names(model: nn.Module, example: Tensor) -> list[str]:
+    with torch.no_grad():
+        out = model(example)
+    if not isinstance(out, dict) or "semantic" not in out:
+        raise ExportError(f"{type(model).__name__} does not return a dict with 'semantic'; cannot name its outputs")
+    extra = sorted(set(out) - set(OUTPUT_NAMES))
+    if extra:
+        raise ExportError(f"{type(model).__name__} returns outputs {extra} besides {list(OUTPUT_NAMES)}")
+    return [k for k in OUTPUT_NAMES if k in out]
+
+
+@contextlib.contextmanager
+def _atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path``, renamed over it when the block succeeds (removed otherwise)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the file from the rest of a team
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _quiet_loggers(names: Sequence[str], level: int = logging.WARNING) -> Iterator[None]:
+    """The ONNX optimiser logs every rewrite at INFO; keep the run's log readable."""
+    loggers = [logging.getLogger(n) for n in names]
+    before = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(level, lg.level))
+    try:
+        yield
+    finally:
+        for lg, lv in zip(loggers, before, strict=True):
+            lg.setLevel(lv)
+
+
+@contextlib.contextmanager
+def _quiet_jit() -> Iterator[None]:
+    """torch.jit's deprecation FutureWarnings and the tracer's shape-to-bool warnings (verification checks
+    what they warn about)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*is deprecated\. Please switch to", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        yield
+
+
+def _export_onnx(
+    model: nn.Module, example: Tensor, tmp: Path, names: list[str], opset: int, dynamic: bool, metadata: str
+) -> None:
+    check_onnx_dependencies()
+    shapes = None
+    if dynamic:
+        d = torch.export.Dim
+        side = min(MIN_DYNAMIC_SIDE, *example.shape[-2:])
+        shapes = {"image": {0: d("batch", min=1), 2: d("height", min=side), 3: d("width", min=side)}}
+    try:
+        with _quiet_loggers(("onnxscript", "onnx_ir")):
+            program = torch.onnx.export(
+                _TupleOutputs(model, names).eval(),
+                (example,),
+                input_names=["image"],
+                output_names=names,
+                opset_version=int(opset),
+                dynamo=True,
+                dynamic_shapes=shapes,
+                external_data=False,
+                verbose=False,
+            )
+    except Exception as e:  # noqa: BLE001 - any exporter failure, re-raised with advice
+        hint = "try export.dynamic=false or format=torchscript" if dynamic else "try format=torchscript"
+        raise ExportError(
+            f"torch.onnx.export failed for {type(model).__name__} ({type(e).__name__}: {e}); {hint}"
+        ) from e
+    program.model.metadata_props[METADATA_KEY] = metadata
+    program.save(str(tmp), external_data=False)
+
+
+def _export_torchscript(model: nn.Module, example: Tensor, tmp: Path, metadata: str) -> None:
+    with _quiet_jit(), torch.no_grad():
+        traced = torch.jit.trace(model, (example,), strict=False)
+        torch.jit.save(traced, str(tmp), _extra_files={f"{METADATA_KEY}.json": metadata})
+
+
+def export_model(
+    model: nn.Module,
+    path: str | os.PathLike,
+    fmt: str,
+    input_size: Sequence[int],
+    *,
+    opset: int = 18,
+    dynamic: bool = True,
+    metadata: dict[str, Any] | None = None,
+) -> ExportResult:
+    """Write ``model`` (eval mode, on the CPU) as ``fmt`` to ``path`` atomically; traced/exported on a
+    (2, 3, *input_size) example when dynamic, (1, 3, *input_size) otherwise."""
+    if fmt not in EXPORT_FORMATS:
+        raise ConfigError(f"export.format={fmt!r} is not one of {list(EXPORT_FORMATS)}")
+    path = Path(path)
+    model = model.eval()
+    h, w = (int(v) for v in input_size)
+    gen = torch.Generator().manual_seed(0)
+    example = torch.rand((2 if dynamic else 1, 3, h, w), generator=gen)
+    names = _output_names(model, example)
+    info = dict(metadata or {})
+    axes = {"image": ["batch", "height", "width"], **{k: ["batch", "height", "width"] for k in names}}
+    dyn = axes if dynamic else {}
+    info.update(outputs=names, dynamic=dyn, input_size=[h, w], format=fmt)
+    text = json.dumps(info)
+    start = time.perf_counter()
+    with _atomic_path(path) as tmp:
+        if fmt == "onnx":
+            _export_onnx(model, example, tmp, names, opset, dynamic, text)
+        else:
+            _export_torchscript(model, example, tmp, text)
+    return ExportResult(path, fmt, names, dyn, time.perf_counter() - start)
+
+
+def _check_size(size: Sequence[int]) -> tuple[int, int]:
+    """A second input size for verification: not the export size, not a multiple of the output stride."""
+    h, w = (int(v) for v in size)
+    return max(h - h // 4 + 3, MIN_DYNAMIC_SIDE + 1), w + w // 4 + 5
+
+
+def _runner(path: Path, fmt: str) -> Callable[[Tensor], dict[str, Tensor]] | None:
+    if fmt == "torchscript":
+        with _quiet_jit():
+            module = torch.jit.load(str(path), map_location="cpu")
+        return lambda x: {k: v.float() for k, v in module(x).items()}
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return lambda x: dict(zip(names, (torch.from_numpy(a) for a in session.run(None, {"image": x.numpy()}))))
+
+
+def verify_export(
+    path: str | os.PathLike, fmt: str, model: nn.Module, inputs: Sequence[Tensor], tolerance: float = TOLERANCE
+) -> dict[str, float] | None:
+    """Run the exported file on ``inputs`` and compare with ``model``: the max absolute difference per output
+    over all inputs, or None when no runtime is installed (onnxruntime for ONNX). Raises
+    :class:`ExportError` when a difference exceeds ``tolerance * max(1, max |PyTorch output|)`` or an
+    output's shape differs."""
+    run = _runner(Path(path), fmt)
+    if run is None:
+        return None
+    diffs: dict[str, float] = {}
+    for x in inputs:
+        with torch.no_grad():
+            ref = model.eval()(x)
+            got = run(x)
+        if sorted(got) != sorted(ref):
+            raise ExportError(f"{path}: outputs {sorted(got)}, PyTorch gives {sorted(ref)}")
+        for k, r in ref.items():
+            g = got[k]
+            if tuple(g.shape) != tuple(r.shape):
+                raise ExportError(
+                    f"{path}: output {k!r} has shape {tuple(g.shape)} for input {tuple(x.shape)}, PyTorch gives "
+                    f"{tuple(r.shape)}; the exported graph fixed a shape (try the other format)"
+                )
+            diff = float((g.float() - r.float()).abs().max())
+            diffs[k] = max(diffs.get(k, 0.0), diff)
+            limit = tolerance * max(1.0, float(r.abs().max()))
+            if not diff <= limit:
+                raise ExportError(
+                    f"{path}: output {k!r} differs from PyTorch by up to {diff:.3g} on input {tuple(x.shape)} "
+                    f"(allowed {limit:.3g}); the export does not reproduce the model"
+                )
+    return diffs
+
+
+def model_metadata(cfg: Any, weights: str) -> dict[str, Any]:
+    """What a user of the exported file needs besides the outputs: classes and which are things."""
+    classes = [str(c) for c in cfg.dataset.classes]
+    stuff = {classes.index(str(s)) for s in cfg.dataset.stuff_classes}
+    return {
+        "segtrain_version": segtrain.__version__,
+        "model": to_container(cfg.model),
+        "classes": classes,
+        "thing_ids": [i for i in range(1, len(classes)) if i not in stuff],  # class 0 is background
+        "stuff_ids": sorted(stuff),
+        "input": "image: float32 (B, 3, H, W), RGB in [0, 1] (ImageNet normalisation is inside the graph)",
+        "checkpoint": str(cfg.ckpt),
+        "weights": weights,
+    }
+
+
+def export_checkpoint(cfg: Any, blob: Any) -> ExportResult:
+    """``python -m segtrain.export``: rebuild the checkpoint's model (EMA weights when present), export it to
+    ``export.output`` (default :func:`default_output`), verify it (``export.verify``) and log the result."""
+    ex = cfg.export
+    fmt = str(ex.format)
+    if fmt == "onnx":
+        check_onnx_dependencies()  # before any work
+    model = build_model(cfg.model)
+    report = load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), prefer_ema=True)
+    model = model.to("cpu").eval()
+    output = Path(str(ex.output)) if ex.output else default_output(cfg.ckpt, fmt)
+    log.info("exporting %s (%s weights of %s) as %s to %s", cfg.model.name, report.weights, cfg.ckpt, fmt, output)
+    result = export_model(
+        model,
+        output,
+        fmt,
+        list(cfg.dataset.input_size),
+        opset=int(ex.opset),
+        dynamic=bool(ex.dynamic),
+        metadata=model_metadata(cfg, report.weights),
+    )
+    shape = "dynamic batch, height and width" if result.dynamic else "fixed input shape"
+    log.info("wrote %s in %.1f s: outputs (%s), %s", output, result.seconds, ", ".join(result.outputs), shape)
+    if ex.verify:
+        h, w = (int(v) for v in cfg.dataset.input_size)
+        gen = torch.Generator().manual_seed(1)
+        sizes = [(2, *_check_size((h, w))), (1, h, w)] if result.dynamic else [(1, h, w)]
+        inputs = [torch.rand((b, 3, y, x), generator=gen) for b, y, x in sizes]
+        diffs = verify_export(output, fmt, model, inputs)
+        if diffs is None:
+            log.warning(
+                "export.verify: onnxruntime is not installed; the ONNX file was not run (pip install onnxruntime)"
+            )
+        else:
+            result.max_abs_diff = diffs
+            shapes = ", ".join("x".join(map(str, s)) for s in sizes)
+            figures = ", ".join(f"{k} {v:.2g}" for k, v in diffs.items())
+            log.info(
+                "verified on inputs %s: max |exported - PyTorch| %s (tolerance %g relative)", shapes, figures, TOLERANCE
+            )
+    return result
