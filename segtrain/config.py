@@ -626,6 +626,9 @@ def config_from_checkpoint(cli_cfg: DictConfig, stored: dict | None, overrides: 
         key = o.key_or_group
         if key.split(".")[0] in CHECKPOINT_SECTIONS and "." in key and not o.is_delete():
             OmegaConf.update(cfg, key, o.value(), merge=True)
-    if "model.pretrained" not in {o.key_or_group for o in parsed}:
+    keys = {o.key_or_group for o in parsed}
+    if "model.pretrained" not in keys:
         cfg.model.pretrained = None  # the checkpoint carries the weights
+    if "model.num_classes" not in keys:
+        cfg.model.num_classes = len(cfg.dataset.classes)  # the network is built for the data it will see
     return finalize(cfg)

@@ -2,9 +2,14 @@
 
 Rebuilds the model from the checkpoint's stored config, loads its weights (not its optimiser
 state), freezes the named parameter groups before any DDP wrap, and trains as `segtrain.train`.
+With another data set (``dataset=coco dataset.root=...``) whose class count differs, the
+class-dependent head layers are re-initialised and everything else loads.
 """
 
 from __future__ import annotations
+
+import logging
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -12,11 +17,31 @@ from segtrain.engine.session import session
 from segtrain.engine.trainer import fit
 from segtrain.entry import checkpoint_config, run_entry
 
+log = logging.getLogger("segtrain.finetune")
+
 
 def job(cfg: DictConfig, output_dir: str) -> None:
     cfg, blob = checkpoint_config(cfg, "finetune")
     with session(cfg, output_dir, "train.log") as (dist, run_dir):
-        fit(cfg, run_dir, dist, init_weights=blob)
+        fit(cfg, run_dir, dist, init_weights=blob, classes=class_change(blob, cfg))
+
+
+def class_change(blob: Any, cfg: DictConfig) -> tuple[int, int] | None:
+    """(old, new) class counts when the checkpoint was trained on another number of classes."""
+    stored = blob.get("config") if isinstance(blob, dict) else None
+    old = (stored or {}).get("model", {}).get("num_classes")
+    new = int(cfg.model.num_classes)
+    if old is None or int(old) == new:
+        return None
+    old_names = (stored or {}).get("dataset", {}).get("classes") or []
+    log.info(
+        "fine-tuning from %d classes %s to %d classes %s: the class-dependent layers start afresh",
+        int(old),
+        list(old_names)[:8],
+        new,
+        list(cfg.dataset.classes)[:8],
+    )
+    return int(old), new
 
 
 def main() -> None:

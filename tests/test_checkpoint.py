@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -274,7 +275,7 @@ def test_evaluate_reproduces_training_miou(reference, tmp_path):
     recorded = [r for r in rows if r["split"] == "val"][-1]["miou"]
     proc = run_module(
         "segtrain.evaluate",
-        [f"ckpt={base / 'ref' / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={tmp_path / 'ev'}"],
+        [*SMOKE, f"ckpt={base / 'ref' / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={tmp_path / 'ev'}"],
         tmp_path,
         base / "cache",
     )
@@ -302,3 +303,45 @@ def test_predict_writes_overlays(reference, tmp_path):
     stems = sorted(p.stem for p in images.glob("*.jpg"))
     for stem in stems:
         assert (out / f"{stem}_semantic.png").is_file() and (out / f"{stem}_center.png").is_file()
+
+
+@pytest.mark.slow
+def test_finetune_onto_another_class_set_in_one_command(reference, tmp_path, test_data):
+    """A 4-class checkpoint fine-tuned on a 2-class COCO folder: backbone and decoders load, the
+    class-dependent head layers start afresh and the table says so; no ckpt_strict=false."""
+    base = reference
+    ck = base / "ref" / "checkpoints" / "best.pt"
+    coco = test_data / "mmpose_coco_person"
+    run_dir = tmp_path / "ft_classes"
+    proc = run_module(
+        "segtrain.finetune",
+        [
+            f"ckpt={ck}",
+            "dataset=coco",
+            f"dataset.train.images={coco}",
+            f"dataset.train.annotations={coco / 'test_coco.json'}",
+            f"dataset.val.images={coco}",
+            f"dataset.val.annotations={coco / 'test_coco.json'}",
+            "dataset.classes=[background,person]",
+            "dataset.input_size=[64,64]",
+            "freeze=backbone",
+            "trainer.batch_size=2",
+            "trainer.max_steps=2",
+            "trainer.num_workers=0",
+            "trainer.device=cpu",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        base / "cache",
+    )
+    log = (run_dir / "train.log").read_text()
+    assert "from 4 classes" in log and "to 2 classes" in log
+    row = r"re-initialised\s+heads\.semantic\.1\.weight\s+\(4, 8, 1, 1\)\s+\(2, 8, 1, 1\)"
+    assert re.search(row, proc.stderr), proc.stderr[-2000:]
+    after = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    before = torch.load(ck, weights_only=True)["model"]
+    assert after["model"]["heads.semantic.1.weight"].shape[0] == 2
+    for k in before:
+        if k.startswith("backbone."):
+            assert torch.equal(before[k], after["model"][k]), k
+    assert after["config"]["dataset"]["classes"] == ["background", "person"]

@@ -87,13 +87,19 @@ def test_two_processes_train_like_one(runs):
 def test_distributed_evaluation_is_exact_on_odd_sized_val(runs):
     ckpt = runs["single"] / "checkpoints" / "last.pt"
     base = runs["base"]
-    run_module("segtrain.evaluate", [f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval1'}"], base, runs["cache"])
-    run_module("segtrain.evaluate", [f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval2'}"], base, runs["cache"], nproc=2)
+    # the data set to score is given on the command line (a checkpoint never decides what data is generated)
+    data = ["experiment=cpu_smoke", "dataset.synthetic.num_val=5"]
+    run_module("segtrain.evaluate", [*data, f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval1'}"], base, runs["cache"])
+    run_module(
+        "segtrain.evaluate", [*data, f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval2'}"], base, runs["cache"], nproc=2
+    )
     e1 = json.loads((base / "eval1" / "eval.json").read_text())
     e2 = json.loads((base / "eval2" / "eval.json").read_text())
     assert e1["images"] == e2["images"] == 5
     assert e1["miou"] == e2["miou"]
     assert e1["iou"] == e2["iou"]
+    for key in ("pq", "sq", "rq", "ap", "ap50"):  # summed counts and IoU sums, gathered instances: exact
+        assert e1[key] == pytest.approx(e2[key], abs=1e-12), key
     val = [json.loads(x) for x in (runs["single"] / "metrics.jsonl").read_text().splitlines()]
     assert e1["miou"] == pytest.approx([r for r in val if r["split"] == "val"][-1]["miou"], abs=1e-12)
 
@@ -108,19 +114,18 @@ def test_failing_rank_fails_the_job_fast(tmp_path):
         "--nproc_per_node=2",
         str(REPO / "tests" / "failing_train.py"),
         "experiment=cpu_smoke",
-        "trainer.ddp.timeout_s=60",
+        "trainer.ddp.timeout_s=900",
         f"hydra.run.dir={run_dir}",
     ]
-    t0 = time.perf_counter()
+    # Rank 0 waits in a collective that rank 1 never joins; NCCL/gloo would wait 900 s. The job ending
+    # well before that (the subprocess timeout) shows torchrun stopped rank 0: a mechanism, not a speed.
     proc = subprocess.run(
-        cmd, cwd=tmp_path, env=child_env(tmp_path / "cache"), capture_output=True, text=True, timeout=240
+        cmd, cwd=tmp_path, env=child_env(tmp_path / "cache"), capture_output=True, text=True, timeout=600
     )
-    elapsed = time.perf_counter() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "deliberate failure on rank 1" in out
     assert "Traceback" in out and "_fail_on_rank_1" in out, "the failing rank's traceback must be shown"
-    assert elapsed < 120, f"the job took {elapsed:.0f}s to fail"
     time.sleep(1)
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
     assert not leftovers, f"orphan processes: {[p.pid for p in leftovers]}"
@@ -210,3 +215,23 @@ def test_unwrap_reaches_the_model_through_ddp_and_compile(tmp_path):
         assert list(unwrap(wrapped).state_dict()) == ["backbone.weight", "backbone.bias"]
     finally:
         dist.destroy_process_group()
+
+
+def test_accumulation_equals_more_processes(runs):
+    """1 process x accumulate 2 == 2 processes x accumulate 1: same samples per micro-batch / rank, one
+    gradient normalised over the global batch, DDP synchronising only on the last micro-batch."""
+    base, cache = runs["base"], runs["cache"]
+    common = ["experiment=cpu_smoke", "trainer.deterministic=true", "trainer.max_steps=3"]
+    run_module("segtrain.train", [*common, "trainer.accumulate=2", f"hydra.run.dir={base / 'acc2'}"], base, cache)
+    run_module("segtrain.train", [*common, f"hydra.run.dir={base / 'ddp2'}"], base, cache, nproc=2)
+    one = torch.load(base / "acc2" / "checkpoints" / "last.pt", weights_only=True)
+    two = torch.load(base / "ddp2" / "checkpoints" / "last.pt", weights_only=True)
+    from segtrain.config import compose
+    from segtrain.models import build_model
+
+    params = {n for n, _ in build_model(compose(["experiment=cpu_smoke"]).model).named_parameters()}
+    worst = max(float((one["model"][k] - two["model"][k]).abs().max()) for k in params)
+    print(f"max |1 x accumulate 2 - 2 processes| parameter difference: {worst:.2e}")
+    for k in params:
+        assert torch.allclose(one["model"][k], two["model"][k], rtol=1e-4, atol=1e-5), k
+    assert "in 2 micro-batches" in (base / "acc2" / "train.log").read_text()

@@ -32,6 +32,7 @@ def test_evaluate_scores_at_native_resolution_with_a_table(trained):
         proc = run_module(
             "segtrain.evaluate",
             [
+                "experiment=cpu_smoke",  # the data to score comes from the command line, not the checkpoint
                 f"ckpt={ckpt}",
                 "dataset.synthetic.image_size=[96,96]",
                 f"evaluate.resolution={resolution}",
@@ -57,7 +58,7 @@ def test_coco_panoptic_export_rescores_to_the_same_pq(trained):
     out = base / "ev_export"
     run_module(
         "segtrain.evaluate",
-        [f"ckpt={ckpt}", "evaluate.export=coco_panoptic", f"hydra.run.dir={out}"],
+        ["experiment=cpu_smoke", f"ckpt={ckpt}", "evaluate.export=coco_panoptic", f"hydra.run.dir={out}"],
         base,
         base / "cache",
     )

@@ -1,0 +1,31 @@
+"""torchrun / python target for tests: the real `segtrain.train`, with faults chosen by environment:
+
+- SEGTRAIN_TEST_SLEEP=S: each training step takes S seconds more (so a signal lands mid-epoch);
+- SEGTRAIN_TEST_NAN_AT=N: the images of step N are NaN (a diverging step that is not a logging step).
+"""
+
+import os
+import time
+
+import torch
+
+from segtrain.engine.trainer import Trainer
+from segtrain.train import main
+
+_real = Trainer.run_step
+SLEEP = float(os.environ.get("SEGTRAIN_TEST_SLEEP", "0"))
+NAN_AT = int(os.environ.get("SEGTRAIN_TEST_NAN_AT", "0"))
+
+
+def _faulty_step(self, batch):
+    if SLEEP:
+        time.sleep(SLEEP)
+    if NAN_AT and self.state.step + 1 == NAN_AT:
+        batch = {**batch, "image": torch.full(batch["image"].shape, float("nan"))}
+    return _real(self, batch)
+
+
+Trainer.run_step = _faulty_step
+
+if __name__ == "__main__":
+    main()
