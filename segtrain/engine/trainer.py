@@ -134,6 +134,7 @@ class Trainer:
         self.accumulate = int(tr.accumulate)
         self.terms = loss_terms(unwrap(model))
         self.params = [p for p in unwrap(model).parameters() if p.requires_grad]
+        self.buffers = list(unwrap(model).buffers())
         self.nvtx = Nvtx(tr.profile.nvtx)
         self.signals = StopSignals()
         # Set by the loop for the hooks:
@@ -245,6 +246,8 @@ class Trainer:
         if is_dist():
             all_reduce_(packed)
         denominators = (packed[:-1] / self.dist.world_size).clamp(min=1.0)
+        # skip_step must drop the whole step: the forward pass also moves BatchNorm statistics
+        saved_buffers = [b.clone() for b in self.buffers] if tr.on_nonfinite == "skip_step" else None
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, torch.Tensor] = {}
         for i, mb in enumerate(micro):
@@ -272,6 +275,8 @@ class Trainer:
                 self._nonfinite_streak = 0
             else:
                 self._skip_nonfinite(loss_value, norm_value)
+                if saved_buffers is not None:
+                    torch._foreach_copy_(self.buffers, saved_buffers)
             self.scaler.update()
             self.scheduler.step()
         if self.ema is not None and finite:
