@@ -85,6 +85,14 @@ class DatasetConfig:
     stuff_classes: list[str] = field(default_factory=list)
     input_size: list[int] = field(default_factory=lambda: [512, 512])  # H, W of every item
     on_error: str = "raise"  # raise | skip
+    # Labels neither in `classes` nor in `class_map`: error | drop (background) | ignore (loss-ignore region)
+    unlisted: str = "error"
+    # Stat every image file when the annotations load (all missing files in one error); false: an
+    # image is checked when it is read (dataset.on_error=skip then skips it)
+    check_files: bool = False
+    # Largest declared image (height * width), checked when annotations load: 2**28 = 268 MP
+    max_image_pixels: int = 268435456
+    # Synthetic data and the annotation index cache (<cache_dir>/index) live here
     cache_dir: str = "${oc.env:SEGTRAIN_CACHE,'~/.cache/segtrain'}"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     targets: TargetsConfig = field(default_factory=TargetsConfig)
@@ -324,6 +332,7 @@ def check_missing(cfg: DictConfig) -> None:
 _CHOICES = {
     "dataset.format": ("coco", "labelme", "synthetic"),
     "dataset.on_error": ("raise", "skip"),
+    "dataset.unlisted": ("error", "drop", "ignore"),
     "augment.device": ("cpu", "cuda", "auto"),
     "optim.name": ("adamw", "adam", "sgd"),
     "schedule.name": ("poly", "cosine", "step", "constant"),
@@ -355,6 +364,8 @@ def validate(cfg: DictConfig) -> None:
     for s in cfg.dataset.stuff_classes:
         if s not in classes:
             raise ConfigError(f"dataset.stuff_classes: {s!r} is not in dataset.classes {classes}")
+    if cfg.dataset.max_image_pixels < 1:
+        raise ConfigError(f"dataset.max_image_pixels must be >= 1, got {cfg.dataset.max_image_pixels}")
     if len(cfg.dataset.input_size) != 2 or min(cfg.dataset.input_size) < 8:
         raise ConfigError(f"dataset.input_size must be [H, W] with H, W >= 8, got {list(cfg.dataset.input_size)}")
     if cfg.model.num_classes != len(classes):

@@ -20,6 +20,10 @@ from __future__ import annotations
 
 import os
 from array import array
+from collections import deque
+from collections.abc import Iterator
+from itertools import chain, repeat
+from operator import itemgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ import numpy as np
 
 from segtrain.data.index import RecordIndex, blob_arrays, encode_column
 from segtrain.data.index_cache import cached_index, file_fingerprint
+from segtrain.data.json_chunks import NotSplittable, Structure, iter_chunks, skeleton
 from segtrain.data.loading import Problems, bounded_list, finish, parse_json, read_annotation_file
 from segtrain.data.records import (
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -147,26 +152,65 @@ def _check_files(index: RecordIndex, on_error: str, report: LoadReport, img_root
 def build_coco(path: Path, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> RecordIndex:
     """The class-independent index of a COCO file, with every problem recorded in
     ``meta["errors"]`` (see loading.finish). Raises AnnotationError only for a file that is
-    not a COCO instances file at all."""
-    src = str(path)
+    not a COCO instances file at all (or not JSON)."""
     raw = read_annotation_file(path, "COCO annotation file", MAX_ANNOTATION_BYTES)
-    data = parse_json(raw, path)
-    del raw
-    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+    try:
+        return _build(raw, path, int(max_image_pixels), split=True)
+    except NotSplittable:  # unusual layout or a syntax error: parse it whole (exact error messages)
+        return _build(raw, path, int(max_image_pixels), split=False)
+
+
+def _loads_chunk(text: bytes) -> Any:
+    try:
+        return parse_json(text, Path("chunk"))
+    except AnnotationError as e:
+        raise NotSplittable(str(e)) from None
+
+
+def _build(raw: bytes, path: Path, max_image_pixels: int, split: bool) -> RecordIndex:
+    src = str(path)
+    if split:
+        structure = Structure(raw)
+        spans = structure.top_level_arrays()
+        if "images" not in spans:
+            raise NotSplittable("no top-level 'images' array")
+        top = _loads_chunk(skeleton(raw, list(spans.values())))  # everything else, checked too
+        images = _loads_chunk(raw[spans["images"][0] : spans["images"][1] + 1])
+        cats = top.get("categories", [])
+        if "categories" in spans:
+            cats = _loads_chunk(raw[spans["categories"][0] : spans["categories"][1] + 1])
+        anns_ok = "annotations" in spans or "annotations" not in top
+        chunks: Iterator[list] = iter(())
+        if "annotations" in spans:
+            ann_span = spans["annotations"]
+            chunks = iter_chunks(raw, ann_span, structure.element_starts(ann_span), CHUNK, _loads_chunk)
+        del structure
+    else:
+        top = parse_json(raw, path)
+        images = top.get("images") if isinstance(top, dict) else None
+        cats = top.get("categories", []) if isinstance(top, dict) else None
+        anns_ok = isinstance(top, dict) and isinstance(top.get("annotations", []), list)
+    if not isinstance(top, dict) or not isinstance(images, list):
         raise AnnotationError(
             f"{src}: not a COCO instances file (no 'images' list); for LabelMe folders use dataset.format=labelme"
         )
-    if not isinstance(data.get("annotations", []), list) or not isinstance(data.get("categories", []), list):
+    if not isinstance(cats, list) or not anns_ok:
         raise AnnotationError(f"{src}: 'annotations' and 'categories' must be lists")
-    labels, label_ids, cat_code = _categories(data.get("categories", []), src)
+    labels, label_ids, cat_code = _categories(cats, src)
     problems = Problems()
-    imgs = _Images(data.pop("images"), src, int(max_image_pixels), problems)
-    anns = data.pop("annotations", [])
-    del data
-    inst = _Annotations(src, imgs, cat_code, labels, problems)
-    inst.convert(anns)
-    del anns
-    arrays, columns = inst.arrays(len(imgs.ids))
+    imgs = _Images(images, src, max_image_pixels, problems)
+    del images
+    if not split:
+        anns = top.pop("annotations", [])
+        top.clear()
+        chunks = _slices(anns)
+    conv = _Annotations(src, imgs, cat_code, labels, problems)
+    base = 0
+    for chunk in chunks:
+        conv.add(chunk, base)
+        base += len(chunk)
+    del chunks
+    arrays, columns = conv.arrays(len(imgs.ids))
     for name, values, codec in (
         ("image_id", imgs.ids, _id_codec(imgs.ids)),
         ("height", imgs.heights, "int"),
@@ -180,6 +224,15 @@ def build_coco(path: Path, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> 
     index = RecordIndex(arrays, meta)
     index.validate()
     return index
+
+
+def _slices(anns: list) -> Iterator[list]:
+    """Chunks of a parsed annotation list, each freed from it once handed out."""
+    for start in range(0, len(anns), CHUNK):
+        stop = min(start + CHUNK, len(anns))
+        chunk = anns[start:stop]
+        anns[start:stop] = [None] * (stop - start)
+        yield chunk
 
 
 def _show(v: Any) -> str:
@@ -290,10 +343,8 @@ def _flat_part(part: Any) -> list:
 def _convert_parts(parts: list) -> tuple[array, np.ndarray, dict[int, str]]:
     """All coordinates in one float64 buffer, the count of each part, and per-part problems of type."""
     buf = array("d")
-    add = buf.fromlist
     try:
-        for p in parts:
-            add(p)
+        deque(map(buf.fromlist, parts), maxlen=0)  # C loop: one fromlist per part
         return buf, np.fromiter(map(len, parts), np.int64, len(parts)), {}
     except (TypeError, OverflowError):
         pass
@@ -319,82 +370,141 @@ def _segment_sums(values: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return cs[ends] - cs[ends - lens]
 
 
+_ID_TYPES = frozenset({int, str})
+_SEG_KIND = {list: 1, dict: 2}
+_get_seg = methodcaller("get", "segmentation")
+_get_image = methodcaller("get", "image_id")
+_get_cat = methodcaller("get", "category_id")
+_get_id = methodcaller("get", "id")
+_get_crowd = methodcaller("get", "iscrowd", 0)
+_first = itemgetter(0)
+
+
+class _Pending:
+    """Annotations of one chunk that passed the per-annotation checks, as arrays, and their parts."""
+
+    def __init__(self) -> None:
+        self.fidx: list[np.ndarray] = []
+        self.img: list[np.ndarray] = []
+        self.code: list[np.ndarray] = []
+        self.crowd: list[np.ndarray] = []
+        self.nparts: list[np.ndarray] = []
+        self.ids: list[np.ndarray | list] = []
+        self.parts: list = []
+
+    def add(self, fidx, img, code, crowd, nparts, ids, parts: list) -> None:
+        self.fidx.append(np.asarray(fidx, np.int64))
+        self.img.append(np.asarray(img, np.int64))
+        self.code.append(np.asarray(code, np.int64))
+        self.crowd.append(np.asarray(crowd, bool))
+        self.nparts.append(np.asarray(nparts, np.int64))
+        self.ids.append(ids)
+        self.parts.extend(parts)
+
+    def cat(self) -> tuple[np.ndarray, ...]:
+        return tuple(np.concatenate(x) for x in (self.fidx, self.img, self.code, self.crowd, self.nparts))
+
+
+def _cat_ids(parts: list[np.ndarray | list]) -> np.ndarray | list:
+    """Annotation ids: one int64 array when all are integers, else a list of strings."""
+    if all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return [str(v) for p in parts for v in (p.tolist() if isinstance(p, np.ndarray) else p)]
+
+
+def _int_ids(ids: list) -> np.ndarray | list:
+    if set(map(type, ids)) <= {int}:
+        try:
+            return np.asarray(ids, np.int64)
+        except OverflowError:
+            pass
+    return [str(v) for v in ids]
+
+
 class _Annotations:
     """Converts annotations chunk by chunk into the instance / polygon / vertex arrays."""
 
     def __init__(self, src: str, imgs: _Images, cat_code: dict, labels: list[str], problems: Problems) -> None:
         self.src, self.imgs, self.cat_code, self.labels, self.problems = src, imgs, cat_code, labels, problems
-        self.img: list[int] = []
-        self.code: list[int] = []
-        self.crowd: list[int] = []
-        self.ids: list = []
-        self.nparts: list[int] = []
-        self.rles: dict[int, bytes] = {}
+        self.done = _Pending()  # kept annotations (parts unused: vertices are in verts)
+        self.rles: dict[int, bytes] = {}  # file index -> compressed counts
         self.verts: list[np.ndarray] = []
         self.part_lens: list[np.ndarray] = []
 
-    def convert(self, anns: list) -> None:
-        img_get, cat_get = self.imgs.index.get, self.cat_code.get
-        n = len(anns)
-        for start in range(0, n, CHUNK):
-            stop = min(start + CHUNK, n)
-            parts: list = []
-            pend: list[tuple] = []  # (aid, image, code, crowd, nparts, rle)
-            for i in range(start, stop):
-                a = anns[i]
-                if type(a) is dict:
-                    seg, im, cat, aid = a.get("segmentation"), a.get("image_id"), a.get("category_id"), a.get("id")
-                    crowd = a.get("iscrowd", 0)
-                    ti, tc, ta = type(im), type(cat), type(aid)
-                    if (
-                        (ti is int or ti is str)
-                        and (tc is int or tc is str)
-                        and (ta is int or ta is str)
-                        and (crowd == 0 or crowd == 1)
-                        and type(crowd) is not float
-                        and type(seg) is list
-                        and seg
-                        and type(seg[0]) is list
-                    ):
-                        j, code = img_get(im), cat_get(cat)
-                        if j is not None and code is not None:
-                            parts.extend(seg)
-                            pend.append((aid, j, code, int(crowd), len(seg), None))
-                            continue
-                got = self._slow(i, a)
-                if got is not None:
-                    item, item_parts = got
-                    parts.extend(item_parts)
-                    pend.append(item)
-            self._finish_chunk(parts, pend)
-            anns[start:stop] = [None] * (stop - start)  # free this chunk of the parsed JSON now
-            del parts, pend
+    def add(self, chunk: list, base: int) -> None:
+        """Check and convert one chunk of parsed annotations (file positions base, base + 1, ...)."""
+        pend = _Pending()
+        fast = self._fast(chunk, base, pend)
+        for k in range(len(chunk)) if fast is None else np.flatnonzero(~fast).tolist():
+            self._slow(base + k, chunk[k], pend)
+        chunk.clear()  # the parsed JSON of this chunk is no longer needed (parts are held by pend)
+        if pend.fidx:
+            self._finish(pend)
+
+    def _fast(self, chunk: list, base: int, pend: _Pending) -> np.ndarray | None:
+        """The common case for a whole chunk with C-level loops; returns which annotations it took
+        (None: none, e.g. an element that is not an object)."""
+        n = len(chunk)
+        try:
+            segs, ims, cats = list(map(_get_seg, chunk)), list(map(_get_image, chunk)), list(map(_get_cat, chunk))
+            aids, crowds = list(map(_get_id, chunk)), list(map(_get_crowd, chunk))
+        except AttributeError:
+            return None
+        if not (set(map(type, ims)) <= _ID_TYPES and set(map(type, cats)) <= _ID_TYPES):
+            return None
+        if not (set(map(type, aids)) <= _ID_TYPES and set(map(type, crowds)) <= {int, bool}):
+            return None
+        if not set(crowds) <= {0, 1}:
+            return None
+        img = np.fromiter(map(self.imgs.index.get, ims, repeat(-1)), np.int64, n)
+        code = np.fromiter(map(self.cat_code.get, cats, repeat(-1)), np.int64, n)
+        kind = np.fromiter(map(_SEG_KIND.get, map(type, segs), repeat(0)), np.int8, n)
+        take = (img >= 0) & (code >= 0) & (kind == 1)
+        sel = np.flatnonzero(take)
+        nparts = np.fromiter(map(len, (segs[k] for k in sel.tolist())), np.int64, len(sel))
+        take[sel[nparts == 0]] = False
+        sel = np.flatnonzero(take)
+        first = np.fromiter(map(_SEG_KIND.get, map(type, map(_first, (segs[k] for k in sel))), repeat(0)), np.int8)
+        take[sel[first != 1]] = False
+        sel = np.flatnonzero(take)
+        chosen = [segs[k] for k in sel.tolist()]
+        ids = [aids[k] for k in sel.tolist()]
+        pend.add(
+            base + sel,
+            img[sel],
+            code[sel],
+            np.fromiter((crowds[k] for k in sel.tolist()), bool, len(sel)),
+            np.fromiter(map(len, chosen), np.int64, len(chosen)),
+            _int_ids(ids),
+            list(chain.from_iterable(chosen)),
+        )
+        return take
 
     def _where(self, aid: Any, j: int) -> str:
         return f"{self.src}: annotation id {aid} (image id {self.imgs.ids[j]}, {self.imgs.names[j]})"
 
-    def _slow(self, i: int, a: Any) -> tuple[tuple, list] | None:
-        """Validate one annotation the fast path did not take; None when it is left out."""
+    def _slow(self, i: int, a: Any, pend: _Pending) -> None:
+        """Check one annotation the fast path did not take; record it in ``pend`` or a problem."""
         src, pr = self.src, self.problems
         if type(a) is not dict:
             pr.annotation(f"{src}: annotations[{i}] is {_show(a)}, not an object")
-            return None
+            return
         aid = a.get("id")
         if type(aid) not in (int, str):
             what = "has no 'id'" if aid is None else f"has the id {_show(aid)}"
             pr.annotation(f"{src}: annotations[{i}] {what}; annotation ids must be integers")
-            return None
+            return
         where = f"{src}: annotation id {aid}"
         im = a.get("image_id")
         if type(im) not in (int, str):
             pr.annotation(f"{where}: image_id {_show(im)} is not an image id (an integer); fix the annotation")
-            return None
+            return
         if im in self.imgs.bad:
-            return None  # the image was already reported
+            return  # the image was already reported
         j = self.imgs.index.get(im)
         if j is None:
             pr.annotation(f"{where}: image_id {im!r} is not in 'images'; fix image_id or add the image")
-            return None
+            return
         where = self._where(aid, j)
         cat = a.get("category_id")
         code = self.cat_code.get(cat) if type(cat) in (int, str) else None
@@ -404,12 +514,12 @@ class _Annotations:
                 f"{where}: category_id {_show(cat)} is not in 'categories' (ids {_show(ids)}); "
                 "fix the category_id or add the category"
             )
-            return None
+            return
         label = self.labels[code]
         crowd = a.get("iscrowd", 0)
         if type(crowd) not in (int, bool) or crowd not in (0, 1):
             pr.annotation(f"{where}, category {label!r}: 'iscrowd' is {_show(crowd)}; expected 0 or 1. {_FIX}", code)
-            return None
+            return
         seg = a.get("segmentation")
         try:
             if isinstance(seg, list):
@@ -417,20 +527,23 @@ class _Annotations:
                     raise ValueError("empty 'segmentation' list (no polygon)")
                 if set(map(type, seg)) <= {int, float}:
                     seg = [seg]  # a single flat polygon without the outer list
-                return (aid, j, code, int(crowd), len(seg), None), seg
+                pend.add([i], [j], [code], [bool(crowd)], [len(seg)], _int_ids([aid]), seg)
+                return
             if isinstance(seg, dict):
-                rle = coco_rle(seg, self.imgs.heights[j], self.imgs.widths[j])
-                return (aid, j, code, int(crowd), 0, rle), []
+                self.rles[i] = coco_rle(seg, self.imgs.heights[j], self.imgs.widths[j])
+                pend.add([i], [j], [code], [bool(crowd)], [0], _int_ids([aid]), [])
+                return
             raise ValueError(
                 "no 'segmentation' (polygon list or RLE); bounding-box-only annotations cannot train segmentation"
             )
         except ValueError as e:
             pr.annotation(f"{where}, category {label!r}: {e}. {_FIX}", code)
-            return None
 
-    def _finish_chunk(self, parts: list, pend: list[tuple]) -> None:
-        if not pend:
-            return
+    def _finish(self, pend: _Pending) -> None:
+        """Vectorised checks of all polygons of a chunk; keep the good annotations."""
+        parts = pend.parts
+        fidx, img, code, crowd, nparts = pend.cat()
+        ids = _cat_ids(pend.ids)
         buf, lens, reasons = _convert_parts(parts)
         v = np.frombuffer(buf, np.float64) if len(buf) else np.zeros(0, np.float64)
         nonfinite = _segment_sums(~np.isfinite(v), lens) > 0
@@ -441,54 +554,52 @@ class _Annotations:
         bad = nonfinite | (lens % 2 == 1) | (lens < 6) | (lens > 2 * MAX_POLYGON_VERTICES)
         if reasons:
             bad[list(reasons)] = True
-        nparts = np.fromiter((p[4] for p in pend), np.int64, len(pend))
-        part_ann = np.repeat(np.arange(len(pend)), nparts)
-        ann_bad = np.zeros(len(pend), bool)
-        ann_bad[part_ann[bad]] = True
+        ann_bad = np.zeros(len(fidx), bool)
+        ann_bad[np.repeat(np.arange(len(fidx)), nparts)[bad]] = True
         if ann_bad.any():
             first_part = np.cumsum(nparts) - nparts
             for q in np.flatnonzero(ann_bad).tolist():
-                ks = np.flatnonzero(bad[first_part[q] : first_part[q] + nparts[q]])
-                k = int(ks[0])
+                k = int(np.flatnonzero(bad[first_part[q] : first_part[q] + nparts[q]])[0])
                 g = int(first_part[q]) + k
                 reason = reasons.get(g) or _part_problem(int(lens[g]), bool(nonfinite[g]))
-                aid, j, code = pend[q][:3]
+                aid = ids[q]
                 self.problems.annotation(
-                    f"{self._where(aid, j)}, category {self.labels[code]!r}: polygon part {k}: {reason}. {_FIX}", code
+                    f"{self._where(aid, int(img[q]))}, category {self.labels[code[q]]!r}: polygon part {k}: "
+                    f"{reason}. {_FIX}",
+                    int(code[q]),
                 )
-            part_keep = ~np.repeat(ann_bad, nparts)
+            keep = ~ann_bad
+            part_keep = np.repeat(keep, nparts)
             v = v[np.repeat(part_keep, lens)]
             lens = lens[part_keep]
-            pend = [p for p, b in zip(pend, ann_bad.tolist(), strict=True) if not b]
+            fidx, img, code, crowd, nparts = fidx[keep], img[keep], code[keep], crowd[keep], nparts[keep]
+            ids = ids[keep] if isinstance(ids, np.ndarray) else [x for x, k in zip(ids, keep.tolist()) if k]
         else:
             v = v.copy()  # own the memory (the array buffer is freed)
-        base = len(self.img)
-        for q, item in enumerate(pend):
-            rle = item[5]
-            if rle is not None:
-                self.rles[base + q] = rle
-        self.ids.extend(p[0] for p in pend)
-        self.img.extend(p[1] for p in pend)
-        self.code.extend(p[2] for p in pend)
-        self.crowd.extend(p[3] for p in pend)
-        self.nparts.extend(p[4] for p in pend)
+        self.done.add(fidx, img, code, crowd, nparts, ids, [])
         self.verts.append(v.reshape(-1, 2))
         self.part_lens.append(lens // 2)
 
     def arrays(self, n_images: int) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
         """Instances grouped by image (file order within an image), polygons, vertices."""
-        img = np.asarray(self.img, np.int64)
-        order = np.argsort(img, kind="stable")
-        nparts = np.asarray(self.nparts, np.int64)
+        d = self.done
+        if d.fidx:
+            fidx, img, code, crowd, nparts = d.cat()
+        else:
+            fidx = img = code = nparts = np.zeros(0, np.int64)
+            crowd = np.zeros(0, bool)
+        ids = _cat_ids(d.ids)
+        order = np.lexsort((fidx, img))
         part_start = np.cumsum(nparts) - nparts
         part_lens = np.concatenate(self.part_lens) if self.part_lens else np.zeros(0, np.int64)
         vert_off = np.zeros(len(part_lens) + 1, np.int64)
         np.cumsum(part_lens, out=vert_off[1:])
         inst_off = np.zeros(n_images + 1, np.int64)
         np.cumsum(np.bincount(img, minlength=n_images), out=inst_off[1:])
-        inv = np.empty_like(order)
-        inv[order] = np.arange(len(order))
-        rle_items = sorted(((int(inv[k]), b) for k, b in self.rles.items()), key=lambda x: x[0])
+        new_pos = np.empty(len(order), np.int64)
+        new_pos[order] = np.arange(len(order))
+        pos_of = dict(zip(fidx.tolist(), new_pos.tolist(), strict=True)) if self.rles else {}
+        rle_items = sorted((pos_of[k], b) for k, b in self.rles.items() if k in pos_of)
         rle_lens = np.zeros(len(order), np.int64)
         for pos, b in rle_items:
             rle_lens[pos] = len(b)
@@ -496,8 +607,8 @@ class _Annotations:
         np.cumsum(rle_lens, out=rle_off[1:])
         arrays = {
             "img/inst_off": inst_off,
-            "inst/label": np.asarray(self.code, np.int32)[order],
-            "inst/iscrowd": np.asarray(self.crowd, bool)[order],
+            "inst/label": code.astype(np.int32)[order],
+            "inst/iscrowd": crowd[order],
             "inst/part_start": part_start[order],
             "inst/part_count": nparts.astype(np.int32)[order],
             "inst/rle/off": rle_off,
@@ -506,12 +617,14 @@ class _Annotations:
             "vert": np.concatenate(self.verts) if self.verts else np.zeros((0, 2), np.float64),
         }
         self.verts = []
-        codec = _id_codec(self.ids)
-        if codec == "intstr":
-            arrays["inst/ann_id"] = np.asarray(self.ids, np.int64)[order]
+        if isinstance(ids, np.ndarray):
+            arrays["inst/ann_id"] = ids[order]
+            codec = "intstr"
         else:
-            ids = [str(self.ids[k]).encode("utf-8") for k in order.tolist()]
-            arrays["inst/ann_id/off"], arrays["inst/ann_id/data"] = blob_arrays(ids)
+            arrays["inst/ann_id/off"], arrays["inst/ann_id/data"] = blob_arrays(
+                [ids[k].encode("utf-8") for k in order.tolist()]
+            )
+            codec = "str"
         return arrays, {"img": {}, "inst": {"ann_id": {"codec": codec}}}
 
 

@@ -17,7 +17,15 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from segtrain.config import IGNORE_LABEL
-from segtrain.data.annotations import AnnotationError, ClassMap, ImageRecord, LoadReport, load_coco, load_labelme
+from segtrain.data.annotations import (
+    AnnotationError,
+    ClassMap,
+    ImageRecord,
+    LoadReport,
+    RecordIndex,
+    load_coco,
+    load_labelme,
+)
 from segtrain.data.image_io import ImageReadError, decode_image, read_encoded
 from segtrain.data.rasterise import rasterise
 from segtrain.data.synthetic import ensure_synthetic
@@ -46,7 +54,8 @@ class PolygonDataset(Dataset):
         name: str = "",
         seed: int = 0,
     ) -> None:
-        self.records = list(records)
+        # a RecordIndex stays one (flat arrays shared by loader workers); other sequences become lists
+        self.records = records if isinstance(records, RecordIndex) else list(records)
         self.classes = list(classes)
         self.input_size = (int(input_size[0]), int(input_size[1]))
         self.train = train
@@ -177,10 +186,11 @@ def to_tensors(
     }
 
 
-def load_records(cfg: Any, split: str) -> tuple[list[ImageRecord], LoadReport]:
+def load_records(cfg: Any, split: str) -> tuple[Sequence[ImageRecord], LoadReport]:
     """Parse the annotations of one split (fails before training when a path is missing)."""
     ds = cfg.dataset
-    class_map = ClassMap(list(ds.classes), dict(ds.class_map or {}))
+    class_map = ClassMap(list(ds.classes), dict(ds.class_map or {}), unlisted=ds.unlisted)
+    opts = {"cache_dir": ds.cache_dir, "check_files": bool(ds.check_files), "max_image_pixels": ds.max_image_pixels}
     if ds.format == "synthetic":
         root = ensure_synthetic(
             ds.cache_dir,
@@ -190,17 +200,17 @@ def load_records(cfg: Any, split: str) -> tuple[list[ImageRecord], LoadReport]:
             ds.synthetic.max_instances,
             ds.synthetic.seed,
         )
-        return load_coco(root / f"{split}.json", root / split, class_map, ds.on_error)
+        return load_coco(root / f"{split}.json", root / split, class_map, ds.on_error, **opts)
     sp = ds[split]
     if ds.format == "coco":
         for key in ("annotations", "images"):
             if not sp[key] or not Path(sp[key]).exists():
                 raise FileNotFoundError(f"dataset.{split}.{key}: {sp[key]!r} does not exist")
-        return load_coco(sp.annotations, sp.images, class_map, ds.on_error)
+        return load_coco(sp.annotations, sp.images, class_map, ds.on_error, **opts)
     if ds.format == "labelme":
         if not sp.dir or not Path(sp.dir).is_dir():
             raise FileNotFoundError(f"dataset.{split}.dir: {sp.dir!r} is not a folder")
-        return load_labelme(sp.dir, class_map, ds.on_error)
+        return load_labelme(sp.dir, class_map, ds.on_error, **opts)
     raise ValueError(f"dataset.format={ds.format!r} is not one of coco, labelme, synthetic")
 
 
@@ -211,13 +221,13 @@ def build_dataset(cfg: Any, split: str) -> PolygonDataset:
     records, report = load_records(cfg, split)
     for reason in report.skipped_images + report.skipped_annotations:
         log.warning("dataset.on_error=skip: %s", reason)
-    if report.skipped_images or report.skipped_annotations:
+    if report.num_skipped_images or report.num_skipped_annotations:
         log.warning(
             "%s/%s: skipped %d images and %d annotations (reasons above)",
             cfg.dataset.name,
             split,
-            len(report.skipped_images),
-            len(report.skipped_annotations),
+            report.num_skipped_images,
+            report.num_skipped_annotations,
         )
     if not records:
         raise AnnotationError(f"dataset {cfg.dataset.name!r} split {split!r} holds no usable images")
