@@ -125,7 +125,6 @@ def generate(path: Path, images: int = 118_287, polygons: int = 860_000, seed: i
     hs = rng.choice([480, 480, 427, 640, 375, 333, 612], images).astype(np.int64)
     image_ids = rng.choice(600_000, images, replace=False) + 1
     n_crowd = int(round(polygons * crowd))
-    n_poly = polygons - n_crowd
     with open(path, "wb") as f:
         f.write(b'{"info":{"description":"segtrain bench_index synthetic COCO","version":"1.0","year":2024},')
         f.write(b'"licenses":[{"url":"http://creativecommons.org/licenses/by/2.0/","id":1,"name":"Attribution"}],')
@@ -190,7 +189,8 @@ def generate(path: Path, images: int = 118_287, polygons: int = 860_000, seed: i
                 out.append(b'{"segmentation":')
                 out.append(seg)
                 out.append(
-                    f',"area":{ar // 100}.{ar % 100:02d},"iscrowd":{crowd_flag},"image_id":{int(image_ids[ann_img[a]])},'
+                    f',"area":{ar // 100}.{ar % 100:02d},"iscrowd":{crowd_flag},'
+                    f'"image_id":{int(image_ids[ann_img[a]])},'
                     f'"bbox":[{b[0] / 100},{b[1] / 100},{b[2] / 100},{b[3] / 100}],'
                     f'"category_id":{CATEGORIES[ann_cat[a]][0]},"id":{a + 1}}}'.encode()
                 )
