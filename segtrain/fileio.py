@@ -47,7 +47,10 @@ def read_bytes(path: str | os.PathLike, what: str = "file", max_bytes: int | Non
             raise UnsafeFileError(
                 f"{what} {str(path)!r} is {size:,} bytes, more than the limit of {max_bytes:,}; is it the right file?"
             )
-        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+        # read(n) allocates n bytes up front: ask for what the file holds (one more byte shows growth)
+        data = f.read() if max_bytes is None else f.read(min(size, max_bytes) + 1)
+        if max_bytes is not None and size < len(data) <= max_bytes:  # grew since fstat: read on, bounded
+            data += f.read(max_bytes + 1 - len(data))
     if max_bytes is not None and len(data) > max_bytes:
         raise UnsafeFileError(f"{what} {str(path)!r} grew past the limit of {max_bytes:,} bytes while reading")
     return data

@@ -114,9 +114,11 @@ def finish(
         if unknown_msgs:
             names = [labels[c] for c in unknown_used]
             head = "\n".join(m for m, _ in unknown_msgs[:MAX_LISTED])
-            if len(unknown_msgs) > MAX_LISTED:
-                head += f"\n... and {len(unknown_msgs) - MAX_LISTED} more unknown labels"
-            raise AnnotationError(f"{head}\nThese labels are {class_map.unknown_hint(names)}")
+            rest = names[MAX_LISTED:]
+            if rest:
+                shown = ", ".join(repr(x) for x in rest[:50]) + (f", ... ({len(rest)} more)" if len(rest) > 50 else "")
+                head += f"\nalso unknown: {shown}"
+            raise AnnotationError(f"{head}\nThese {len(names)} labels are {class_map.unknown_hint(names)}")
         return bound, report
     for kind, msg, _ in problems:
         if kind == "image":

@@ -61,6 +61,8 @@ def check_counts(counts: np.ndarray, height: int, width: int) -> None:
         raise ValueError(f"RLE has {len(counts):,} runs, more than the {n:,} pixels of the image")
     if counts.min() < 0:
         raise ValueError(f"RLE counts include a negative run length ({int(counts.min())})")
+    if counts.max() > 0xFFFFFFFF:
+        raise ValueError(f"RLE run of {int(counts.max()):,} pixels: longer than pycocotools can store (2**32 - 1)")
     total = int(counts.sum())
     if total != n:
         raise ValueError(f"RLE counts sum to {total:,}, not height*width = {height}*{width} = {n:,}")
