@@ -524,12 +524,34 @@ def test_split_parse_equals_whole_parse_on_odd_layouts(tmp_path, split):
     js = tmp_path / "ann.json"
     js.write_bytes(text.encode())
     raw = js.read_bytes()
-    a = coco_mod._build(raw, js, 1 << 28, split=split)
-    b = coco_mod._build(raw, js, 1 << 28, split=False)
+    a = coco_mod._build([raw], js, 1 << 28, split=split)
+    b = coco_mod._build([raw], js, 1 << 28, split=False)
     ia, ib = a.bind(ClassMap(["background", "person"]))[0], b.bind(ClassMap(["background", "person"]))[0]
     ia, ib = ia.with_roots(path=tmp_path), ib.with_roots(path=tmp_path)
     ia, ib = ia.with_consts(source="s"), ib.with_consts(source="s")
     assert ia == ib and len(ia) == 2 and sum(len(r.instances) for r in ia) == 8
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_many_small_chunks_give_the_legacy_records(test_data, tmp_path, monkeypatch, split):
+    """Chunk boundaries everywhere (RLE and polygon annotations of one image in different chunks)."""
+    monkeypatch.setattr(coco_mod, "CHUNK_BYTES", 300)
+    monkeypatch.setattr(coco_mod, "CHUNK", 3)
+    if not split:
+        monkeypatch.setattr(coco_mod, "Structure", _not_splittable)
+    for name in (
+        "panopticapi_sample/panoptic_coco_detection_format.json",
+        "mmdetection_coco_dummy_annotations_only/instances_val2017.json",
+    ):
+        js = _placeholders(test_data / name, tmp_path / name.split("/")[0])
+        names = ["background", *dict.fromkeys(_coco_names(js))]
+        old, _ = legacy.load_coco(js, js.parent, legacy.ClassMap(names))
+        new, _ = load_coco(js, js.parent, ClassMap(names))
+        assert len(old) == len(new) and all(records_equal(_as_new(a), b) for a, b in zip(old, new, strict=True))
+
+
+def _not_splittable(raw):
+    raise coco_mod.NotSplittable("test")
 
 
 def test_coco_syntax_error_reports_line_and_column(tmp_path):

@@ -44,8 +44,9 @@ from segtrain.data.records import (
 from segtrain.data.rle import coco_rle
 from segtrain.fileio import is_regular_file
 
-#: Annotations converted (and their parsed JSON freed) per step.
-CHUNK = 32768
+#: Annotations parsed, converted and freed per step (split parsing: about CHUNK_BYTES of JSON text).
+CHUNK = 8192
+CHUNK_BYTES = 1 << 20
 _FIX = "Fix the annotation (re-draw or delete it), or set dataset.on_error=skip to leave it out"
 
 
@@ -153,11 +154,12 @@ def build_coco(path: Path, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> 
     """The class-independent index of a COCO file, with every problem recorded in
     ``meta["errors"]`` (see loading.finish). Raises AnnotationError only for a file that is
     not a COCO instances file at all (or not JSON)."""
-    raw = read_annotation_file(path, "COCO annotation file", MAX_ANNOTATION_BYTES)
+    # the file's bytes are handed over in a list, so _build can drop them once converted
+    holder = [read_annotation_file(path, "COCO annotation file", MAX_ANNOTATION_BYTES)]
     try:
-        return _build(raw, path, int(max_image_pixels), split=True)
+        return _build(holder, path, int(max_image_pixels), split=True)
     except NotSplittable:  # unusual layout or a syntax error: parse it whole (exact error messages)
-        return _build(raw, path, int(max_image_pixels), split=False)
+        return _build(holder, path, int(max_image_pixels), split=False)
 
 
 def _loads_chunk(text: bytes) -> Any:
@@ -167,15 +169,21 @@ def _loads_chunk(text: bytes) -> Any:
         raise NotSplittable(str(e)) from None
 
 
-def _build(raw: bytes, path: Path, max_image_pixels: int, split: bool) -> RecordIndex:
+def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) -> RecordIndex:
     src = str(path)
+    raw = holder[0]
     if split:
         structure = Structure(raw)
         spans = structure.top_level_arrays()
         if "images" not in spans:
             raise NotSplittable("no top-level 'images' array")
         top = _loads_chunk(skeleton(raw, list(spans.values())))  # everything else, checked too
-        images = _loads_chunk(raw[spans["images"][0] : spans["images"][1] + 1])
+        img_span = spans["images"]
+        images = [
+            im
+            for part in iter_chunks(raw, img_span, structure.element_starts(img_span), CHUNK_BYTES, _loads_chunk)
+            for im in part
+        ]
         cats = top.get("categories", [])
         if "categories" in spans:
             cats = _loads_chunk(raw[spans["categories"][0] : spans["categories"][1] + 1])
@@ -183,7 +191,7 @@ def _build(raw: bytes, path: Path, max_image_pixels: int, split: bool) -> Record
         chunks: Iterator[list] = iter(())
         if "annotations" in spans:
             ann_span = spans["annotations"]
-            chunks = iter_chunks(raw, ann_span, structure.element_starts(ann_span), CHUNK, _loads_chunk)
+            chunks = iter_chunks(raw, ann_span, structure.element_starts(ann_span), CHUNK_BYTES, _loads_chunk)
         del structure
     else:
         top = parse_json(raw, path)
@@ -204,12 +212,16 @@ def _build(raw: bytes, path: Path, max_image_pixels: int, split: bool) -> Record
         anns = top.pop("annotations", [])
         top.clear()
         chunks = _slices(anns)
+        holder.clear()
+        del raw
     conv = _Annotations(src, imgs, cat_code, labels, problems)
     base = 0
     for chunk in chunks:
-        conv.add(chunk, base)
         base += len(chunk)
+        conv.add(chunk, base - len(chunk))
     del chunks
+    holder.clear()  # the text is converted: free it before the arrays are assembled
+    raw = None
     arrays, columns = conv.arrays(len(imgs.ids))
     for name, values, codec in (
         ("image_id", imgs.ids, _id_codec(imgs.ids)),
