@@ -240,7 +240,7 @@ def test_cache_hit_miss_and_invalidation(coco_copy, tmp_path, monkeypatch, caplo
     assert len(calls) == 5  # rebuilt for the restored file, then for the new limit
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "header"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "header", "object"])
 def test_corrupt_cache_is_rebuilt_with_a_warning(coco_copy, tmp_path, monkeypatch, caplog, damage):
     cache = tmp_path / "cache"
     cm = ClassMap(["background", "person"])
@@ -255,9 +255,11 @@ def test_corrupt_cache_is_rebuilt_with_a_warning(coco_copy, tmp_path, monkeypatc
         data = data[: len(data) // 2]
     elif damage == "garbage":
         data = bytearray(os.urandom(len(data)))
-    else:
+    elif damage == "header":
         hlen = struct.unpack("<Q", data[8:16])[0]
         data[16 : 16 + hlen] = b" " * hlen
+    else:  # object arrays would turn file bytes into pointers
+        data = bytearray(bytes(data).replace(b'"<f8"', b'"|O8"', 1))
     del good
     path.write_bytes(bytes(data))
     calls = _count_builds(monkeypatch)

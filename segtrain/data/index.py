@@ -649,14 +649,19 @@ def load_arrays(
         raise IndexFormatError(f"{path}: index built for other inputs")
     start = _pad(len(_MAGIC) + 8 + hlen)
     table = header["arrays"]
-    end = start + sum(_pad(int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize) for t in table.values())
+    try:
+        end = start + sum(_pad(int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize) for t in table.values())
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise IndexFormatError(f"{path}: malformed array table ({e})") from e
     if end != size:
         raise IndexFormatError(f"{path}: {size} bytes, expected {end} (truncated or padded)")
     arrays: dict[str, np.ndarray] = {}
     crc = 0
     mm = np.memmap(path, np.uint8, "r") if size > start else None
     for name, t in table.items():
-        dtype, shape = np.dtype(t["dtype"]), tuple(t["shape"])
+        dtype, shape = np.dtype(t["dtype"]), tuple(int(v) for v in t["shape"])
+        if dtype.kind not in "biuf" or min(shape, default=0) < 0:  # never object arrays from a file
+            raise IndexFormatError(f"{path}: array {name!r} has dtype {dtype} / shape {shape}")
         nbytes = int(np.prod(shape)) * dtype.itemsize
         if nbytes == 0:
             arrays[name] = np.zeros(shape, dtype)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from segtrain.config import expand_path
-from segtrain.data.index import IndexFormatError, RecordIndex, schema_fingerprint
+from segtrain.data.index import RecordIndex, schema_fingerprint
 from segtrain.fileio import open_regular
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def _try_load(path: Path, key: str) -> RecordIndex | None:
         return None
     try:
         return RecordIndex.load(path, key)
-    except (IndexFormatError, KeyError, TypeError, ValueError, OSError) as e:
+    except Exception as e:  # any damage (IndexFormatError, or what a mangled header raises): rebuild
         log.warning("index cache %s is unusable (%s); rebuilding it", path, e)
         with contextlib.suppress(OSError):
             path.unlink()
