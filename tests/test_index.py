@@ -570,6 +570,16 @@ def test_annotation_file_that_is_a_fifo_is_refused(tmp_path):
         load_coco(fifo, tmp_path, ClassMap(["background"]))
 
 
+def test_labelme_fifo_is_refused_not_waited_for(test_data, tmp_path):
+    d = tmp_path / "nuts"
+    shutil.copytree(test_data / "labelme2coco_nuts", d)
+    os.mkfifo(d / "1.json")
+    cm = ClassMap(["background", "date", "fig", "hazelnut"])
+    for cache in (None, tmp_path / "cache"):
+        recs, report = load_labelme(d, cm, on_error="skip", cache_dir=cache)
+        assert len(recs) == 1 and report.num_skipped_images == 1 and "FIFO" in report.skipped_images[0]
+
+
 def test_malformed_labelme_shapes(test_data, tmp_path):
     d = tmp_path / "nuts"
     shutil.copytree(test_data / "labelme2coco_nuts", d)

@@ -43,6 +43,7 @@ from segtrain.data.records import (
     LoadReport,
 )
 from segtrain.data.rle import box_mask_counts, encode_counts
+from segtrain.fileio import open_regular
 
 #: LabelMe shape types that are not areas: skipped silently.
 NON_AREA_SHAPES = frozenset({"line", "linestrip", "line_strip", "point", "points"})
@@ -113,13 +114,13 @@ def _folder_fingerprint(files: list[Path], ends: int = 65536) -> dict[str, Any]:
     h = hashlib.sha256()
     for js in files:
         try:
-            st = js.stat()
-            with open(js, "rb") as f:
+            with os.fdopen(open_regular(js, "LabelMe file"), "rb") as f:  # never blocks on a FIFO
+                st = os.fstat(f.fileno())
                 head = f.read(ends)
                 if st.st_size > ends:
                     f.seek(max(st.st_size - ends, ends))
                     head += f.read(ends)
-        except OSError:
+        except OSError:  # unreadable: the build reports it
             st, head = None, b""
         h.update(f"{js.name}\0{st and st.st_size}\0{st and st.st_mtime_ns}\0".encode())
         h.update(hashlib.sha256(head).digest())
