@@ -150,6 +150,17 @@ class _Column:
         else:
             self.values = arrays[name]
 
+    def get_range(self, a: int, b: int) -> list:
+        """Values ``a:b`` (one slice of the arrays instead of ``b - a`` lookups)."""
+        c = self.codec
+        if c in ("int", "float", "bool", "intstr") and self.null is None:
+            vals = self.values[a:b].tolist()
+            return [str(v) for v in vals] if c == "intstr" else vals
+        if c == "cat" and self.null is None:
+            table = self.table
+            return [table[v] for v in self.values[a:b].tolist()]
+        return [self.get(i) for i in range(a, b)]
+
     def get(self, i: int) -> Any:
         if self.null is not None and self.null[i]:
             return None
@@ -333,29 +344,42 @@ class RecordIndex(Sequence[ImageRecord]):
         return ImageRecord(**kw)
 
     def _instances(self, a: int, b: int, height: int, width: int) -> list[Instance]:
+        """Instances ``a:b``: every column sliced once for the image, then plain Python per instance."""
         if a == b:
             return []
-        if self._stored_classes:
-            keep = range(a, b)
-        else:
-            cls = self.class_lut[self._label[a:b]] if self.class_lut is not None else None
-            keep = range(a, b) if cls is None else (np.flatnonzero(cls >= 0) + a).tolist()
-        labels = self.meta["labels"]
-        vert, vert_off = self._vert, self._vert_off
+        label = self._label[a:b]
+        bound = not self._stored_classes and self.class_lut is not None
+        cls = self.class_lut[label].tolist() if bound else [-1] * (b - a)
+        keep = [k for k in range(b - a) if cls[k] >= 0] if bound else range(b - a)
+        names = self.meta["labels"]
+        labels = label.tolist()
+        crowd = self._iscrowd[a:b].tolist()
+        ps, pc = self._part_start[a:b], self._part_count[a:b]
+        # vertex ranges of all polygons of the image (the polygons of one instance are consecutive)
+        part = _ranges(ps, ps + pc)
+        v0, v1 = self._vert_off[part].tolist(), self._vert_off[part + 1].tolist()
+        first = (np.cumsum(pc) - pc).tolist()
+        counts = pc.tolist()
+        ro = self._rle_off[a : b + 1].tolist()
+        cols = {n: c.get_range(a, b) for n, c in self._inst_cols.items() if n in self._inst_fields}
+        vert, rle_data = self._vert, self._rle_data
         out = []
-        for t in keep:
-            ps, pc = int(self._part_start[t]), int(self._part_count[t])
-            vo = vert_off[ps : ps + pc + 1].tolist()
-            polygons = [vert[vo[q] : vo[q + 1]] for q in range(pc)]
-            r0, r1 = int(self._rle_off[t]), int(self._rle_off[t + 1])
-            rle = {"size": [height, width], "counts": self._rle_data[r0:r1].tobytes()} if r1 > r0 else None
-            iscrowd = bool(self._iscrowd[t])
-            kw: dict[str, Any] = {n: col.get(t) for n, col in self._inst_cols.items() if n in self._inst_fields}
+        for k in keep:
+            f, n = first[k], counts[k]
+            kw: dict[str, Any] = {name: values[k] for name, values in cols.items()}
+            iscrowd = crowd[k]
             if not self._stored_classes:
-                c = int(self.class_lut[self._label[t]]) if self.class_lut is not None else -1
+                c = cls[k]
                 kw["class_id"] = IGNORE_INDEX if iscrowd else c
                 kw["crowd_class"] = c if iscrowd and c != IGNORE_INDEX else None
-            kw.update(label=labels[self._label[t]], polygons=polygons, rle=rle, iscrowd=iscrowd)
+            kw["label"] = names[labels[k]]
+            kw["polygons"] = [vert[v0[q] : v1[q]] for q in range(f, f + n)]
+            kw["rle"] = (
+                {"size": [height, width], "counts": rle_data[ro[k] : ro[k + 1]].tobytes()}
+                if ro[k + 1] > ro[k]
+                else None
+            )
+            kw["iscrowd"] = iscrowd
             out.append(Instance(**kw))
         return out
 
@@ -657,7 +681,8 @@ def load_arrays(
         raise IndexFormatError(f"{path}: {size} bytes, expected {end} (truncated or padded)")
     arrays: dict[str, np.ndarray] = {}
     crc = 0
-    mm = np.memmap(path, np.uint8, "r") if size > start else None
+    # plain ndarray views of the map: np.memmap's Python-level __getitem__ would cost ~1 us per slice
+    mm = np.memmap(path, np.uint8, "r").view(np.ndarray) if size > start else None
     for name, t in table.items():
         dtype, shape = np.dtype(t["dtype"]), tuple(int(v) for v in t["shape"])
         if dtype.kind not in "biuf" or min(shape, default=0) < 0:  # never object arrays from a file
