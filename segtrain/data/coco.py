@@ -294,6 +294,30 @@ class _Images:
         self.names: list[str] = []
         self.heights: list[int] = []
         self.widths: list[int] = []
+        if not self._fast(images, max_pixels):
+            self._slow(images, src, max_pixels, problems)
+
+    def _fast(self, images: list, max_pixels: int) -> bool:
+        """All images valid (the usual case), checked with C-level loops; False: check one by one."""
+        try:
+            ids, names = list(map(_get_id, images)), list(map(_get_file, images))
+            hs, ws = list(map(_get_height, images)), list(map(_get_width, images))
+        except AttributeError:
+            return False
+        if not (set(map(type, ids)) <= _ID_TYPES and set(map(type, names)) <= {str}):
+            return False
+        if not (set(map(type, hs)) <= {int} and set(map(type, ws)) <= {int}) or not images:
+            return False
+        h, w = np.asarray(hs, np.int64), np.asarray(ws, np.int64)
+        if h.min() <= 0 or w.min() <= 0 or (h * w).max() > max_pixels or min(map(len, names)) == 0:
+            return False
+        index = dict(zip(ids, range(len(ids)), strict=True))
+        if len(index) != len(ids):
+            return False  # duplicate ids
+        self.index, self.ids, self.names, self.heights, self.widths = index, ids, names, hs, ws
+        return True
+
+    def _slow(self, images: list, src: str, max_pixels: int, problems: Problems) -> None:
         for i, im in enumerate(images):
             if type(im) is not dict:
                 problems.image(f"{src}: images[{i}] is {_show(im)}, not an object")
@@ -389,6 +413,9 @@ _get_image = methodcaller("get", "image_id")
 _get_cat = methodcaller("get", "category_id")
 _get_id = methodcaller("get", "id")
 _get_crowd = methodcaller("get", "iscrowd", 0)
+_get_file = methodcaller("get", "file_name")
+_get_height = methodcaller("get", "height")
+_get_width = methodcaller("get", "width")
 _first = itemgetter(0)
 
 
