@@ -7,9 +7,10 @@ COCO-like vertex counts, ~450 MB) into a temporary folder, then prints ONE JSON 
 
 * ``json_load``: seconds and peak RSS of ``json.load`` of the file (fresh subprocess each run);
 * ``build``: ``load_coco`` without cache (fresh subprocess each run); ``--repeat`` runs of both,
-  interleaved, best time reported (the machine may be shared); in ``summary`` the time ratio
-  build / json.load and (build peak - json.load peak) / json.load peak, with peaks measured above
-  each process's RSS after its imports (VmHWM) and also absolute;
+  interleaved, best wall and CPU (user + system) time reported (the machine may be shared); in
+  ``summary`` the time ratios build / json.load (wall and CPU) and (build peak - json.load peak)
+  / json.load peak, with peaks measured above each process's RSS after its imports (VmHWM) and
+  also absolute;
 * ``first_start``: ``load_coco`` with an empty cache (build + write + map);
 * ``second_start``: ``load_coco`` with the cache filled (fresh subprocess);
 * ``workers``: a DataLoader (``--workers`` forked workers, batch 8) over a data set whose
@@ -217,6 +218,12 @@ def _peak() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
 
 
+def _cpu() -> float:
+    """User + system CPU seconds of this process (less sensitive than wall time to other load)."""
+    t = os.times()
+    return t.user + t.system
+
+
 def _class_map():
     from segtrain.data.records import ClassMap
 
@@ -224,24 +231,24 @@ def _class_map():
 
 
 def _measure_json(path: str) -> dict:
-    start = _rss()
+    start, cpu = _rss(), _cpu()
     t = time.perf_counter()
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
-    seconds = time.perf_counter() - t
-    n = len(data["annotations"])
-    return {"seconds": seconds, "peak_bytes": _peak(), "peak_over_start_bytes": _peak() - start, "annotations": n}
+    seconds, cpu = time.perf_counter() - t, _cpu() - cpu
+    assert data["annotations"]
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak_bytes": _peak(), "peak_over_start_bytes": _peak() - start}
 
 
 def _measure_build(path: str, cache: str | None) -> dict:
     from segtrain.data.coco import load_coco
 
     cm = _class_map()
-    start = _rss()
+    start, cpu = _rss(), _cpu()
     t = time.perf_counter()
     index, report = load_coco(path, Path(path).parent / "images", cm, check_files=False, cache_dir=cache)
-    seconds = time.perf_counter() - t
-    out = {"seconds": seconds, "peak_bytes": _peak(), "peak_over_start_bytes": _peak() - start}
+    seconds, cpu = time.perf_counter() - t, _cpu() - cpu
+    out = {"seconds": seconds, "cpu_seconds": cpu, "peak_bytes": _peak(), "peak_over_start_bytes": _peak() - start}
     out.update(images=len(index), file=index.file, skipped=report.num_skipped_annotations + report.num_skipped_images)
     return out
 
@@ -394,6 +401,8 @@ def main() -> None:
             res[key] = {
                 "seconds": min(r["seconds"] for r in rs),
                 "seconds_runs": [round(r["seconds"], 3) for r in rs],
+                "cpu_seconds": min(r["cpu_seconds"] for r in rs),
+                "cpu_seconds_runs": [round(r["cpu_seconds"], 3) for r in rs],
                 "peak_bytes": max(r["peak_bytes"] for r in rs),
                 "peak_over_start_bytes": max(r["peak_over_start_bytes"] for r in rs),
             }
@@ -414,6 +423,7 @@ def main() -> None:
         jl, b = res["json_load"], res["build"]
         res["summary"] = {
             "build_over_json_load_time": b["seconds"] / jl["seconds"],
+            "build_over_json_load_cpu_time": b["cpu_seconds"] / jl["cpu_seconds"],
             "build_peak_over_json_load_peak": (b["peak_over_start_bytes"] - jl["peak_over_start_bytes"])
             / jl["peak_over_start_bytes"],
             "build_peak_abs_over_json_load_peak_abs": (b["peak_bytes"] - jl["peak_bytes"]) / jl["peak_bytes"],

@@ -1,11 +1,12 @@
 """COCO instances JSON -> validated :class:`RecordIndex`, fast enough for train2017 at every start.
 
-Building costs about one parse of the file: the JSON is parsed with orjson, then annotations
-are converted in chunks of :data:`CHUNK` with a handful of Python operations each (the polygon
-coordinates of a whole chunk go into one float64 buffer with ``array.fromlist``, and are checked
-vectorised), and each chunk of the parsed JSON is freed as soon as it is converted, so the
-peak stays near the parser's own. Anything unusual (RLE, nested ``[[x, y], ...]`` points,
-wrong types) takes a slower path that names the problem.
+Building costs less than ``json.load`` of the file, at well under its peak memory: a structural
+scan (json_chunks.py) finds the elements of the ``images`` and ``annotations`` arrays, and about
+:data:`CHUNK_BYTES` of JSON text at a time is parsed with orjson, converted with C-level loops
+(``map`` over the chunk; the polygon coordinates of a whole chunk go into one float64 buffer with
+``array.fromlist`` and are checked vectorised) and freed before the next. Anything unusual (RLE,
+nested ``[[x, y], ...]`` points, wrong types) takes a per-annotation path that names the problem;
+a document the scan cannot split (or a syntax error) is parsed whole, for the exact error.
 
 What is checked, before training starts: JSON syntax; ``images`` / ``annotations`` /
 ``categories`` structure; id types (integers or strings; booleans, floats, lists and objects are
@@ -44,7 +45,7 @@ from segtrain.data.records import (
 from segtrain.data.rle import coco_rle
 from segtrain.fileio import is_regular_file
 
-#: Annotations parsed, converted and freed per step (split parsing: about CHUNK_BYTES of JSON text).
+#: Annotations converted per step when the document was parsed whole (see CHUNK_BYTES otherwise).
 CHUNK = 8192
 CHUNK_BYTES = 1 << 20
 _FIX = "Fix the annotation (re-draw or delete it), or set dataset.on_error=skip to leave it out"
