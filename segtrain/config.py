@@ -102,9 +102,15 @@ class DatasetConfig:
     stuff_classes: list[str] = field(default_factory=list)
     input_size: list[int] = field(default_factory=lambda: [512, 512])  # H, W of every item
     on_error: str = "raise"  # raise | skip
-    # Largest image (height x width) read, checked from the file header and the annotation before
-    # any decoding: a hostile or broken file cannot make a worker allocate gigabytes.
+    # Labels neither in `classes` nor in `class_map`: error | drop (background) | ignore (loss-ignore region)
+    unlisted: str = "error"
+    # Stat every image file when the annotations load (all missing files in one error); false: an
+    # image is checked when it is read (dataset.on_error=skip then skips it)
+    check_files: bool = False
+    # Largest image (height x width) read, checked from the annotation when it loads and from the file
+    # header before any decoding: a hostile or broken file cannot make a worker allocate gigabytes.
     max_image_pixels: int = 2**28
+    # Synthetic data and the annotation index cache (<cache_dir>/index) live here
     cache_dir: str = "${oc.env:SEGTRAIN_CACHE,'~/.cache/segtrain'}"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     targets: TargetsConfig = field(default_factory=TargetsConfig)
@@ -427,6 +433,7 @@ def check_missing(cfg: DictConfig) -> None:
 # schedules, hooks) are registries (segtrain.registry): their allowed values come from there.
 _CHOICES = {
     "dataset.on_error": ("raise", "skip"),
+    "dataset.unlisted": ("error", "drop", "ignore"),
     "augment.device": ("cpu", "cuda", "auto"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.precision": ("fp32", "fp16", "bf16"),

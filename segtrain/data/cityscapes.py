@@ -68,8 +68,8 @@ from segtrain.data.annotations import (
     Instance,
     LoadReport,
     UnknownLabelError,
-    _Collector,
 )
+from segtrain.data.records import Collector
 from segtrain.fileio import UnsafeFileError, is_regular_file, read_bytes
 
 __all__ = [
@@ -304,7 +304,7 @@ def load_cityscapes(
     become ignore regions unless mapped. Polygons are converted with :func:`pil_polygons`.
     """
     gt_root, img_root = Path(gt_dir), Path(images_dir)
-    col = _Collector(on_error)
+    col = Collector(on_error)
     if not gt_root.is_dir():
         raise AnnotationError(
             f"{gt_root}: Cityscapes annotation folder does not exist; "

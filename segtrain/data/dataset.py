@@ -111,13 +111,15 @@ def load_records(cfg: Any, split: str) -> Sequence[ImageRecord]:
     records, report = load_split(cfg.dataset, split)
     for reason in report.skipped_images + report.skipped_annotations:
         log.warning("dataset.on_error=skip: %s", reason)
-    if report.skipped_images or report.skipped_annotations:
+    images = max(report.num_skipped_images, len(report.skipped_images))
+    annotations = max(report.num_skipped_annotations, len(report.skipped_annotations))
+    if images or annotations:
         log.warning(
             "%s/%s: skipped %d images and %d annotations (reasons above)",
             cfg.dataset.name,
             split,
-            len(report.skipped_images),
-            len(report.skipped_annotations),
+            images,
+            annotations,
         )
     if not len(records):
         raise AnnotationError(f"dataset {cfg.dataset.name!r} split {split!r} holds no usable images")

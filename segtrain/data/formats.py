@@ -37,7 +37,16 @@ FORMATS: Registry[DataFormat] = Registry("dataset.format", "data format")
 
 
 def class_map_of(ds: Any) -> ClassMap:
-    return ClassMap(list(ds.classes), dict(ds.class_map or {}))
+    return ClassMap(list(ds.classes), dict(ds.class_map or {}), unlisted=str(ds.unlisted))
+
+
+def index_options(ds: Any) -> dict[str, Any]:
+    """What the COCO / LabelMe loaders need besides paths: the index cache, file checks, the pixel cap."""
+    return {
+        "cache_dir": ds.cache_dir,
+        "check_files": bool(ds.check_files),
+        "max_image_pixels": int(ds.max_image_pixels),
+    }
 
 
 def _existing(ds: Any, split: str, key: str, folder: bool) -> Path:
@@ -75,11 +84,11 @@ def check_paths(ds: Any, splits: tuple[str, ...] = ("train", "val")) -> None:
 def _coco(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
     annotations = _existing(ds, split, "annotations", folder=False)
     images = _existing(ds, split, "images", folder=True)
-    return load_coco(annotations, images, class_map, ds.on_error)
+    return load_coco(annotations, images, class_map, ds.on_error, **index_options(ds))
 
 
 def _labelme(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
-    return load_labelme(_existing(ds, split, "dir", folder=True), class_map, ds.on_error)
+    return load_labelme(_existing(ds, split, "dir", folder=True), class_map, ds.on_error, **index_options(ds))
 
 
 def _cityscapes(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
@@ -106,7 +115,7 @@ def _coco_panoptic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[I
 def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
     s = ds.synthetic
     root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
-    return load_coco(root / f"{split}.json", root / split, class_map, ds.on_error)
+    return load_coco(root / f"{split}.json", root / split, class_map, ds.on_error, **index_options(ds))
 
 
 FORMATS.register("coco", DataFormat(_coco, ("images", "annotations")))
