@@ -330,9 +330,10 @@ def _measure_workers(path: str, cache: str, kind: str, workers: int, batch: int)
         generator=torch.Generator().manual_seed(0),
     )
     me = psutil.Process()
+    earlier = {c.pid for c in me.children()}  # other children (e.g. a test suite's) are not this loader's workers
     it = iter(loader)
     next(it)
-    procs = me.children()
+    procs = [c for c in me.children() if c.pid not in earlier]
     before = _worker_memory(procs)
     t = time.perf_counter()
     n = 1 + sum(1 for _ in it)

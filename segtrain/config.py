@@ -93,8 +93,10 @@ class DatasetConfig:
     root: str | None = None
     train: SplitConfig = field(default_factory=SplitConfig)
     val: SplitConfig = field(default_factory=SplitConfig)
-    # Training classes; index 0 is the background class.
-    classes: list[str] = field(default_factory=lambda: ["background"])
+    # Training classes (index 0: the background, for formats whose unannotated pixels are background), or
+    # "auto": background + the training annotations' categories (COCO: id order; LabelMe: sorted labels),
+    # resolved when the config is finalised and stored resolved in the run's config and checkpoints.
+    classes: Any = field(default_factory=lambda: ["background"])
     # Source label (COCO category name or LabelMe label) -> class name in `classes`,
     # or "__ignore__" (region ignored by the loss), or null (annotation dropped).
     # Labels not listed map to the class of the same name.
@@ -347,9 +349,30 @@ def finalize(cfg: DictConfig) -> DictConfig:
     except Exception as e:  # noqa: BLE001 - re-raised with the key named
         raise ConfigError(f"config does not fit the schema: {e}") from e
     check_missing(cfg)
+    resolve_auto_classes(cfg)
     OmegaConf.resolve(cfg)
     validate(cfg)
     return cfg
+
+
+#: What ``dataset.classes=auto`` found, for the run's log (the entry point logs and clears it).
+DISCOVERED: list[str] = []
+
+
+def resolve_auto_classes(cfg: DictConfig) -> None:
+    """``dataset.classes=auto`` -> the list, read from the training annotations (cached index)."""
+    classes = cfg.dataset.classes
+    if not (isinstance(classes, str) and classes == "auto"):
+        if isinstance(classes, str):
+            raise ConfigError(f"dataset.classes={classes!r}: give a list (dataset.classes=[background,person]) or auto")
+        return
+    from segtrain.data.formats import auto_classes
+
+    ds = OmegaConf.create(OmegaConf.to_container(cfg.dataset, resolve=True))
+    names, counts = auto_classes(ds)
+    cfg.dataset.classes = names
+    shown = ", ".join(f"{c} ({n})" for c, n in counts[:40]) + (", ..." if len(counts) > 40 else "")
+    DISCOVERED.append(f"dataset.classes=auto: background + {len(counts)} classes (instances): {shown}")
 
 
 _GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment")

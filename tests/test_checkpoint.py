@@ -322,8 +322,7 @@ def test_finetune_onto_another_class_set_in_one_command(reference, tmp_path, tes
             f"dataset.train.annotations={coco / 'test_coco.json'}",
             f"dataset.val.images={coco}",
             f"dataset.val.annotations={coco / 'test_coco.json'}",
-            "dataset.classes=[background,person]",
-            "dataset.input_size=[64,64]",
+            "dataset.input_size=[64,64]",  # classes: auto (the preset's): background + person
             "freeze=backbone",
             "trainer.batch_size=2",
             "trainer.max_steps=2",

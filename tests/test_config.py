@@ -28,7 +28,7 @@ def test_every_preset_composes(group):
     assert options, f"configs/{group}/ is empty"
     for opt in options:
         extra = ["dataset.root=/data"] if group == "dataset" and opt != "synthetic" else []
-        if group == "dataset" and opt == "labelme":
+        if group == "dataset" and opt in ("labelme", "coco"):  # classes: auto would read /data's annotations
             extra.append("dataset.classes=[background,person]")
         cfg = compose([f"{group}={opt}", *extra])
         assert cfg[group] is not None
@@ -37,7 +37,7 @@ def test_every_preset_composes(group):
 def test_experiments_compose():
     smoke = compose(["experiment=cpu_smoke"])
     assert smoke.experiment == "cpu_smoke" and smoke.trainer.max_steps and smoke.trainer.device == "cpu"
-    v100 = compose(["experiment=v100_bs48", "dataset.root=/data/coco"])
+    v100 = compose(["experiment=v100_bs48", "dataset.root=/data/coco", "dataset.classes=[background,person]"])
     assert v100.model.backbone == "resnet50"
     assert v100.trainer.batch_size == 48 and v100.trainer.precision == "fp16" and v100.trainer.num_workers == 8
     assert v100.dataset.train.annotations == "/data/coco/annotations/instances_train2017.json"
@@ -54,9 +54,11 @@ def test_typo_is_rejected_with_suggestion(override):
         compose([override])
 
 
-def test_labelme_needs_classes():
+def test_labelme_classes_need_the_background_first_and_auto_needs_the_data():
     with pytest.raises(ConfigError, match=r"dataset\.classes=\[background,"):
-        compose(["dataset=labelme", "dataset.root=/data"])
+        compose(["dataset=labelme", "dataset.root=/data", "dataset.classes=[person,car]"])
+    with pytest.raises(FileNotFoundError, match=r"data not found \(dataset.root=/data\)"):
+        compose(["dataset=labelme", "dataset.root=/data"])  # classes: auto reads the training folder
 
 
 def test_wrong_type_names_key():

@@ -27,6 +27,8 @@ class DataFormat:
     split_keys: tuple[str, ...]  # dataset.<split>.<key> the loader reads (checked before any work)
     unlabeled: str = "background"  # what pixels outside every annotation are: background | ignore
     folder_keys: tuple[str, ...] = ("images", "dir", "panoptic")  # split keys naming folders (others: files)
+    # (cfg.dataset) -> [(label, instances)] of the training split, for dataset.classes=auto; None: unsupported
+    discover: Callable[[Any], list[tuple[str, int]]] | None = None
 
 
 class DataPathError(UserError, FileNotFoundError):
@@ -118,12 +120,63 @@ def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[Image
     return load_coco(root / f"{split}.json", root / split, class_map, ds.on_error, **index_options(ds))
 
 
-FORMATS.register("coco", DataFormat(_coco, ("images", "annotations")))
-FORMATS.register("labelme", DataFormat(_labelme, ("dir",)))
+def _discover_coco(ds: Any) -> list[tuple[str, int]]:
+    from segtrain.data.coco import discover_classes_coco
+
+    opts = index_options(ds)
+    opts.pop("check_files")
+    return discover_classes_coco(_existing(ds, "train", "annotations", folder=False), **opts)
+
+
+def _discover_labelme(ds: Any) -> list[tuple[str, int]]:
+    from segtrain.data.labelme import discover_classes_labelme
+
+    opts = index_options(ds)
+    opts.pop("check_files")
+    return discover_classes_labelme(_existing(ds, "train", "dir", folder=True), **opts)
+
+
+def _discover_synthetic(ds: Any) -> list[tuple[str, int]]:
+    from segtrain.data.coco import discover_classes_coco
+
+    s = ds.synthetic
+    root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
+    opts = index_options(ds)
+    opts.pop("check_files")
+    return discover_classes_coco(root / "train.json", **opts)
+
+
+FORMATS.register("coco", DataFormat(_coco, ("images", "annotations"), discover=_discover_coco))
+FORMATS.register("labelme", DataFormat(_labelme, ("dir",), discover=_discover_labelme))
 FORMATS.register("cityscapes", DataFormat(_cityscapes, ("images", "annotations"), "ignore", ("images", "annotations")))
 # COCO panoptic's unlabelled pixels are VOID: ignored, not background
 FORMATS.register("coco_panoptic", DataFormat(_coco_panoptic, ("images", "annotations", "panoptic"), unlabeled="ignore"))
-FORMATS.register("synthetic", DataFormat(_synthetic, ()))
+FORMATS.register("synthetic", DataFormat(_synthetic, (), discover=_discover_synthetic))
+
+
+def auto_classes(ds: Any) -> tuple[list[str], list[tuple[str, int]]]:
+    """``dataset.classes=auto``: background, then the training annotations' classes (COCO: category-id
+    order; LabelMe: sorted labels) as ``dataset.class_map`` maps them (a label mapped to background,
+    ``__ignore__`` or null adds no class). Returns (classes, [(class, instances)])."""
+    fmt = FORMATS.get(str(ds.format))
+    if fmt.discover is None:
+        raise DataPathError(
+            f"dataset.classes=auto is not available for dataset.format={ds.format}: list the classes "
+            "(e.g. the preset's) in dataset.classes"
+        )
+    from segtrain.config import BACKGROUND_NAMES
+    from segtrain.data.records import IGNORE
+
+    check_paths(ds)  # every missing path at once, before reading the training annotations
+
+    mapping = dict(ds.class_map or {})
+    counts: dict[str, int] = {}
+    for label, n in fmt.discover(ds):
+        target = mapping.get(label, label)
+        if target is None or target == IGNORE or str(target).lower() in BACKGROUND_NAMES:
+            continue
+        counts[str(target)] = counts.get(str(target), 0) + int(n)
+    return ["background", *counts], list(counts.items())
 
 
 def load_split(ds: Any, split: str) -> tuple[Sequence[ImageRecord], LoadReport]:

@@ -48,6 +48,11 @@ def session(cfg: Any, output_dir: str | None, log_name: str = "train.log") -> It
             )
             log.info("run directory: %s", run_dir)
             write_effective_config(cfg, run_dir)
+            from segtrain.config import DISCOVERED
+
+            for note in DISCOVERED:
+                log.info("%s", note)
+            DISCOVERED.clear()
             log.info(
                 "world size %d, backend %s, device %s, OMP threads %d",
                 dist.world_size,
