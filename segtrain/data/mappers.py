@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import albumentations as A
+import cv2
 import numpy as np
 import torch
 
@@ -30,7 +31,7 @@ from segtrain.data.device_augment import DeviceBatchAugment
 from segtrain.data.image_io import decode_image, read_encoded
 from segtrain.data.rasterise import rasterise
 from segtrain.data.targets import make_targets
-from segtrain.data.transforms import MAX_INSTANCES, AffineCrop, apply_transforms
+from segtrain.data.transforms import MAX_INSTANCES, AffineCrop, run_pipeline, seed_pipeline, warp
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 Reader = Callable[[ImageRecord], tuple[bytes, str]]
@@ -115,7 +116,8 @@ class _Mapper:
         first = self.pipeline.transforms[0] if self.pipeline.transforms else None
         return len(self.pipeline.transforms) > 1 or (isinstance(first, AffineCrop) and first.random)
 
-    def _instance_image(self, rec: ImageRecord, seed: int | None) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray]:
+    def _instance_image(self, rec: ImageRecord, dtype: type = np.uint16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(decoded image, rasterised ids of ``dtype``, instance classes); the clock laps read/decode/rasterise."""
         clock = self._clock
         clock.start()
         data, what = self.read(rec)
@@ -124,12 +126,9 @@ class _Mapper:
         clock.lap("decode")
         if len(rec.instances) > MAX_INSTANCES:
             raise AnnotationError(f"{rec.source}: image {rec.image_id} has more than {MAX_INSTANCES} instances")
-        inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, np.uint16, paint_order=rec.paint_order)
+        inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, dtype, paint_order=rec.paint_order)
         clock.lap("rasterise")
-        if seed is not None:
-            self.pipeline.set_random_seed(seed)
-        image, inst, valid = apply_transforms(self.pipeline, image, inst)
-        return image, inst, valid, inst_classes
+        return image, inst, inst_classes
 
     def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment | None:
         """The step the trainer applies to each batch on the device (None: items are final)."""
@@ -160,11 +159,18 @@ class CpuMapper(_Mapper):
         self.uint8_images = uint8_images
 
     def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
-        image, inst, valid, inst_classes = self._instance_image(rec, seed)
+        image, ids, inst_classes = self._instance_image(rec)
+        if seed is not None:
+            seed_pipeline(self.pipeline, seed)
+        # Invented pixels get the id after the last instance, whose class is "ignore": make_targets then
+        # treats them exactly as with a valid mask (no centre, no offset, weight 0), without building one.
+        n = len(inst_classes)
+        aug = run_pipeline(self.pipeline, image, ids, outside=n, owned=True)
         self._clock.lap("augment")
-        tg = make_targets(inst, inst_classes, self.targets.sigma, valid=valid, **self.targets.kwargs())
+        classes = inst_classes if aug.covered else np.append(inst_classes, IGNORE_LABEL)
+        tg = make_targets(aug.ids, classes, self.targets.sigma, **self.targets.kwargs())
         self._clock.lap("targets")
-        item = to_tensors(image, inst, tg, self.uint8_images)
+        item = to_tensors(aug.image, aug.instance(), tg, self.uint8_images)
         self._clock.lap("to_tensor")
         return item
 
@@ -197,14 +203,26 @@ class DeviceMapper(_Mapper):
         self.targets = targets
 
     def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
-        image, inst, valid, inst_classes = self._instance_image(rec, None)
-        self._clock.lap("fit")
-        return {
-            "image": torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1),
-            "instance": torch.from_numpy(inst.astype(np.int32, copy=False)),
-            "valid": torch.from_numpy(valid) if valid is not None else torch.ones(inst.shape, dtype=torch.bool),
+        # int32 ids from the start: the fit only resizes them (nearest), padding is id 0 and ``valid``
+        # is the fitted rectangle, so no pass over the ids is needed after rasterising.
+        image, ids, inst_classes = self._instance_image(rec, np.int32)
+        fit = self.pipeline.transforms[0].sample(None, *image.shape[:2])  # not random: no stream
+        img = warp(image, fit, cv2.INTER_LINEAR, 0)
+        inst = warp(ids, fit, cv2.INTER_NEAREST_EXACT, 0)
+        y0, y1, x0, x1 = inst.box
+        if inst.box == (0, self.input_size[0], 0, self.input_size[1]):
+            valid = torch.ones(self.input_size, dtype=torch.bool)
+        else:
+            valid = torch.zeros(self.input_size, dtype=torch.bool)
+            valid[y0:y1, x0:x1] = True
+        item = {
+            "image": torch.from_numpy(img.array).permute(2, 0, 1),
+            "instance": torch.from_numpy(inst.array),
+            "valid": valid,
             "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
         }
+        self._clock.lap("fit")
+        return item
 
     def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment:
         return DeviceBatchAugment(self.augment, self.input_size, self.targets, device, seed, rank)
@@ -213,7 +231,7 @@ class DeviceMapper(_Mapper):
 def to_tensors(
     image: np.ndarray, inst: np.ndarray, tg: dict[str, np.ndarray], uint8: bool = True
 ) -> dict[str, torch.Tensor]:
-    img = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+    img = torch.from_numpy(image).permute(2, 0, 1)  # strided views are fine: collate copies them
     if not uint8:
         img = img.float().div_(255.0)
     return {
