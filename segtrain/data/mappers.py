@@ -31,7 +31,15 @@ from segtrain.data.device_augment import DeviceBatchAugment
 from segtrain.data.image_io import decode_image, read_encoded
 from segtrain.data.rasterise import rasterise
 from segtrain.data.targets import make_targets
-from segtrain.data.transforms import MAX_INSTANCES, AffineCrop, run_pipeline, seed_pipeline, warp
+from segtrain.data.transforms import (
+    MAX_INSTANCES,
+    AffineCrop,
+    draw_plan,
+    reduction,
+    run_pipeline,
+    seed_pipeline,
+    warp,
+)
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 Reader = Callable[[ImageRecord], tuple[bytes, str]]
@@ -116,19 +124,24 @@ class _Mapper:
         first = self.pipeline.transforms[0] if self.pipeline.transforms else None
         return len(self.pipeline.transforms) > 1 or (isinstance(first, AffineCrop) and first.random)
 
-    def _instance_image(self, rec: ImageRecord, dtype: type = np.uint16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(decoded image, rasterised ids of ``dtype``, instance classes); the clock laps read/decode/rasterise."""
-        clock = self._clock
-        clock.start()
+    def _read_timed(self, rec: ImageRecord) -> tuple[bytes, str]:
+        self._clock.start()
         data, what = self.read(rec)
-        clock.lap("read")
-        image = decode_image(rec, data, what, self.max_image_pixels)
-        clock.lap("decode")
+        self._clock.lap("read")
+        return data, what
+
+    def _decode(self, rec: ImageRecord, data: bytes, what: str, reduce: int = 1) -> tuple[np.ndarray, int]:
+        """(image, the factor it was decoded smaller by: ``reduce`` for a JPEG, else 1)."""
+        image = decode_image(rec, data, what, self.max_image_pixels, reduce)
+        self._clock.lap("decode")
+        return image, (1 if image.shape[:2] == (rec.height, rec.width) else reduce)
+
+    def _rasterise(self, rec: ImageRecord, dtype: type = np.uint16) -> tuple[np.ndarray, np.ndarray]:
         if len(rec.instances) > MAX_INSTANCES:
             raise AnnotationError(f"{rec.source}: image {rec.image_id} has more than {MAX_INSTANCES} instances")
         inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, dtype, paint_order=rec.paint_order)
-        clock.lap("rasterise")
-        return image, inst, inst_classes
+        self._clock.lap("rasterise")
+        return inst, inst_classes
 
     def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment | None:
         """The step the trainer applies to each batch on the device (None: items are final)."""
@@ -159,13 +172,21 @@ class CpuMapper(_Mapper):
         self.uint8_images = uint8_images
 
     def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
-        image, ids, inst_classes = self._instance_image(rec)
+        data, what = self._read_timed(rec)
         if seed is not None:
             seed_pipeline(self.pipeline, seed)
+        # Drawn before decoding, so that a JPEG the random geometry shrinks 2x or more is decoded
+        # smaller (training only: validation and predict fit images alike).
+        plan = draw_plan(self.pipeline, rec.height, rec.width)
+        image, reduced = self._decode(rec, data, what, plan.reduction() if plan is not None and self.random else 1)
+        ids, inst_classes = self._rasterise(rec)
         # Invented pixels get the id after the last instance, whose class is "ignore": make_targets then
         # treats them exactly as with a valid mask (no centre, no offset, weight 0), without building one.
         n = len(inst_classes)
-        aug = run_pipeline(self.pipeline, image, ids, outside=n, owned=True)
+        if plan is None:
+            aug = run_pipeline(self.pipeline, image, ids, outside=n, owned=True)
+        else:
+            aug = plan.run(image, ids, outside=n, owned=True, reduced=reduced)
         self._clock.lap("augment")
         classes = inst_classes if aug.covered else np.append(inst_classes, IGNORE_LABEL)
         tg = make_targets(aug.ids, classes, self.targets.sigma, **self.targets.kwargs())
@@ -203,11 +224,13 @@ class DeviceMapper(_Mapper):
         self.targets = targets
 
     def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
+        data, what = self._read_timed(rec)
+        fit = self.pipeline.transforms[0].sample(None, rec.height, rec.width)  # not random: no stream
+        image, f = self._decode(rec, data, what, reduction(fit.k))  # a JPEG shrunk 2x or more: decoded smaller
         # int32 ids from the start: the fit only resizes them (nearest), padding is id 0 and ``valid``
         # is the fitted rectangle, so no pass over the ids is needed after rasterising.
-        image, ids, inst_classes = self._instance_image(rec, np.int32)
-        fit = self.pipeline.transforms[0].sample(None, *image.shape[:2])  # not random: no stream
-        img = warp(image, fit, cv2.INTER_LINEAR, 0)
+        ids, inst_classes = self._rasterise(rec, np.int32)
+        img = warp(image, fit, cv2.INTER_LINEAR, 0, f)
         inst = warp(ids, fit, cv2.INTER_NEAREST_EXACT, 0)
         y0, y1, x0, x1 = inst.box
         if inst.box == (0, self.input_size[0], 0, self.input_size[1]):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import albumentations as A
@@ -112,12 +112,20 @@ class Warped:
     fresh: bool
 
 
-def warp(img: np.ndarray, g: Geometry, interp: int, border: int) -> Warped:
-    """``img`` (H, W[, C]) under geometry ``g``; ``border`` fills the pixels with no source."""
+def warp(img: np.ndarray, g: Geometry, interp: int, border: int, reduced: int = 1) -> Warped:
+    """``img`` (H, W[, C]) under geometry ``g``; ``border`` fills the pixels with no source.
+
+    ``reduced``: ``img`` is the source decoded at 1/reduced of ``g.src`` (ceil(H / reduced) rows...),
+    each of its pixels standing for a reduced x reduced block: without rotation the same region,
+    rounded out to whole blocks, is resized to the same output rectangle (so the output is covered
+    exactly where the full-size source covers it, within half an output pixel of the same place);
+    with rotation it is warped from its own grid."""
     if g.angle != 0.0:
-        return Warped(_warp_rotated(img, g, interp, border), None, True)
+        return Warped(_warp_rotated(img, reduced_geometry(g, reduced, img.shape[:2]), interp, border), None, True)
     h, w = g.size
     sy0, sy1, sx0, sx1, dh, dw, py, px = g.region()
+    if reduced > 1:
+        sy0, sy1, sx0, sx1 = sy0 // reduced, -(-sy1 // reduced), sx0 // reduced, -(-sx1 // reduced)
     src = img[sy0:sy1, sx0:sx1]
     y0, y1 = min(max(py, 0), h), max(min(py + dh, h), 0)
     x0, x1 = min(max(px, 0), w), max(min(px + dw, w), 0)
@@ -241,6 +249,22 @@ class AffineCrop(A.DualTransform):
 
     def get_transform_init_args_names(self) -> tuple[str, ...]:
         return ("size", "scale", "rotate_limit", "rotate_p", "hflip_p", "vflip_p", "random")
+
+
+def reduction(k: float) -> int:
+    """The largest factor f in (1, 2, 4, 8) by which an image that a geometry scales by ``k`` may be
+    decoded smaller (``decode_image(..., reduce=f)``) and still be shrunk, never enlarged: k * f <= 1."""
+    for f in (8, 4, 2):
+        if k * f <= 1.0:
+            return f
+    return 1
+
+
+def reduced_geometry(g: Geometry, f: int, shape: tuple[int, int]) -> Geometry:
+    """``g`` for the image decoded at 1/``f`` of its size (``shape``): its pixel j stands for the f x f
+    block of source pixels [f j, f j + f), whose centre k (f j + f / 2) - 0.5 - origin maps where the
+    block's centre maps under ``g``: the same window is cut."""
+    return g if f == 1 else replace(g, src=(int(shape[0]), int(shape[1])), k=g.k * f)
 
 
 def _mask_interp(g: Geometry) -> int:
@@ -473,6 +497,61 @@ class Augmented:
         return out
 
 
+@dataclass
+class Plan:
+    """The draws of one item for a pipeline of this module's transforms (see :func:`draw_plan`)."""
+
+    geometry: Geometry
+    ops: list[tuple[A.ImageOnlyTransform, Any]]
+
+    def reduction(self) -> int:
+        """See :func:`reduction`."""
+        return reduction(self.geometry.k)
+
+    def run(
+        self, image: np.ndarray, ids: np.ndarray, outside: int = OUTSIDE, owned: bool = False, reduced: int = 1
+    ) -> Augmented:
+        """Apply the plan (see :func:`run_pipeline`). ``reduced``: ``image`` was decoded at 1/reduced
+        of the size the plan was drawn for (the ids were not); see :func:`warp`."""
+        g = self.geometry
+        if ids.dtype != np.uint16:
+            raise TypeError(f"instance ids must be uint16, got {ids.dtype}")
+        if ids.shape != g.src:
+            raise ValueError(f"ids of shape {ids.shape}, but the plan was drawn for {g.src}")
+        img = warp(image, g, cv2.INTER_LINEAR, 0, reduced)
+        out, fresh = img.array, img.fresh or owned
+        for t, p in self.ops:
+            if not fresh:
+                out, fresh = out.copy(), True
+            if isinstance(t, LinearColorJitter):
+                cv2.transform(out, LinearColorJitter.matrix(out, *p), dst=out)
+            elif isinstance(t, FastGaussNoise):
+                t.add(out, **p, dst=out)
+            else:
+                FastShadow.darken(out, **p)
+        mask = warp(ids, g, _mask_interp(g), outside)
+        return Augmented(out, mask.array, outside, mask.box)
+
+
+def draw_plan(pipeline: A.Compose, height: int, width: int) -> Plan | None:
+    """The random draws of one item of ``height`` x ``width`` pixels from ``pipeline``'s stream (seed
+    it first, :func:`seed_pipeline`), in pipeline order with each transform's probability, as
+    ``A.Compose`` would take them; None when the pipeline has other transforms (run it with
+    :func:`run_pipeline`)."""
+    if not _plannable(pipeline):
+        return None
+    rng: random.Random = pipeline.py_random
+    geometry, *ops = pipeline.transforms
+    g = geometry.sample(rng, height, width)
+    geometry.covered = g.covered()
+    drawn = []
+    for t in ops:
+        if t.p >= 1.0 or (t.p > 0.0 and rng.random() < t.p):
+            h, w = g.size
+            drawn.append((t, t.sample(rng, h, w) if isinstance(t, FastShadow) else t.sample(rng)))
+    return Plan(g, drawn)
+
+
 def run_pipeline(
     pipeline: A.Compose, image: np.ndarray, ids: np.ndarray, outside: int = OUTSIDE, owned: bool = False
 ) -> Augmented:
@@ -486,30 +565,10 @@ def run_pipeline(
     """
     if ids.dtype != np.uint16:
         raise TypeError(f"instance ids must be uint16, got {ids.dtype}")
-    if not _plannable(pipeline):
+    plan = draw_plan(pipeline, *image.shape[:2])
+    if plan is None:
         return _run_compose(pipeline, image, ids, outside)
-    rng: random.Random = pipeline.py_random
-    geometry, *ops = pipeline.transforms
-    g = geometry.sample(rng, *image.shape[:2])
-    geometry.covered = g.covered()
-    params = []
-    for t in ops:  # same order and probabilities as A.Compose, one stream
-        if t.p >= 1.0 or (t.p > 0.0 and rng.random() < t.p):
-            h, w = g.size
-            params.append((t, t.sample(rng, h, w) if isinstance(t, FastShadow) else t.sample(rng)))
-    img = warp(image, g, cv2.INTER_LINEAR, 0)
-    out, fresh = img.array, img.fresh or owned
-    for t, p in params:
-        if not fresh:
-            out, fresh = out.copy(), True
-        if isinstance(t, LinearColorJitter):
-            cv2.transform(out, LinearColorJitter.matrix(out, *p), dst=out)
-        elif isinstance(t, FastGaussNoise):
-            t.add(out, **p, dst=out)
-        else:
-            FastShadow.darken(out, **p)
-    mask = warp(ids, g, _mask_interp(g), outside)
-    return Augmented(out, mask.array, outside, mask.box)
+    return plan.run(image, ids, outside, owned)
 
 
 def _run_compose(pipeline: A.Compose, image: np.ndarray, ids: np.ndarray, outside: int) -> Augmented:
