@@ -211,7 +211,7 @@ def main() -> None:
             make_dataset(syn, classes, (1024, 2048), device=True), (1024, 2048), rounds
         )
         if not (args.quick or args.no_jpeg_table):
-            results["jpeg_sensitivity"] = jpeg_sensitivity(tmp, 3, max(1, rounds // 2))
+            results["jpeg_sensitivity"] = jpeg_sensitivity(tmp, 3, rounds)
     goals = {}
     for key, goal in (("real_samples", FULL_GOAL), ("synthetic_1024x2048", FULL_GOAL)):
         for k, limit in ((key, goal), (f"{key}_device_worker", DEVICE_GOAL)):

@@ -8,8 +8,10 @@ when the data set is built, never switched afterwards:
   input size; :meth:`DeviceMapper.batch_transform` gives the step that augments the collated batch
   and builds its targets on the training device (``augment.device=cuda|auto``).
 
-Both can time their stages (:class:`StageTimer`, what ``segtrain.doctor`` reports) and take a
-``reader`` (bytes of a record's image), the seam for other storage.
+Both draw the item's geometry from the annotation's size before decoding, so that a JPEG the
+geometry shrinks 2x or more is decoded at 1/2, 1/4 or 1/8 of its size (training only; see
+``transforms.Plan``). Both can time their stages (:class:`StageTimer`, what ``segtrain.doctor``
+reports) and take a ``reader`` (bytes of a record's image), the seam for other storage.
 """
 
 from __future__ import annotations

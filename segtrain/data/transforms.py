@@ -21,10 +21,14 @@ times as possible (see scripts/bench_loader.py):
   (47 ms and 24 ms per 1024x2048 image here, more than decoding it): noise is one saturating
   ``cv2.addWeighted`` of a per-worker bank of unit normals, the shadow touches only its box.
 
-Randomness: :func:`seed_pipeline` seeds an item. The plan draws every parameter from the pipeline's
-one ``py_random`` stream, in pipeline order, so the transforms are independent of each other
-(``A.Compose.set_random_seed`` gives every transform the same seed, which makes their draws
-identical: the colour jitter would fire exactly when the scale is small, noise only with colour).
+Randomness: :func:`seed_pipeline` seeds an item. The plan (:func:`draw_plan`) draws every parameter
+from the pipeline's one ``py_random`` stream, in pipeline order with each transform's probability,
+so the transforms are independent of each other (``A.Compose.set_random_seed`` gives every
+transform the same seed, which makes their draws identical: the colour jitter would fire exactly
+when the scale is small, noise only with colour). The plan is drawn from the image size alone,
+before decoding, so a JPEG that the geometry shrinks 2x or more can be decoded smaller
+(:meth:`Plan.reduction`, ``image_io.decode_image(..., reduce=)``) and cut to the same output
+rectangle as its full-size ids (:func:`warp`).
 """
 
 from __future__ import annotations
