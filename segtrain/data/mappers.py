@@ -191,9 +191,12 @@ class CpuMapper(_Mapper):
             aug = plan.run(image, ids, outside=n, owned=True, reduced=reduced)
         self._clock.lap("augment")
         classes = inst_classes if aug.covered else np.append(inst_classes, IGNORE_LABEL)
-        tg = make_targets(aug.ids, classes, self.targets.sigma, **self.targets.kwargs())
+        # The item's int32 ids are the one contiguous copy of the augmented ids: targets read them
+        # (invented pixels still ``n``), then those pixels become 0.
+        ids32 = aug.ids.astype(np.int32)
+        tg = make_targets(ids32, classes, self.targets.sigma, **self.targets.kwargs())
         self._clock.lap("targets")
-        item = to_tensors(aug.image, aug.instance(), tg, self.uint8_images)
+        item = to_tensors(aug.image, aug.clear_outside(ids32), tg, self.uint8_images)
         self._clock.lap("to_tensor")
         return item
 

@@ -152,39 +152,38 @@ def make_targets(
     small_instance_weight = float(small_instance_weight)
     if not np.isfinite(small_instance_weight):
         raise ValueError(f"small_instance_weight must be finite, got {small_instance_weight}")
+    vflat = None
     if valid is not None:
         valid = np.asarray(valid)
         if valid.shape != mask.shape:
             raise ValueError(f"valid must have the mask's shape {mask.shape}, got {valid.shape}")
         if valid.dtype.kind not in "biu":
             raise ValueError(f"valid must be bool or integer (nonzero = valid), got {valid.dtype}")
-        valid = valid.astype(bool, copy=False)
+        vflat = np.ascontiguousarray(valid, dtype=bool).reshape(-1)
 
     # ---------------------------------------------------------------- row runs
-    # The mask may be a strided view (e.g. an augmented window): it is read row-wise, never copied.
-    npix = height * width
+    # A strided mask (e.g. an augmented window) is copied once: the flat comparison below runs 2-3x
+    # faster than the same comparison row by row on a 2-D view.
+    flat = np.ascontiguousarray(mask).reshape(-1)
+    npix = flat.size
     # is_start[p]: pixel p starts a run (differs from its left neighbour, or starts a row).  Padded to
     # whole 8-byte words so the (sparse) starts can be found word-wise: scanning 8x fewer elements
     # and expanding only the non-zero words is much faster than np.flatnonzero on the full mask.
     is_start = np.empty(-(-npix // 8) * 8, bool)
     is_start[npix:] = False
-    grid = is_start[:npix].reshape(height, width)
-    np.not_equal(mask[:, 1:], mask[:, :-1], out=grid[:, 1:])
-    if valid is not None:
-        grid[:, 1:] |= valid[:, 1:] != valid[:, :-1]
-    grid[:, 0] = True
+    np.not_equal(flat[1:], flat[:-1], out=is_start[1:npix])
+    if vflat is not None:
+        is_start[1:npix] |= vflat[1:] != vflat[:-1]
+    is_start[:npix:width] = True
     words = is_start.view(np.uint64)
     nz_words = np.flatnonzero(words != 0)
     in_word = np.flatnonzero(words[nz_words].view(bool))
     starts = nz_words[in_word >> 3] * 8 + (in_word & 7)
-    del is_start, grid, words, nz_words, in_word
+    del is_start, words, nz_words, in_word
     lengths = np.empty_like(starts)
     np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
     lengths[-1] = npix - starts[-1]
-    rows = starts // width
-    xs = starts - rows * width
-    # every pixel lies in a run, so min/max over runs validate the whole mask
-    labels = mask.reshape(-1)[starts] if mask.flags.c_contiguous else mask[rows, xs]
+    labels = flat[starts]  # every pixel lies in a run, so min/max over runs validate the whole mask
     lo, hi = labels.min(), labels.max()
     if lo < 0:
         raise ValueError(f"instance_mask contains negative id {lo}")
@@ -195,8 +194,10 @@ def make_targets(
         )
     labels = labels.astype(np.intp)
     inv = n_ids  # pseudo-id of invalid pixels
-    if valid is not None:
-        labels[~valid[rows, xs]] = inv
+    if vflat is not None:
+        labels[~vflat[starts]] = inv
+    rows = starts // width
+    xs = starts - rows * width
 
     # ---------------------------------------------------------------- per-id statistics (exact)
     # Integer-valued float64 sums are exact (< 2**53), so cy/cx equal numpy's mean of the pixel

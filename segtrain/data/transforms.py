@@ -486,19 +486,21 @@ class Augmented:
 
     def instance(self, dtype: type = np.int32) -> np.ndarray:
         """C-contiguous ids with 0 where ``outside`` (ids must be below ``outside``, see run_pipeline)."""
-        if self.box is None and not self.covered:
-            ids = np.ascontiguousarray(self.ids)
-            # ids <= outside - 1 stay, outside -> 0: one pass on the uint16 mask.
-            ids = cv2.threshold(ids, self.outside - 1, 0, cv2.THRESH_TOZERO_INV)[1] if self.outside else ids
-            return ids.astype(dtype, copy=False)
-        out = self.ids.astype(dtype)  # C-contiguous copy
-        if self.outside and not self.covered:
-            y0, y1, x0, x1 = self.box
-            out[:y0] = 0
-            out[y1:] = 0
-            out[:, :x0] = 0
-            out[:, x1:] = 0
-        return out
+        return self.clear_outside(self.ids.astype(dtype))
+
+    def clear_outside(self, ids: np.ndarray) -> np.ndarray:
+        """Set the ``outside`` pixels of ``ids`` (a copy of :attr:`ids`, any integer dtype) to 0, in place."""
+        if not self.outside or self.covered:
+            return ids
+        if self.box is None:
+            np.putmask(ids, ids == self.outside, 0)
+            return ids
+        y0, y1, x0, x1 = self.box
+        ids[:y0] = 0
+        ids[y1:] = 0
+        ids[:, :x0] = 0
+        ids[:, x1:] = 0
+        return ids
 
 
 @dataclass
