@@ -264,6 +264,32 @@ def test_reduced_decode_keeps_image_and_ids_aligned(tmp_path):
                 assert box == warp(ones, g, cv2.INTER_NEAREST_EXACT, 0).box
 
 
+@pytest.mark.parametrize("size", [(48, 64), (47, 63)])
+def test_reduced_decode_of_an_exif_oriented_jpeg(size):
+    """Orientation 3 (180 degrees) moves the stored grid's last row/column first: reduced only when
+    the size is a multiple of the factor, so that every reduced pixel still covers a whole block."""
+    import io
+
+    from PIL import Image
+
+    from segtrain.data.annotations import ImageRecord
+
+    h, w = size
+    displayed = np.zeros((h, w, 3), np.uint8)
+    displayed[10:20, 30:50] = 255
+    exif = Image.Exif()
+    exif[274] = 3
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(displayed[::-1, ::-1])).save(buf, "JPEG", quality=98, exif=exif.tobytes())
+    rec = ImageRecord("o", "test", h, w, None, buf.getvalue(), [], orientation="exif")
+    small = decode_image(rec, rec.image_data, "embedded", reduce=2)
+    if h % 2 or w % 2:
+        assert small.shape[:2] == (h, w)
+    else:
+        assert small.shape[:2] == (h // 2, w // 2)
+        assert small[5:10, 15:25].min() > 200 and small[:4].max() < 60
+
+
 def test_reduce_is_ignored_for_other_formats():
     from segtrain.data.annotations import ImageRecord
 

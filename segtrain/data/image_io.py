@@ -170,7 +170,8 @@ def decode_image(
     ``reduce`` (1, 2, 4 or 8): a JPEG is decoded at 1/``reduce`` of its size, ceil(H / reduce) x
     ceil(W / reduce), by libjpeg's DCT scaling (each output pixel averages a reduce x reduce block:
     several times cheaper than decoding everything, and what a good downscale computes); other
-    formats ignore it, so the caller tells which happened from the size."""
+    formats, and EXIF-oriented JPEGs whose size reduce does not divide, ignore it, so the caller
+    tells which happened from the size."""
     convention = record.orientation
     if convention not in ORIENTATIONS:
         raise ValueError(f"{_where(record)}: orientation {convention!r} is not one of {ORIENTATIONS}")
@@ -278,7 +279,10 @@ def _decode_checked(
         if header.tiff_orientation_patch is not None:  # decode TIFF's stored grid, orient below
             at, value = header.tiff_orientation_patch
             data = data[:at] + value + data[at + len(value) :]
-    if reduce > 1 and header is not None and header.format == "JPEG":
+    # JPEG only (DCT scaling); and only when orienting keeps any partial last block at the end, so
+    # that reduced pixel j still stands for source pixels [reduce j, reduce j + reduce)
+    aligned = orientation == 1 or (header is not None and header.width % reduce == 0 and header.height % reduce == 0)
+    if reduce > 1 and header is not None and header.format == "JPEG" and aligned:
         if expected is not None:
             expected = (-(-expected[0] // reduce), -(-expected[1] // reduce))
     else:
