@@ -69,6 +69,13 @@ _ORIENTATION_NAMES = {
     8: "rotated 90 degrees counter-clockwise",
 }
 _FIX = "or set dataset.on_error=skip to skip it"
+#: imdecode flags per JPEG reduction factor
+_REDUCED = {
+    1: cv2.IMREAD_COLOR,
+    2: cv2.IMREAD_REDUCED_COLOR_2,
+    4: cv2.IMREAD_REDUCED_COLOR_4,
+    8: cv2.IMREAD_REDUCED_COLOR_8,
+}
 
 
 class ImageReadError(UserError, ValueError):
@@ -155,16 +162,24 @@ def read_encoded(record: ImageRecord, max_image_pixels: int = DEFAULT_MAX_IMAGE_
 
 
 def decode_image(
-    record: ImageRecord, data: bytes, what: str, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    record: ImageRecord, data: bytes, what: str, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, reduce: int = 1
 ) -> np.ndarray:
     """(H, W, 3) uint8 RGB from encoded bytes: checked for truncation, sized from the header and
     checked against the annotation and ``max_image_pixels`` before decoding, oriented under the
-    record's convention."""
+    record's convention.
+
+    ``reduce`` (1, 2, 4 or 8): a JPEG is decoded at 1/``reduce`` of its size, ceil(H / reduce) x
+    ceil(W / reduce), by libjpeg's DCT scaling (each output pixel averages a reduce x reduce block:
+    several times cheaper than decoding everything, and what a good downscale computes); other
+    formats, and EXIF-oriented JPEGs whose size reduce does not divide, ignore it, so the caller
+    tells which happened from the size."""
     convention = record.orientation
     if convention not in ORIENTATIONS:
         raise ValueError(f"{_where(record)}: orientation {convention!r} is not one of {ORIENTATIONS}")
+    if reduce not in _REDUCED:
+        raise ValueError(f"reduce must be one of {sorted(_REDUCED)}, got {reduce!r}")
     return _decode_checked(
-        data, f"{_where(record)}: {what}", convention, (record.width, record.height), max_image_pixels
+        data, f"{_where(record)}: {what}", convention, (record.width, record.height), max_image_pixels, reduce
     )
 
 
@@ -243,7 +258,7 @@ def _corrupt(what: str, problem: str) -> ImageReadError:
 
 
 def _decode_checked(
-    data: bytes, what: str, convention: str, expected: tuple[int, int] | None, max_image_pixels: int
+    data: bytes, what: str, convention: str, expected: tuple[int, int] | None, max_image_pixels: int, reduce: int = 1
 ) -> np.ndarray:
     problem = check_encoded(data)
     if problem is not None:
@@ -265,7 +280,15 @@ def _decode_checked(
         if header.tiff_orientation_patch is not None:  # decode TIFF's stored grid, orient below
             at, value = header.tiff_orientation_patch
             data = data[:at] + value + data[at + len(value) :]
-    image = _imdecode(data, what)
+    # JPEG only (DCT scaling); and only when orienting keeps any partial last block at the end, so
+    # that reduced pixel j still stands for source pixels [reduce j, reduce j + reduce)
+    aligned = orientation == 1 or (header is not None and header.width % reduce == 0 and header.height % reduce == 0)
+    if reduce > 1 and header is not None and header.format == "JPEG" and aligned:
+        if expected is not None:
+            expected = (-(-expected[0] // reduce), -(-expected[1] // reduce))
+    else:
+        reduce = 1
+    image = _imdecode(data, what, _REDUCED[reduce])
     if image is None:
         raise _corrupt(what, "not a decodable image (unknown format or corrupt data)")
     image = orient(image, orientation)
@@ -277,10 +300,10 @@ def _decode_checked(
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
 
 
-def _imdecode(data: bytes, what: str) -> np.ndarray | None:
+def _imdecode(data: bytes, what: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
     buf = np.frombuffer(data, np.uint8)
     try:
-        return cv2.imdecode(buf, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+        return cv2.imdecode(buf, flags | cv2.IMREAD_IGNORE_ORIENTATION)
     except cv2.error as e:
         if "CV_IO_MAX_IMAGE" not in str(e):
             return None

@@ -10,8 +10,10 @@ when the data set is built, never switched afterwards:
   input size; :meth:`DeviceMapper.batch_transform` gives the step that augments the collated batch
   and builds its targets on the training device (``augment.device=cuda|auto``).
 
-Both can time their stages (:class:`StageTimer`, what ``segtrain.doctor`` reports) and take a
-``reader`` (bytes of a record's image), the seam for other storage.
+Both draw the item's geometry from the annotation's size before decoding, so that a JPEG the
+geometry shrinks 2x or more is decoded at 1/2, 1/4 or 1/8 of its size (training only; see
+``transforms.Plan``). Both can time their stages (:class:`StageTimer`, what ``segtrain.doctor``
+reports) and take a ``reader`` (bytes of a record's image), the seam for other storage.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import albumentations as A
+import cv2
 import numpy as np
 import torch
 
@@ -33,7 +36,15 @@ from segtrain.data.device_augment import DeviceBatchAugment
 from segtrain.data.image_io import decode_image, read_encoded
 from segtrain.data.rasterise import rasterise
 from segtrain.data.targets import make_targets
-from segtrain.data.transforms import MAX_INSTANCES, AffineCrop, apply_transforms
+from segtrain.data.transforms import (
+    MAX_INSTANCES,
+    AffineCrop,
+    draw_plan,
+    reduction,
+    run_pipeline,
+    seed_pipeline,
+    warp,
+)
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 Reader = Callable[[ImageRecord], tuple[bytes, str]]
@@ -118,29 +129,35 @@ class _Mapper:
         first = self.pipeline.transforms[0] if self.pipeline.transforms else None
         return len(self.pipeline.transforms) > 1 or (isinstance(first, AffineCrop) and first.random)
 
-    def _native(self, rec: ImageRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(image (H,W,3) uint8, instance ids (H,W) uint16, instance classes (N+1,)) at the record's size."""
-        clock = self._clock
-        clock.start()
+    def _read_timed(self, rec: ImageRecord) -> tuple[bytes, str]:
+        self._clock.start()
         data, what = self.read(rec)
-        clock.lap("read")
-        image = decode_image(rec, data, what, self.max_image_pixels)
-        clock.lap("decode")
+        self._clock.lap("read")
+        return data, what
+
+    def _decode(self, rec: ImageRecord, data: bytes, what: str, reduce: int = 1) -> tuple[np.ndarray, int]:
+        """(image, the factor it was decoded smaller by: ``reduce`` for a JPEG, else 1)."""
+        image = decode_image(rec, data, what, self.max_image_pixels, reduce)
+        self._clock.lap("decode")
+        return image, (1 if image.shape[:2] == (rec.height, rec.width) else reduce)
+
+    def _rasterise(self, rec: ImageRecord, dtype: type = np.uint16) -> tuple[np.ndarray, np.ndarray]:
         if len(rec.instances) > MAX_INSTANCES:
             raise AnnotationError(f"{rec.source}: image {rec.image_id} has more than {MAX_INSTANCES} instances")
         if rec.panoptic_png is not None:  # COCO panoptic: the instances' pixels are in a PNG id map
             inst, inst_classes = rasterise_panoptic(rec, read_segment_ids(rec, self.max_image_pixels))
+            inst = inst.astype(dtype, copy=False)
         else:
-            inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, np.uint16, paint_order=rec.paint_order)
-        clock.lap("rasterise")
-        return image, inst, inst_classes
+            inst, inst_classes = rasterise(rec.instances, rec.height, rec.width, dtype, paint_order=rec.paint_order)
+        self._clock.lap("rasterise")
+        return inst, inst_classes
 
-    def _instance_image(self, rec: ImageRecord, seed: int | None) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray]:
-        image, inst, inst_classes = self._native(rec)
-        if seed is not None:
-            self.pipeline.set_random_seed(seed)
-        image, inst, valid = apply_transforms(self.pipeline, image, inst)
-        return image, inst, valid, inst_classes
+    def _native(self, rec: ImageRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(image (H,W,3) uint8, instance ids (H,W) uint16, instance classes (N+1,)) at the record's size."""
+        data, what = self._read_timed(rec)
+        image, _ = self._decode(rec, data, what)
+        inst, inst_classes = self._rasterise(rec)
+        return image, inst, inst_classes
 
     def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment | None:
         """The step the trainer applies to each batch on the device (None: items are final)."""
@@ -153,7 +170,9 @@ class CpuMapper(_Mapper):
     Items: ``image`` (3,H,W) uint8 (float in [0,1] with ``uint8_images=False``; uint8 crosses
     process boundaries and the PCIe bus 4x cheaper and becomes float on the device),
     ``instance`` (H,W) int32, ``semantic`` (H,W) uint8 with 255 = ignore, ``center`` (1,H,W),
-    ``offset`` (2,H,W), ``semantic_weight``/``center_weight``/``offset_weight`` (H,W).
+    ``offset`` (2,H,W), ``semantic_weight``/``center_weight``/``offset_weight`` (H,W). With
+    ``eval_info`` (evaluation items) also ``instance_classes``, ``crowd_classes`` (N+1,) and ``valid``
+    (H,W): what panoptic ground truth needs.
     """
 
     def __init__(
@@ -162,6 +181,7 @@ class CpuMapper(_Mapper):
         targets: TargetSpec,
         *,
         uint8_images: bool = True,
+        eval_info: bool = False,
         timer: StageTimer | None = None,
         reader: Reader | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
@@ -169,14 +189,34 @@ class CpuMapper(_Mapper):
         super().__init__(pipeline, timer, reader, max_image_pixels)
         self.targets = targets
         self.uint8_images = uint8_images
+        self.eval_info = eval_info
 
     def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
-        image, inst, valid, inst_classes = self._instance_image(rec, seed)
+        data, what = self._read_timed(rec)
+        if seed is not None:
+            seed_pipeline(self.pipeline, seed)
+        # Drawn before decoding, so that a JPEG the random geometry shrinks 2x or more is decoded
+        # smaller (training only: validation and predict fit images alike).
+        plan = draw_plan(self.pipeline, rec.height, rec.width)
+        image, reduced = self._decode(rec, data, what, plan.reduction() if plan is not None and self.random else 1)
+        ids, inst_classes = self._rasterise(rec)
+        # Invented pixels get the id after the last instance, whose class is "ignore": make_targets then
+        # treats them exactly as with a valid mask (no centre, no offset, weight 0), without building one.
+        n = len(inst_classes)
+        if plan is None:
+            aug = run_pipeline(self.pipeline, image, ids, outside=n, owned=True)
+        else:
+            aug = plan.run(image, ids, outside=n, owned=True, reduced=reduced)
         self._clock.lap("augment")
-        tg = make_targets(inst, inst_classes, self.targets.sigma, valid=valid, **self.targets.kwargs())
+        classes = inst_classes if aug.covered else np.append(inst_classes, IGNORE_LABEL)
+        # The item's int32 ids are the one contiguous copy of the augmented ids: targets read them
+        # (invented pixels still ``n``), then those pixels become 0.
+        ids32 = aug.ids.astype(np.int32)
+        tg = make_targets(ids32, classes, self.targets.sigma, **self.targets.kwargs())
         self._clock.lap("targets")
-        item = to_tensors(image, inst, tg, self.uint8_images)
-        item.update(instance_info(rec, inst_classes, valid, inst.shape))
+        item = to_tensors(aug.image, aug.clear_outside(ids32), tg, self.uint8_images)
+        if self.eval_info:
+            item.update(instance_info(rec, inst_classes, aug.valid(), ids32.shape))
         self._clock.lap("to_tensor")
         return item
 
@@ -209,13 +249,28 @@ class DeviceMapper(_Mapper):
         self.targets = targets
 
     def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
-        image, inst, valid, inst_classes = self._instance_image(rec, None)
-        self._clock.lap("fit")
-        return {
-            "image": torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1),
-            "instance": torch.from_numpy(inst.astype(np.int32, copy=False)),
-            **instance_info(rec, inst_classes, valid, inst.shape),
+        data, what = self._read_timed(rec)
+        fit = self.pipeline.transforms[0].sample(None, rec.height, rec.width)  # not random: no stream
+        image, f = self._decode(rec, data, what, reduction(fit.k))  # a JPEG shrunk 2x or more: decoded smaller
+        # int32 ids from the start: the fit only resizes them (nearest), padding is id 0 and ``valid``
+        # is the fitted rectangle, so no pass over the ids is needed after rasterising.
+        ids, inst_classes = self._rasterise(rec, np.int32)
+        img = warp(image, fit, cv2.INTER_LINEAR, 0, f)
+        inst = warp(ids, fit, cv2.INTER_NEAREST_EXACT, 0)
+        y0, y1, x0, x1 = inst.box
+        if inst.box == (0, self.input_size[0], 0, self.input_size[1]):
+            valid = torch.ones(self.input_size, dtype=torch.bool)
+        else:
+            valid = torch.zeros(self.input_size, dtype=torch.bool)
+            valid[y0:y1, x0:x1] = True
+        item = {
+            "image": torch.from_numpy(img.array).permute(2, 0, 1),
+            "instance": torch.from_numpy(inst.array),
+            "valid": valid,
+            "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
         }
+        self._clock.lap("fit")
+        return item
 
     def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment:
         return DeviceBatchAugment(self.augment, self.input_size, self.targets, device, seed, rank)
@@ -304,9 +359,12 @@ def instance_info(
     rec: ImageRecord, inst_classes: np.ndarray, valid: np.ndarray | None, shape: tuple[int, ...]
 ) -> dict[str, torch.Tensor]:
     """What evaluation needs besides the targets: per-id classes (padded per batch by ``collate``) and ``valid``."""
+    crowd = crowd_classes(rec)
+    if crowd.size < inst_classes.size:  # an id past the record's instances (invented pixels): no crowd
+        crowd = np.concatenate([crowd, np.full(inst_classes.size - crowd.size, -1, np.int64)])
     return {
         "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
-        "crowd_classes": torch.from_numpy(crowd_classes(rec)),
+        "crowd_classes": torch.from_numpy(crowd),
         "valid": torch.from_numpy(valid) if valid is not None else torch.ones(shape, dtype=torch.bool),
     }
 
@@ -314,7 +372,7 @@ def instance_info(
 def to_tensors(
     image: np.ndarray, inst: np.ndarray, tg: dict[str, np.ndarray], uint8: bool = True
 ) -> dict[str, torch.Tensor]:
-    img = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+    img = torch.from_numpy(image).permute(2, 0, 1)  # strided views are fine: collate copies them
     if not uint8:
         img = img.float().div_(255.0)
     return {
@@ -334,4 +392,4 @@ def build_mapper(
     if train and str(cfg.augment.device) != "cpu":
         return DeviceMapper(size, cfg.augment, targets, timer=timer, reader=reader, max_image_pixels=cap)
     pipeline = build_pipeline(cfg.augment if train else None, size, train)
-    return CpuMapper(pipeline, targets, timer=timer, reader=reader, max_image_pixels=cap)
+    return CpuMapper(pipeline, targets, eval_info=not train, timer=timer, reader=reader, max_image_pixels=cap)

@@ -136,11 +136,14 @@ def _runs(polygon_sets: Sequence[Sequence[np.ndarray]], height: int, width: int)
     # sort the crossings by (part, column, row); consecutive pairs are the inside runs (even-odd)
     key = np.sort(np.concatenate(keys).astype(np.int64))
     start, stop = key[0::2], key[1::2]
-    # runs overlap or touch only with several parts per instance or with crossings on the same pixel
-    clean = len(set(part_inst)) == len(part_inst) and not np.any(key[1:] == key[:-1])
-    if not clean:
+    # Runs overlap only with several parts per instance; they touch (one's end is the next one's
+    # start, in the same column) only where two crossings fall on the same pixel, which also makes
+    # empty runs. Keys of different columns never coincide, so comparing neighbours finds both.
+    clean = len(set(part_inst)) == len(part_inst)
+    if np.any(key[1:] == key[:-1]):
         keep = start != stop
         start, stop = start[keep], stop[keep]
+        clean = clean and not np.any(start[1:] == stop[:-1])
     part_col, r_start = np.divmod(start, h1)
     part, col = np.divmod(part_col, width)
     inst, col, y0, y1 = np.asarray(part_inst, np.int64)[part], col, r_start, stop % h1

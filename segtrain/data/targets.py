@@ -162,6 +162,8 @@ def make_targets(
         vflat = np.ascontiguousarray(valid, dtype=bool).reshape(-1)
 
     # ---------------------------------------------------------------- row runs
+    # A strided mask (e.g. an augmented window) is copied once: the flat comparison below runs 2-3x
+    # faster than the same comparison row by row on a 2-D view.
     flat = np.ascontiguousarray(mask).reshape(-1)
     npix = flat.size
     # is_start[p]: pixel p starts a run (differs from its left neighbour, or starts a row).  Padded to
@@ -178,7 +180,9 @@ def make_targets(
     in_word = np.flatnonzero(words[nz_words].view(bool))
     starts = nz_words[in_word >> 3] * 8 + (in_word & 7)
     del is_start, words, nz_words, in_word
-    lengths = np.diff(starts, append=npix)
+    lengths = np.empty_like(starts)
+    np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
+    lengths[-1] = npix - starts[-1]
     labels = flat[starts]  # every pixel lies in a run, so min/max over runs validate the whole mask
     lo, hi = labels.min(), labels.max()
     if lo < 0:
@@ -211,30 +215,31 @@ def make_targets(
     thing[0] = False
     if stuff.size:
         thing &= ~np.isin(cls, stuff)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cy = np.where(thing, sum_y / area, 0.0)
-        cx = np.where(thing, sum_x / area, 0.0)
+    area_or_1 = np.maximum(area, 1)  # things have area > 0: their centres are exact means
+    cy = np.where(thing, sum_y / area_or_1, 0.0)
+    cx = np.where(thing, sum_x / area_or_1, 0.0)
 
-    sem_lut = cls.astype(np.uint8)
-    sw_lut = np.where(ignored, 0.0, 1.0).astype(np.float32)
-    sw_lut[thing & (area < small_instance_area)] = small_instance_weight
-    cw_lut = np.where(ignored, 0.0, 1.0).astype(np.float32)
-    ow_lut = thing.astype(np.float32)
+    # Per-id float32 values of the weight planes: semantic, centre, offset.
+    lut = np.empty((3, n_lut), np.float32)
+    lut[0] = lut[1] = ~ignored
+    lut[0, thing & (area < small_instance_area)] = small_instance_weight
+    lut[2] = thing
 
     # ---------------------------------------------------------------- constant-per-run outputs
-    shape = (height, width)
-    semantic = np.repeat(sem_lut[labels], lengths).reshape(shape)
-    semantic_weight = np.repeat(sw_lut[labels], lengths).reshape(shape)
-    center_weight = np.repeat(cw_lut[labels], lengths).reshape(shape)
-    offset_weight = np.repeat(ow_lut[labels], lengths).reshape(shape)
+    # One run-length decode writes the three weight planes and both offset planes: the y offset is
+    # constant along a run (the exact float64 difference rounded once); the x plane starts as 0 and is
+    # overwritten below on thing pixels only.  Each plane is a C-contiguous view of the block.
+    run_thing = thing[labels]
+    vals = np.empty((5, labels.size), np.float32)
+    np.take(lut, labels, axis=1, out=vals[:3], mode="clip")
+    vals[3:] = 0.0
+    np.subtract(cy[labels], rows, out=vals[3], where=run_thing, casting="same_kind")
+    planes = np.repeat(vals, lengths, axis=1).reshape(5, height, width)
+    semantic = np.repeat(cls.astype(np.uint8)[labels], lengths).reshape(height, width)
+    semantic_weight, center_weight, offset_weight = planes[0], planes[1], planes[2]
+    offset = planes[3:]
 
     # ---------------------------------------------------------------- offsets
-    run_thing = thing[labels]
-    # Both planes in one run-length decode: the y offset is constant along a run (the exact float64
-    # difference rounded once); the x plane starts as 0 and is overwritten below on thing pixels only.
-    vals = np.zeros((2, labels.size), np.float32)
-    np.subtract(cy[labels], rows, out=vals[0], where=run_thing, casting="same_kind")
-    offset = np.repeat(vals, lengths, axis=1).reshape(2, height, width)
     # The x offset varies along a run: decode cx per pixel in float64 blocks of rows (cache-sized),
     # subtract x, round once to float32.  Only the stretch from a block's first to its last thing run is
     # touched (the plane is already 0 elsewhere); non-thing runs inside it decode to NaN, patched to +0.

@@ -1,0 +1,334 @@
+"""The loader's per-item plan (transforms.run_pipeline / Plan, mappers): same outputs as the plain
+definitions, independent random draws, reduced JPEG decoding that keeps image and ids aligned.
+
+Mechanisms only: nothing here measures time (scripts/bench_loader.py does)."""
+
+from __future__ import annotations
+
+import random
+
+import albumentations as A
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from segtrain.config import IGNORE_LABEL, compose
+from segtrain.data.annotations import ClassMap, load_coco, load_labelme
+from segtrain.data.augmentations import build_pipeline
+from segtrain.data.dataset import PolygonDataset
+from segtrain.data.image_io import decode_image, read_encoded
+from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
+from segtrain.data.rasterise import rasterise
+from segtrain.data.seeding import item_seed
+from segtrain.data.targets import make_targets
+from segtrain.data.transforms import (
+    OUTSIDE,
+    AffineCrop,
+    FastGaussNoise,
+    Geometry,
+    draw_plan,
+    reduction,
+    run_pipeline,
+    seed_pipeline,
+    warp,
+)
+
+KEYS = ("semantic", "center", "offset", "semantic_weight", "center_weight", "offset_weight")
+
+
+def textured(h: int, w: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A smooth textured image, rectangles of ids 1..5 (thing, thing, crowd, thing, stuff-ish)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[:h, :w]
+    img = np.stack([100 + 60 * np.sin(xx / 9 + c) + 40 * np.cos(yy / 7 - c) for c in range(3)], -1)
+    ids = np.zeros((h, w), np.uint16)
+    for k in range(1, 6):
+        y0, x0 = int(rng.integers(0, h - 8)), int(rng.integers(0, w - 8))
+        ids[y0 : y0 + int(rng.integers(4, h // 2)), x0 : x0 + int(rng.integers(4, w // 2))] = k
+    return img.clip(0, 255).astype(np.uint8), ids, np.array([0, 1, 2, IGNORE_LABEL, 1, 3])
+
+
+def augment_cfg(**over):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(compose([]).augment, over)
+
+
+# ------------------------------------------------------------------------------------------ geometry
+def _reference_separable(img: np.ndarray, g: Geometry, interp: int, border: int) -> np.ndarray:
+    """AffineCrop's separable geometry as first written: resize the region, paste it, then flip."""
+    h, w = g.size
+    sy0, sy1, sx0, sx1, dh, dw, py, px = g.region()
+    src = img[sy0:sy1, sx0:sx1]
+    part = src if (dh, dw) == src.shape[:2] else cv2.resize(src, (dw, dh), interpolation=interp)
+    out = np.full((h, w, *img.shape[2:]), border, img.dtype)
+    y0, x0, y1, x1 = max(py, 0), max(px, 0), min(py + dh, h), min(px + dw, w)
+    if y1 > y0 and x1 > x0:
+        out[y0:y1, x0:x1] = part[y0 - py : y1 - py, x0 - px : x1 - px]
+    if g.flip_x or g.flip_y:
+        out = cv2.flip(out, -1 if g.flip_x and g.flip_y else (1 if g.flip_x else 0))
+    return out
+
+
+@pytest.mark.parametrize("angle", [0.0, 17.0])
+def test_warp_equals_the_one_resample_definition(angle):
+    """Separable: resize straight into the output == resize, paste, flip. Rotated: warping only the
+    source box the window needs == cv2.warpAffine of the whole image with AffineCrop's matrix."""
+    img, ids, _ = textured(90, 130)
+    rng = random.Random(0)
+    for _ in range(40):
+        k = rng.uniform(0.3, 2.5)
+        g = Geometry(
+            (90, 130),
+            (64, 96),
+            k,
+            angle,
+            rng.random() < 0.5,
+            rng.random() < 0.5,
+            (rng.uniform(-40, 90 * k), rng.uniform(-60, 130 * k)),
+        )
+        nearest = cv2.INTER_NEAREST if angle else cv2.INTER_NEAREST_EXACT
+        for arr, interp, border in ((img, cv2.INTER_LINEAR, 0), (ids, nearest, OUTSIDE)):
+            out = warp(arr, g, interp, border)
+            if angle:
+                ref = cv2.warpAffine(arr, g.matrix(), (96, 64), flags=interp, borderValue=border)
+                assert out.box is None
+                # the translation of the box-relative map rounds in fixed point like the whole one: equal
+                # but for rare ties (one grey level / the neighbouring id)
+                assert (out.array == ref).mean() > 0.999
+                if arr is img:
+                    assert np.abs(out.array.astype(int) - ref).max() <= 1
+            else:
+                ref = _reference_separable(arr, g, interp, border)
+                np.testing.assert_array_equal(out.array, ref)
+                if arr is ids:
+                    y0, y1, x0, x1 = out.box
+                    inside = np.zeros(ref.shape, bool)
+                    inside[y0:y1, x0:x1] = True
+                    np.testing.assert_array_equal(ref != OUTSIDE, inside)
+
+
+def test_outside_id_gives_the_targets_of_a_valid_mask():
+    """Invented pixels as an extra id of class 'ignore' == ids 0 there plus a valid mask, bit for bit."""
+    img, ids, classes = textured(80, 120)
+    cfg = augment_cfg(rotate_p=0.5, scale_min=0.4, scale_max=2.0)
+    pipe = build_pipeline(cfg, (64, 96), train=True)
+    n_padded = 0
+    for seed in range(30):
+        seed_pipeline(pipe, seed)
+        aug = run_pipeline(pipe, img, ids, outside=len(classes))
+        ext = classes if aug.covered else np.append(classes, IGNORE_LABEL)
+        ours = make_targets(aug.ids, ext, 4.0, stuff_classes=(3,), small_instance_area=50, small_instance_weight=2)
+        valid = aug.valid()
+        n_padded += valid is not None
+        kw = {"stuff_classes": (3,), "small_instance_area": 50, "small_instance_weight": 2}
+        ref = make_targets(aug.instance(), classes, 4.0, valid=valid, **kw)
+        for key in KEYS:
+            np.testing.assert_array_equal(ours[key], ref[key], err_msg=key)
+        inst = aug.instance()
+        assert inst.dtype == np.int32 and inst.flags.c_contiguous and inst.max() < len(classes)
+        if valid is not None:
+            assert not inst[~valid].any()
+    assert n_padded >= 5
+
+
+def test_targets_of_a_strided_view_equal_those_of_a_copy():
+    _, ids, classes = textured(70, 90)
+    big = np.zeros((80, 110), np.uint16)
+    big[4:74, 7:97] = ids
+    view = big[4:74, 7:97]
+    assert not view.flags.c_contiguous
+    a, b = make_targets(view, classes, 3.0), make_targets(view.copy(), classes, 3.0)
+    for key in KEYS:
+        np.testing.assert_array_equal(a[key], b[key])
+        assert a[key].flags.c_contiguous
+
+
+# ------------------------------------------------------------------------------------------ randomness
+def test_transforms_draw_independently():
+    """One stream for the whole plan: colour, noise and shadow fire at their own rates, jointly as
+    independent events (A.Compose.set_random_seed gives every transform the same seed, which nested them)."""
+    pipe = build_pipeline(compose([]).augment, (32, 32), train=True)  # colour 0.5, noise 0.2, shadow 0.1
+    fired = []
+    for i in range(2000):
+        seed_pipeline(pipe, item_seed(0, 1, i))
+        plan = draw_plan(pipe, 40, 40)
+        names = {type(t).__name__ for t, _ in plan.ops}
+        fired.append([n in names for n in ("LinearColorJitter", "FastGaussNoise", "FastShadow")] + [plan.geometry.k])
+    f = np.array(fired, float)
+    colour, noise, shadow, k = f.T
+    assert abs(colour.mean() - 0.5) < 0.04 and abs(noise.mean() - 0.2) < 0.03 and abs(shadow.mean() - 0.1) < 0.02
+    assert abs((noise * (1 - colour)).mean() - 0.1) < 0.025, "noise must also fire without colour"
+    assert abs((shadow * (1 - noise)).mean() - 0.08) < 0.02, "shadow must also fire without noise"
+    assert abs(np.corrcoef(k, colour)[0, 1]) < 0.1, "the scale must not decide the colour jitter"
+
+
+def test_items_are_a_function_of_seed_epoch_index_only(test_data):
+    """Resume-exactness: an item is the same whatever was drawn before it (noise bank offsets included)."""
+    recs = _real_records(test_data)[:3]
+    ds = _dataset(recs, (96, 128))
+    first = [ds[(2, i)] for i in range(3)]
+    for i in range(3):
+        ds[(7, (i + 1) % 3)]
+        again = ds[(2, i)]
+        for key, value in first[i].items():
+            torch.testing.assert_close(again[key], value, rtol=0, atol=0)
+
+
+def test_noise_is_zero_mean_with_the_drawn_std():
+    noise = FastGaussNoise(0.05, p=1.0)
+    img = np.full((256, 256, 3), 128, np.uint8)
+    for sign in (1, -1):
+        std = 0.04 * 255
+        out = noise.add(img, 3, 5, sign * std / noise.QUANT)
+        d = out.astype(float) - 128
+        assert abs(d.mean()) < 0.1
+        assert abs(d.std() / std - 1) < 0.02
+
+
+# ------------------------------------------------------------------------------------------ mappers
+def _real_records(root):
+    coco = root / "mmpose_coco_person" / "test_coco.json"
+    recs, _ = load_coco(coco, coco.parent, ClassMap(["background", "person"]))
+    nuts, _ = load_labelme(root / "labelme2coco_nuts", ClassMap(["background", "date", "fig", "hazelnut"]))
+    return recs + nuts
+
+
+def _dataset(recs, size, device=False, **over):
+    cfg = compose([])
+    aug = augment_cfg(**over) if over else cfg.augment
+    targets = TargetSpec(sigma=4.0)
+    mapper = DeviceMapper(size, aug, targets) if device else CpuMapper(build_pipeline(aug, size, train=True), targets)
+    return PolygonDataset(recs, mapper, classes=["background", "person", "date", "fig", "hazelnut"])
+
+
+def test_cpu_items_equal_the_reference_definitions(test_data):
+    """Ids and targets bit-identical to: full decode, AffineCrop, ids 0 outside + valid mask, make_targets;
+    the image identical too, except where the plan decoded a JPEG smaller (then close: resampling only)."""
+    recs = _real_records(test_data)
+    ds = _dataset(recs, (320, 320), scale_min=0.3, scale_max=1.5, color_p=0.0, noise_p=0.0, shadow_p=0.0)
+    pipe = ds.mapper.pipeline
+    n_reduced = n_exact = 0
+    diffs = []
+    for epoch in range(3):
+        for i, rec in enumerate(recs):
+            item = ds[(epoch, i)]
+            image = decode_image(rec, *read_encoded(rec))
+            ids, classes = rasterise(rec.instances, rec.height, rec.width, np.uint16, paint_order=rec.paint_order)
+            seed_pipeline(pipe, item_seed(0, epoch, i))
+            plan = draw_plan(pipe, rec.height, rec.width)
+            ref = plan.run(image, ids)
+            tg = make_targets(ref.instance(), classes, 4.0, valid=ref.valid())
+            np.testing.assert_array_equal(item["instance"].numpy(), ref.instance())
+            for key in KEYS:
+                np.testing.assert_array_equal(item[key].numpy(), tg[key], err_msg=key)
+            got = item["image"].permute(1, 2, 0).numpy()
+            if plan.reduction() == 1:
+                np.testing.assert_array_equal(got, ref.image)
+                n_exact += 1
+            else:  # the same window, resampled from the smaller decode: differs only in the aliasing
+                n_reduced += 1
+                low = [cv2.GaussianBlur(x.astype(np.float32), (0, 0), 1.5) for x in (got, ref.image)]
+                valid = ref.valid() if ref.valid() is not None else np.ones(got.shape[:2], bool)
+                diffs.append(float(np.abs(low[0] - low[1])[valid].mean()))
+    assert n_reduced >= 2 and n_exact >= 5
+    assert np.mean(diffs) < 5 and max(diffs) < 10, diffs  # grey levels, after a sigma 1.5 px blur
+
+
+def test_reduced_decode_keeps_image_and_ids_aligned(tmp_path):
+    """A JPEG decoded at 1/f is resampled from its own grid: a sharp edge lands where the full decode
+    puts it (within one output pixel), in the separable and the rotated geometry."""
+    h, w = 240, 320
+    img = np.zeros((h, w, 3), np.uint8)
+    img[:, 137:] = 255
+    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 98])
+    from segtrain.data.annotations import ImageRecord
+
+    rec = ImageRecord("e", "test", h, w, None, buf.tobytes(), [])
+    full = decode_image(rec, rec.image_data, "embedded")
+    ones = np.ones((h, w), np.uint16)
+    for f in (2, 4):
+        small = decode_image(rec, rec.image_data, "embedded", reduce=f)
+        assert small.shape[:2] == (-(-h // f), -(-w // f))
+        for angle in (0.0, 9.0):
+            g = Geometry((h, w), (60, 80), 0.9 / f, angle, True, False, (4.0, 6.0))
+            assert reduction(g.k) >= f
+            a = warp(full, g, cv2.INTER_LINEAR, 0).array[..., 0] > 127
+            b = warp(small, g, cv2.INTER_LINEAR, 0, reduced=f).array[..., 0] > 127
+            inside = warp(ones, g, cv2.INTER_NEAREST if angle else cv2.INTER_NEAREST_EXACT, 0).array > 0
+            # the edge crosses each row once: the two decodes put it at most one pixel apart
+            assert ((a != b) & inside).sum(axis=1).max() <= 1
+            if not angle:  # the same output rectangle is covered
+                box = warp(small, g, cv2.INTER_LINEAR, 0, reduced=f).box
+                assert box == warp(ones, g, cv2.INTER_NEAREST_EXACT, 0).box
+
+
+@pytest.mark.parametrize("size", [(48, 64), (47, 63)])
+def test_reduced_decode_of_an_exif_oriented_jpeg(size):
+    """Orientation 3 (180 degrees) moves the stored grid's last row/column first: reduced only when
+    the size is a multiple of the factor, so that every reduced pixel still covers a whole block."""
+    import io
+
+    from PIL import Image
+
+    from segtrain.data.annotations import ImageRecord
+
+    h, w = size
+    displayed = np.zeros((h, w, 3), np.uint8)
+    displayed[10:20, 30:50] = 255
+    exif = Image.Exif()
+    exif[274] = 3
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(displayed[::-1, ::-1])).save(buf, "JPEG", quality=98, exif=exif.tobytes())
+    rec = ImageRecord("o", "test", h, w, None, buf.getvalue(), [], orientation="exif")
+    small = decode_image(rec, rec.image_data, "embedded", reduce=2)
+    if h % 2 or w % 2:
+        assert small.shape[:2] == (h, w)
+    else:
+        assert small.shape[:2] == (h // 2, w // 2)
+        assert small[5:10, 15:25].min() > 200 and small[:4].max() < 60
+
+
+def test_reduce_is_ignored_for_other_formats():
+    from segtrain.data.annotations import ImageRecord
+
+    img = np.random.default_rng(0).integers(0, 255, (30, 40, 3), dtype=np.uint8)
+    ok, buf = cv2.imencode(".png", img)
+    rec = ImageRecord("p", "test", 30, 40, None, buf.tobytes(), [])
+    assert decode_image(rec, rec.image_data, "embedded", reduce=4).shape == (30, 40, 3)
+    with pytest.raises(ValueError, match="reduce"):
+        decode_image(rec, rec.image_data, "embedded", reduce=3)
+
+
+def test_device_items_fit_top_left_with_a_valid_rectangle(test_data):
+    recs = _real_records(test_data)
+    ds = _dataset(recs, (96, 128), device=True)
+    for i, rec in enumerate(recs):
+        item = ds[i]
+        k = min(96 / rec.height, 128 / rec.width)
+        hh, ww = round(rec.height * k), round(rec.width * k)
+        valid = item["valid"].numpy()
+        assert valid[:hh, :ww].all() and not valid[hh:].any() and not valid[:, ww:].any()
+        inst = item["instance"].numpy()
+        assert inst.dtype == np.int32 and not inst[~valid].any()
+        ids, _ = rasterise(rec.instances, rec.height, rec.width, np.int32, paint_order=rec.paint_order)
+        ref = cv2.resize(ids, (ww, hh), interpolation=cv2.INTER_NEAREST_EXACT)
+        np.testing.assert_array_equal(inst[:hh, :ww], ref)
+        assert item["image"].shape == (3, 96, 128) and not item["image"].numpy()[:, ~valid].any()
+
+
+def test_compose_pipelines_still_run_with_distinct_transform_seeds():
+    """A pipeline with foreign transforms runs through A.Compose; seed_pipeline seeds its transforms apart."""
+    pipe = A.Compose([AffineCrop((32, 32), (0.5, 2.0), hflip_p=0.5), A.HorizontalFlip(p=0.5)])
+    assert draw_plan(pipe, 40, 40) is None
+    seed_pipeline(pipe, 5)
+    assert pipe.transforms[0].seed != pipe.transforms[1].seed
+    img, ids, _ = textured(40, 40)
+    seed_pipeline(pipe, 5)
+    a = run_pipeline(pipe, img, ids, outside=9)
+    seed_pipeline(pipe, 5)
+    b = run_pipeline(pipe, img, ids, outside=9)
+    np.testing.assert_array_equal(a.image, b.image)
+    np.testing.assert_array_equal(a.ids, b.ids)
+    assert not (a.instance() >= 9).any()
