@@ -53,7 +53,6 @@ trainId pixels and 99.68 % of the instance-id pixels agree with cityscapesscript
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -69,8 +68,9 @@ from segtrain.data.annotations import (
     LoadReport,
     UnknownLabelError,
 )
-from segtrain.data.records import Collector
-from segtrain.fileio import UnsafeFileError, is_regular_file, read_bytes
+from segtrain.data.loading import parse_json, read_annotation_file
+from segtrain.data.records import Collector, positive_int
+from segtrain.fileio import is_regular_file
 
 __all__ = [
     "LABELS",
@@ -320,14 +320,14 @@ def load_cityscapes(
         src = str(js)
         stem = _SUFFIX.sub("", js.name)
         try:
-            data = _json(js)
+            data = parse_json(read_annotation_file(js, "Cityscapes annotation file", _MAX_JSON_BYTES), js)
         except AnnotationError as e:
             col.image(str(e))
             continue
         if not isinstance(data, dict) or not isinstance(data.get("objects"), list):
             col.image(f"{src}: not a Cityscapes polygon file (no 'objects' list); move it out of {gt_root} or fix it")
             continue
-        h, w = _positive_int(data.get("imgHeight")), _positive_int(data.get("imgWidth"))
+        h, w = positive_int(data.get("imgHeight")), positive_int(data.get("imgWidth"))
         if h is None or w is None:
             col.image(
                 f"{src}: imgHeight/imgWidth missing or not positive integers "
@@ -397,26 +397,3 @@ def load_cityscapes(
             )
         )
     return records, col.report
-
-
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(read_bytes(path, "Cityscapes annotation file", _MAX_JSON_BYTES))
-    except json.JSONDecodeError as e:
-        raise AnnotationError(
-            f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix or re-download the file"
-        ) from e
-    except UnicodeDecodeError as e:
-        raise AnnotationError(f"{path}: not UTF-8 text ({e})") from e
-    except (UnsafeFileError, OSError) as e:
-        raise AnnotationError(f"{path}: cannot read the annotation file ({e})") from e
-
-
-def _positive_int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int) and v > 0:
-        return v
-    if isinstance(v, float) and v.is_integer() and v > 0:
-        return int(v)
-    return None

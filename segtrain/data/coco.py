@@ -41,6 +41,7 @@ from segtrain.data.records import (
     AnnotationError,
     ClassMap,
     LoadReport,
+    positive_int,
 )
 from segtrain.data.rle import coco_rle
 from segtrain.fileio import is_regular_file
@@ -275,16 +276,6 @@ def _categories(cats: list, src: str) -> tuple[list[str], list, dict]:
     return labels, ids, code
 
 
-def _positive_int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int) and v > 0:
-        return v
-    if isinstance(v, float) and v.is_integer() and v > 0:
-        return int(v)
-    return None
-
-
 class _Images:
     """The valid images: id -> position, and their columns."""
 
@@ -338,7 +329,7 @@ class _Images:
                 problems.image(f"{where} has no 'file_name'; add the image's path relative to the images folder")
                 continue
             where = f"{where} ({file_name})"
-            h, w = _positive_int(im.get("height")), _positive_int(im.get("width"))
+            h, w = positive_int(im.get("height")), positive_int(im.get("width"))
             if h is None or w is None:
                 self.bad.add(im_id)
                 problems.image(

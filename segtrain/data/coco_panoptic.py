@@ -33,7 +33,6 @@ instance id, giving the same ``(instance_mask, instance_classes)`` as rasterised
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -54,7 +53,9 @@ from segtrain.data.annotations import (
     UnknownLabelError,
 )
 from segtrain.data.image_io import ImageReadError, decode_image, max_encoded_bytes
+from segtrain.data.loading import parse_json, read_annotation_file
 from segtrain.data.panoptic_gt import panoptic_ground_truth
+from segtrain.data.records import MAX_ANNOTATION_BYTES, Collector
 from segtrain.fileio import is_regular_file, read_bytes
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
@@ -92,39 +93,6 @@ def image_path(images: Path, file_name: str) -> Path:
     if m is None:
         return images / file_name
     return images / m["city"] / f"{m['city']}_{m['frame']}_leftImg8bit.png"
-
-
-class _Collector:
-    """Raise (on_error="raise"), or record the reason and go on (on_error="skip")."""
-
-    def __init__(self, on_error: str) -> None:
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        self.skip = on_error == "skip"
-        self.report = LoadReport()
-
-    def image(self, msg: str) -> None:
-        if not self.skip:
-            raise AnnotationError(msg)
-        self.report.skipped_images.append(msg)
-
-    def annotation(self, msg: str) -> None:
-        if not self.skip:
-            raise AnnotationError(msg)
-        self.report.skipped_annotations.append(msg)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(read_bytes(path, "annotation file"))
-    except json.JSONDecodeError as e:
-        raise AnnotationError(
-            f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix or re-export the file"
-        ) from e
-    except UnicodeDecodeError as e:
-        raise AnnotationError(f"{path}: not UTF-8 text ({e}); re-save the file as UTF-8 JSON") from e
-    except OSError as e:
-        raise AnnotationError(f"{path}: cannot read the annotation file ({e})") from e
 
 
 def _positive_int(v: Any) -> int | None:
@@ -218,9 +186,9 @@ def load_coco_panoptic(
     if unlabeled not in UNLABELED:
         raise ValueError(f"unlabeled must be one of {UNLABELED}, got {unlabeled!r}")
     ann_path, img_root, png_root = Path(annotations), Path(images), Path(panoptic)
-    col = _Collector(on_error)
+    col = Collector(on_error)
     src = str(ann_path)
-    data = _read_json(ann_path)
+    data = parse_json(read_annotation_file(ann_path, "annotation file", MAX_ANNOTATION_BYTES), ann_path)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise AnnotationError(f"{src}: not a COCO panoptic file (no 'images' list)")
     anns = data.get("annotations")
@@ -331,7 +299,7 @@ def _instances(
     categories: dict[int, dict[str, Any]],
     classes_of: dict[int, int | None],
     label_errors: dict[int, str],
-    col: _Collector,
+    col: Collector,
     unlabeled: str,
 ) -> list[Instance] | None:
     """The instances of one image's ``segments_info`` (None: the image is unusable and was reported)."""

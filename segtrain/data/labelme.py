@@ -41,6 +41,7 @@ from segtrain.data.records import (
     ImageRecord,
     Instance,
     LoadReport,
+    positive_int,
 )
 from segtrain.data.rle import box_mask_counts, encode_counts
 from segtrain.fileio import open_regular
@@ -249,7 +250,7 @@ def build_labelme(root: Path, files: list[Path], max_image_pixels: int = DEFAULT
         if not isinstance(data, dict) or not isinstance(data.get("shapes"), list):
             problems.image(f"{src}: not a LabelMe file (no 'shapes' list); move it out of {root} or fix it")
             continue
-        h, w = _positive_int(data.get("imageHeight")), _positive_int(data.get("imageWidth"))
+        h, w = positive_int(data.get("imageHeight")), positive_int(data.get("imageWidth"))
         if h is None or w is None:
             problems.image(
                 f"{src}: imageHeight/imageWidth missing or not positive integers "
@@ -311,16 +312,6 @@ def build_labelme(root: Path, files: list[Path], max_image_pixels: int = DEFAULT
 def _show(v: Any) -> str:
     s = repr(v)
     return s if len(s) <= 40 else s[:37] + "..."
-
-
-def _positive_int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int) and v > 0:
-        return v
-    if isinstance(v, float) and v.is_integer() and v > 0:
-        return int(v)
-    return None
 
 
 def _shapes(shapes: list, js: Path, h: int, w: int, problems: Problems, labels: set[str]) -> list[Instance]:

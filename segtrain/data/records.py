@@ -208,3 +208,14 @@ class Collector:
             raise AnnotationError(msg)
         self.report.skipped_annotations.append(msg)
         self.report.num_skipped_annotations += 1
+
+
+def positive_int(v: object) -> int | None:
+    """``v`` as a positive integer (JSON may write 640.0), None for anything else (bools included)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int) and v > 0:
+        return v
+    if isinstance(v, float) and v.is_integer() and v > 0:
+        return int(v)
+    return None
