@@ -149,7 +149,8 @@ def synthetic_records(tmp: str, count: int, quality: int | None = None, smooth: 
     """``count`` synthetic 1024x2048 scenes (as the embedded data set draws them), optionally
     re-encoded at JPEG ``quality`` or with a smooth background (blurred: far fewer JPEG bytes)."""
     root = ensure_synthetic(tmp, count, 1, (1024, 2048), 20, seed=0)
-    recs, _ = load_coco(root / "train.json", root / "train", ClassMap(["background", *CLASSES]))
+    index, _ = load_coco(root / "train.json", root / "train", ClassMap(["background", *CLASSES]))
+    recs = list(index)  # records built once: the index builds a fresh one on every access
     if quality is None and not smooth:
         return recs
     out_dir = Path(tmp) / f"q{quality}{'s' if smooth else ''}"
