@@ -38,9 +38,13 @@ def test_overlay_panoptic_colours_outlines_and_void():
     assert (out[30, 20] == 128).all()  # void: untouched
     assert (out[5, 20] == 255).all() or (out[4, 20] == 255).all()  # white outline on the boundary
     assert (out[4:7, 20] == 0).any()  # with a black halo
-    with_legend = overlay_panoptic(img, torch.from_numpy(pan)[None], names, thing_ids=[1, 2])
-    assert with_legend.shape == img.shape
-    assert (with_legend != out).any()  # legend (and labels) drawn
+    corner = overlay_panoptic(img, torch.from_numpy(pan)[None], names, thing_ids=[1, 2], legend="corner")
+    assert corner.shape == img.shape
+    assert (corner != out).any()  # legend (and labels) drawn
+    # by default the legend never hides a segment: here every corner does, so it goes in a strip below
+    auto = overlay_panoptic(img, pan, names, thing_ids=[1, 2])
+    assert auto.shape[0] > img.shape[0] and auto.shape[1:] == img.shape[1:]
+    assert (auto[: img.shape[0]] == overlay_panoptic(img, pan, names, thing_ids=[1, 2], legend=False)).all()
     skipped = overlay_panoptic(img, pan, names, thing_ids=[1, 2], skip_classes=[3], legend=False)
     assert (skipped[50, 10] == 128).all()
 

@@ -98,14 +98,15 @@ def overlay_panoptic(
     thing_ids: Iterable[int] = (),
     alpha: float = 0.55,
     skip_classes: Iterable[int] = (),
-    legend: bool = True,
+    legend: bool | str = True,
 ) -> np.ndarray:
     """image (H, W, 3) uint8 RGB + panoptic map ``class * label_divisor + instance`` -> (H, W, 3) uint8.
 
     Each thing instance gets its own colour (``distinct_colours``, in id order), stuff its class's
     pastel colour; every segment is outlined (white line inside a black one: visible on light and dark
     images), large-enough instances carry their class name, and a legend in the top-left corner lists
-    the classes present (thing classes with their instance count).  ``void_label`` and
+    the classes present (thing classes with their instance count): in a corner when it hides no
+    segment, else in a strip added below the image (``legend="corner"`` / ``"strip"`` to choose).  ``void_label`` and
     ``skip_classes`` (e.g. the background) are left uncoloured.
     """
     if isinstance(panoptic, torch.Tensor):
@@ -167,12 +168,13 @@ def overlay_panoptic(
             if xmax[j] - xmin[j] + 1 >= tw and area[j] >= 2 * tw * th:
                 _text(out, label, (int(cx[j] - tw / 2), int(cy[j] + th / 2)), scale)
     if legend:
-        _draw_legend(out, is_thing[inverse], cls, is_thing, is_void, colours, name, scale)
+        out = _draw_legend(out, paint, cls, is_thing, is_void, colours, name, scale, legend)
     return out
 
 
-def _draw_legend(out, thing_pixels, cls, is_thing, is_void, colours, name, scale) -> None:
-    """Class names with colour swatches in the image corner that hides the fewest instance pixels."""
+def _draw_legend(out, painted, cls, is_thing, is_void, colours, name, scale, mode) -> np.ndarray:
+    """Class names with colour swatches: in the image corner that hides the fewest coloured pixels when
+    it hides none (or ``mode="corner"``), else in a strip added below the image (``mode="strip"`` always)."""
     rows = []
     for c in np.unique(cls[~is_void]).tolist():
         sel = np.flatnonzero((cls == c) & ~is_void)
@@ -182,7 +184,7 @@ def _draw_legend(out, thing_pixels, cls, is_thing, is_void, colours, name, scale
         else:
             rows.append((name(c), colours[sel[:1]]))
     if not rows:
-        return
+        return out
     thick = max(1, round(scale * 2))
     line = int(cv2.getTextSize("Ag", cv2.FONT_HERSHEY_SIMPLEX, scale, thick)[0][1] * 1.9) + 2
     sw = max(4, line - 4)
@@ -190,9 +192,15 @@ def _draw_legend(out, thing_pixels, cls, is_thing, is_void, colours, name, scale
     h, w = out.shape[:2]
     bw, bh = min(w, max(widths) + sw + 10), min(h, line * len(rows) + 6)
     corners = [(0, 0), (0, w - bw), (h - bh, 0), (h - bh, w - bw)]
-    y0, x0 = min(corners, key=lambda c: int(thing_pixels[c[0] : c[0] + bh, c[1] : c[1] + bw].sum()))
-    box = out[y0 : y0 + bh, x0 : x0 + bw].astype(np.float32)
-    out[y0 : y0 + bh, x0 : x0 + bw] = (box * 0.35).astype(np.uint8)  # darkened box: white text always readable
+    hidden = [int(painted[c[0] : c[0] + bh, c[1] : c[1] + bw].sum()) for c in corners]
+    if mode == "strip" or (mode != "corner" and min(hidden) > 0):
+        bh = line * len(rows) + 6
+        out = np.concatenate([out, np.full((bh, w, 3), 40, np.uint8)], axis=0)  # below: hides nothing
+        y0, x0 = h, 0
+    else:
+        y0, x0 = corners[int(np.argmin(hidden))]
+        box = out[y0 : y0 + bh, x0 : x0 + bw].astype(np.float32)
+        out[y0 : y0 + bh, x0 : x0 + bw] = (box * 0.35).astype(np.uint8)  # darkened box: white text readable
     for r, (text, swatches) in enumerate(rows):
         y = y0 + 3 + r * line
         x = x0 + 4
@@ -200,3 +208,4 @@ def _draw_legend(out, thing_pixels, cls, is_thing, is_void, colours, name, scale
             cv2.rectangle(out, (x, y + 2), (x + sw - 1, y + sw + 1), tuple(int(v) for v in col), -1)
             x += sw + 1
         _text(out, text, (x + 3, y + sw), scale)
+    return out
