@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,28 @@ def test_configs_ship_with_the_package():
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert '"configs" = "segtrain/configs"' in pyproject
     assert (CONFIGS / "train.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("trainer.epochs=0", "trainer.epochs=0 must be >= 1"),
+        ("trainer.max_steps=-3", "trainer.max_steps=-3 must be >= 1"),
+        ("trainer.log_every=0", "trainer.log_every=0 must be >= 1"),
+        ("trainer.val_every=0", "trainer.val_every=0 must be >= 1"),
+        ("trainer.num_workers=-1", "trainer.num_workers=-1 must be >= 0"),
+        ("dataset.targets.sigma=0", "dataset.targets.sigma=0.0 must be > 0"),
+        ("trainer.checkpoint.metric=mIoU", "Did you mean trainer.checkpoint.metric=miou"),
+        ("dataset.classes=[circle,square]", "list the background first"),
+        ("experiment=v100", "experiment=v100: no such preset"),
+    ],
+)
+def test_configuration_that_cannot_be_right_fails_before_work(override, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        compose([override])
+
+
+def test_num_classes_may_be_given_when_it_agrees():
+    assert compose(["model.num_classes=4"]).model.num_classes == 4
+    cityscapes = compose(["dataset=cityscapes", "dataset.root=/data/cs"])  # unlabelled pixels are ignore regions
+    assert cityscapes.dataset.classes[0] == "road"

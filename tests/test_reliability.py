@@ -309,3 +309,15 @@ def test_tools_write_into_run_directories_named_for_them(base, finished, tmp_pat
     effective = (runs[0] / ".hydra" / "config.yaml").read_text()
     assert "width: 8" in effective, "the effective config holds the checkpoint's model"
     assert os.path.isfile(runs[0] / "evaluate.log")
+
+
+def test_predict_input_not_found_is_one_line(base, finished, tmp_path):
+    proc = run_module(
+        "segtrain.predict",
+        ["experiment=cpu_smoke", f"ckpt={finished}", f"input={tmp_path / 'nope'}", f"output={tmp_path / 'o'}"],
+        tmp_path,
+        base / "cache",
+        check=False,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"error: input='{tmp_path / 'nope'}': no such file or folder"

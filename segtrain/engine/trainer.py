@@ -415,6 +415,16 @@ class Trainer:
             self.total_steps,
             f", from step {self.state.step}" if self.state.step else "",
         )
+        if tr.val_resolution == "native":
+            log.info(
+                "validation scores at the annotations' own resolution (inference.mode=%s)", self.cfg.inference.mode
+            )
+        else:
+            log.info(
+                "validation scores at dataset.input_size %s (segtrain.evaluate, or trainer.val_resolution=native, "
+                "scores at the annotations' own resolution)",
+                list(self.cfg.dataset.input_size),
+            )
         if self.state.step >= self.total_steps:
             log.warning(
                 "nothing to train: the run is at step %d of %d (trainer.epochs=%s, trainer.max_steps=%s)",
