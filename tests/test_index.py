@@ -120,7 +120,7 @@ def test_index_gives_the_legacy_records_on_every_sample(test_data, tmp_path):
         assert len(new_rep.skipped_images) == len(old_rep.skipped_images), path
         assert len(new_rep.skipped_annotations) == len(old_rep.skipped_annotations), path
         n_records += len(new)
-    assert n_records >= 10
+    assert n_records >= 9  # tests/data alone holds 9 records (more with ../shared/data)
 
 
 def _as_new(rec) -> ImageRecord:
