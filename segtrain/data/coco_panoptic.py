@@ -55,7 +55,7 @@ from segtrain.data.annotations import (
 from segtrain.data.image_io import ImageReadError, decode_image, max_encoded_bytes
 from segtrain.data.loading import parse_json, read_annotation_file
 from segtrain.data.panoptic_gt import panoptic_ground_truth
-from segtrain.data.records import MAX_ANNOTATION_BYTES, Collector
+from segtrain.data.records import MAX_ANNOTATION_BYTES, Collector, crowd_classes
 from segtrain.fileio import is_regular_file, read_bytes
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
@@ -454,11 +454,6 @@ def rasterise_panoptic(record: ImageRecord, segment_ids: np.ndarray) -> tuple[np
         )
     inst = np.repeat(run_inst, np.diff(np.append(starts, flat.size)))
     return inst.reshape(np.shape(segment_ids)), classes
-
-
-def crowd_classes(record: ImageRecord) -> np.ndarray:
-    """(N+1,) int64: each instance's ``crowd_class``, -1 for the rest (``panoptic_ground_truth``'s argument)."""
-    return np.array([-1, *(-1 if i.crowd_class is None else int(i.crowd_class) for i in record.instances)], np.int64)
 
 
 def panoptic_ground_truth_from_png(

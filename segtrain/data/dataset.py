@@ -18,7 +18,15 @@ from torch.utils.data import Dataset, default_collate
 from segtrain.data.annotations import AnnotationError, ImageRecord
 from segtrain.data.formats import check_paths, load_split
 from segtrain.data.image_io import ImageReadError
-from segtrain.data.mappers import CpuMapper, DeviceMapper, NativeMapper, Reader, StageTimer, build_mapper
+from segtrain.data.mappers import (
+    CpuMapper,
+    DeviceMapper,
+    NativeMapper,
+    Reader,
+    StageTimer,
+    build_mapper,
+    inference_size,
+)
 from segtrain.data.seeding import item_seed
 
 log = logging.getLogger(__name__)
@@ -143,10 +151,9 @@ def build_dataset(
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     if native:
         inf = cfg.inference
-        size = tuple(inf.input_size or cfg.dataset.input_size)
         mapper: CpuMapper | DeviceMapper | NativeMapper = NativeMapper(
             str(inf.mode),
-            size,
+            inference_size(cfg),
             int(inf.pad_multiple),
             timer=timer,
             reader=reader,

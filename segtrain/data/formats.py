@@ -42,13 +42,13 @@ def class_map_of(ds: Any) -> ClassMap:
     return ClassMap(list(ds.classes), dict(ds.class_map or {}), unlisted=str(ds.unlisted))
 
 
-def index_options(ds: Any) -> dict[str, Any]:
-    """What the COCO / LabelMe loaders need besides paths: the index cache, file checks, the pixel cap."""
-    return {
-        "cache_dir": ds.cache_dir,
-        "check_files": bool(ds.check_files),
-        "max_image_pixels": int(ds.max_image_pixels),
-    }
+def index_options(ds: Any, check_files: bool = True) -> dict[str, Any]:
+    """What the COCO / LabelMe loaders need besides paths: the index cache, the pixel cap and (unless
+    ``check_files=False``, class discovery) whether to stat every image."""
+    opts: dict[str, Any] = {"cache_dir": ds.cache_dir, "max_image_pixels": int(ds.max_image_pixels)}
+    if check_files:
+        opts["check_files"] = bool(ds.check_files)
+    return opts
 
 
 def _existing(ds: Any, split: str, key: str, folder: bool) -> Path:
@@ -123,17 +123,13 @@ def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[Image
 def _discover_coco(ds: Any) -> list[tuple[str, int]]:
     from segtrain.data.coco import discover_classes_coco
 
-    opts = index_options(ds)
-    opts.pop("check_files")
-    return discover_classes_coco(_existing(ds, "train", "annotations", folder=False), **opts)
+    return discover_classes_coco(_existing(ds, "train", "annotations", folder=False), **index_options(ds, False))
 
 
 def _discover_labelme(ds: Any) -> list[tuple[str, int]]:
     from segtrain.data.labelme import discover_classes_labelme
 
-    opts = index_options(ds)
-    opts.pop("check_files")
-    return discover_classes_labelme(_existing(ds, "train", "dir", folder=True), **opts)
+    return discover_classes_labelme(_existing(ds, "train", "dir", folder=True), **index_options(ds, False))
 
 
 def _discover_synthetic(ds: Any) -> list[tuple[str, int]]:
@@ -141,9 +137,7 @@ def _discover_synthetic(ds: Any) -> list[tuple[str, int]]:
 
     s = ds.synthetic
     root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
-    opts = index_options(ds)
-    opts.pop("check_files")
-    return discover_classes_coco(root / "train.json", **opts)
+    return discover_classes_coco(root / "train.json", **index_options(ds, False))
 
 
 FORMATS.register("coco", DataFormat(_coco, ("images", "annotations"), discover=_discover_coco))

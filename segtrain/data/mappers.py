@@ -35,6 +35,7 @@ from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
 from segtrain.data.device_augment import DeviceBatchAugment
 from segtrain.data.image_io import decode_image, read_encoded
 from segtrain.data.rasterise import rasterise
+from segtrain.data.records import crowd_classes
 from segtrain.data.targets import make_targets
 from segtrain.data.transforms import (
     MAX_INSTANCES,
@@ -326,6 +327,12 @@ class NativeMapper(_Mapper):
         }
 
 
+def inference_size(cfg: Any) -> tuple[int, int]:
+    """``inference.input_size``, else ``dataset.input_size``: the fit size and the sliding window."""
+    h, w = (int(v) for v in (cfg.inference.input_size or cfg.dataset.input_size))
+    return h, w
+
+
 def prepare_input(
     image: np.ndarray, mode: str, input_size: tuple[int, int], pad_multiple: int, fit: A.Compose | None = None
 ) -> tuple[np.ndarray, float]:
@@ -348,11 +355,6 @@ def prepare_input(
 def semantic_of(inst: np.ndarray, inst_classes: np.ndarray) -> np.ndarray:
     """(H,W) uint8 class of every pixel (255 on crowd/ignore regions): the semantic ground truth."""
     return inst_classes.astype(np.uint8)[inst]
-
-
-def crowd_classes(rec: ImageRecord) -> np.ndarray:
-    """(N+1,) the class of each crowd region (``Instance.crowd_class``), -1 elsewhere: panoptic ground truth."""
-    return np.array([-1, *(-1 if i.crowd_class is None else int(i.crowd_class) for i in rec.instances)], np.int64)
 
 
 def instance_info(

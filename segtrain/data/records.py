@@ -210,6 +210,11 @@ class Collector:
         self.report.num_skipped_annotations += 1
 
 
+def crowd_classes(record: ImageRecord) -> np.ndarray:
+    """(N+1,) int64: each instance's ``crowd_class``, -1 for the rest and for id 0 (panoptic ground truth)."""
+    return np.array([-1, *(-1 if i.crowd_class is None else int(i.crowd_class) for i in record.instances)], np.int64)
+
+
 def positive_int(v: object) -> int | None:
     """``v`` as a positive integer (JSON may write 640.0), None for anything else (bools included)."""
     if isinstance(v, bool):

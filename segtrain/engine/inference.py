@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from segtrain.data.mappers import prepare_input
+from segtrain.data.mappers import inference_size, prepare_input
 from segtrain.engine.runtime import autocast
 from segtrain.models import build_model
 from segtrain.models.weights import load_checkpoint_weights
@@ -81,16 +81,20 @@ def to_native(outputs: Outputs, scale: float, size: tuple[int, int]) -> Outputs:
     return out
 
 
+def run_network(net: nn.Module, image: torch.Tensor, cfg: Any) -> Outputs:
+    """The network on a prepared input: in one pass, or in sliding windows (``inference.mode=sliding``)."""
+    inf = cfg.inference
+    if inf.mode == "sliding":
+        return sliding_window(net, image, inference_size(cfg), float(inf.overlap))
+    return net(image)
+
+
 def native_forward(cfg: Any) -> Callable[[nn.Module, dict[str, torch.Tensor]], Outputs]:
     """``forward(net, batch)`` for native-resolution items (``data.mappers.NativeMapper``, batch size 1)."""
-    inf = cfg.inference
-    window = tuple(inf.input_size or cfg.dataset.input_size)
 
     def forward(net: nn.Module, batch: dict[str, torch.Tensor]) -> Outputs:
-        image = batch["image"]
-        out = sliding_window(net, image, window, float(inf.overlap)) if inf.mode == "sliding" else net(image)
         h, w = (int(v) for v in batch["native_size"][0].tolist())
-        return to_native(out, float(batch["scale"][0]), (h, w))
+        return to_native(run_network(net, batch["image"], cfg), float(batch["scale"][0]), (h, w))
 
     return forward
 
@@ -102,9 +106,8 @@ def predict_image(
     """All outputs for one (H,W,3) uint8 RGB image at its own resolution, as ``inference.*`` says:
     ``semantic`` (1,C,H,W) logits, and for instance-aware models ``center`` (1,1,H,W), ``offset`` (1,2,H,W)."""
     inf = cfg.inference
-    size = tuple(int(v) for v in (inf.input_size or cfg.dataset.input_size))
-    x, scale = prepare_input(image, str(inf.mode), size, int(inf.pad_multiple))
+    x, scale = prepare_input(image, str(inf.mode), inference_size(cfg), int(inf.pad_multiple))
     inp = torch.from_numpy(np.ascontiguousarray(x)).permute(2, 0, 1).float().div_(255).unsqueeze(0).to(device)
     with autocast(device, precision):
-        out = sliding_window(model, inp, size, float(inf.overlap)) if inf.mode == "sliding" else model(inp)
+        out = run_network(model, inp, cfg)
     return to_native(out, scale, image.shape[:2])

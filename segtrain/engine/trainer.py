@@ -144,6 +144,7 @@ class Trainer:
         self.epoch_done = False  # after_epoch: did the epoch run to its end (vs max_steps)?
         self.val_metrics: dict[str, Any] | None = None  # after_epoch: this epoch's validation, if any
         self.improved = False  # after_epoch: did it beat state.best_metric?
+        self.best_at: tuple[int, int] | None = None  # (epoch, step) of the best validation in this process
         self.nonfinite_skipped = 0  # steps dropped by trainer.on_nonfinite=skip_step
         self._nonfinite_streak = 0
         self.stop_reason: str | None = None
@@ -390,7 +391,7 @@ class Trainer:
         log.info("\n  ".join(lines))
 
     def best_epoch_text(self) -> str:
-        best = getattr(self, "best_at", None)
+        best = self.best_at
         return f"epoch {best[0]}, step {best[1]}" if best else "from a previous part of the run"
 
     def request_stop(self, reason: str) -> None:
