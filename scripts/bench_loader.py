@@ -75,16 +75,19 @@ def real_records() -> list:
 
 
 def make_dataset(
-    records: list, classes: list[str], input_size: tuple[int, int], device: bool = False
+    records: list, classes: list[str], input_size: tuple[int, int], device: bool = False, worker_targets: bool = False
 ) -> PolygonDataset:
     """The training pipeline as loader workers run it (uint8 images), with a stage timer: CPU
-    augmentation, or with ``device`` the worker part of device augmentation."""
+    augmentation with the targets built on the training device (what training on CUDA runs), or with
+    ``worker_targets`` in the worker (training on CPU, ``dataset.targets.where=worker``), or with ``device``
+    the worker part of device augmentation."""
     cfg = compose([])
     targets = TargetSpec(sigma=float(cfg.dataset.targets.sigma))
     if device:
         mapper = DeviceMapper(input_size, cfg.augment, targets, timer=StageTimer())
     else:
-        mapper = CpuMapper(build_pipeline(cfg.augment, input_size, train=True), targets, timer=StageTimer())
+        pipeline = build_pipeline(cfg.augment, input_size, train=True)
+        mapper = CpuMapper(pipeline, targets, targets_on_device=not worker_targets, timer=StageTimer())
     return PolygonDataset(records, mapper, classes=classes)
 
 
@@ -204,12 +207,18 @@ def main() -> None:
     results["real_samples_device_worker"] = bench(
         make_dataset(recs, REAL_CLASSES, (512, 512), device=True), (512, 512), rounds
     )
+    results["real_samples_targets_in_worker"] = bench(
+        make_dataset(recs, REAL_CLASSES, (512, 512), worker_targets=True), (512, 512), rounds
+    )
     with tempfile.TemporaryDirectory() as tmp:
         syn = synthetic_records(tmp, 2 if args.quick else 6)
         classes = ["background", *CLASSES]
         results["synthetic_1024x2048"] = bench(make_dataset(syn, classes, (1024, 2048)), (1024, 2048), rounds)
         results["synthetic_1024x2048_device_worker"] = bench(
             make_dataset(syn, classes, (1024, 2048), device=True), (1024, 2048), rounds
+        )
+        results["synthetic_1024x2048_targets_in_worker"] = bench(
+            make_dataset(syn, classes, (1024, 2048), worker_targets=True), (1024, 2048), rounds
         )
         if not (args.quick or args.no_jpeg_table):
             results["jpeg_sensitivity"] = jpeg_sensitivity(tmp, 3, rounds)

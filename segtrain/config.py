@@ -70,6 +70,11 @@ class TargetsConfig:
     sigma: float = 8.0
     small_instance_area: int = 0  # instances smaller than this (px) get small_instance_weight
     small_instance_weight: float = 1.0
+    # Where the dense target planes (semantic, heatmap, offsets, weights: 25 bytes a pixel) are built with
+    # augment.device=cpu. worker: in the loader workers. device: on the training device from the augmented ids
+    # (items then carry 5 bytes a pixel: image + uint16 ids). auto: device when training on CUDA, else worker.
+    # With augment.device=cuda|auto they are always built on the device.
+    where: str = "auto"
 
 
 @dataclass
@@ -458,6 +463,7 @@ _CHOICES = {
     "dataset.on_error": ("raise", "skip"),
     "dataset.unlisted": ("error", "drop", "ignore"),
     "augment.device": ("cpu", "cuda", "auto"),
+    "dataset.targets.where": ("auto", "worker", "device"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.precision": ("fp32", "fp16", "bf16"),
     "trainer.ddp.backend": ("auto", "nccl", "gloo"),
@@ -485,6 +491,11 @@ def validate(cfg: DictConfig) -> None:
     check_registered(cfg)
     check_ranges(cfg)
     check_classes(cfg)
+    if cfg.dataset.targets.where == "worker" and cfg.augment.device != "cpu":
+        raise ConfigError(
+            f"dataset.targets.where=worker needs augment.device=cpu: with augment.device={cfg.augment.device} the "
+            "batch is augmented on the device, so its targets can only be built there (use dataset.targets.where=auto)"
+        )
     if len(cfg.dataset.input_size) != 2 or min(cfg.dataset.input_size) < 8:
         raise ConfigError(f"dataset.input_size must be [H, W] with H, W >= 8, got {list(cfg.dataset.input_size)}")
     metric = cfg.trainer.checkpoint.metric

@@ -16,7 +16,7 @@ import torch
 from segtrain.config import IGNORE_LABEL, compose
 from segtrain.data.annotations import ClassMap, load_coco, load_labelme
 from segtrain.data.augmentations import build_pipeline
-from segtrain.data.dataset import PolygonDataset
+from segtrain.data.dataset import PolygonDataset, collate
 from segtrain.data.image_io import decode_image, read_encoded
 from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
 from segtrain.data.rasterise import rasterise
@@ -234,6 +234,52 @@ def test_cpu_items_equal_the_reference_definitions(test_data):
                 diffs.append(float(np.abs(low[0] - low[1])[valid].mean()))
     assert n_reduced >= 2 and n_exact >= 5
     assert np.mean(diffs) < 5 and max(diffs) < 10, diffs  # grey levels, after a sigma 1.5 px blur
+
+
+def test_targets_built_on_the_device_equal_those_built_in_the_worker(test_data):
+    """dataset.targets.where=device: compact items (uint8 image, uint16 ids with the outside id) collated and
+    expanded by BatchTargets give exactly the worker's dense items, batch by batch, rotations and padding included."""
+    recs = _real_records(test_data)
+    over = {"scale_min": 0.4, "scale_max": 1.6, "rotate_p": 0.5}
+    dense = _dataset(recs, (256, 320), **over)
+    pipe = build_pipeline(augment_cfg(**over), (256, 320), True)
+    compact = PolygonDataset(
+        recs, CpuMapper(pipe, TargetSpec(sigma=4.0), targets_on_device=True), classes=dense.classes
+    )
+    transform = compact.mapper.batch_transform(torch.device("cpu"), 0, 0)
+    assert dense.mapper.batch_transform(torch.device("cpu"), 0, 0) is None
+    padded = 0
+    for epoch in range(3):
+        for start in range(0, len(recs), 4):
+            keys = [(epoch, i) for i in range(start, min(start + 4, len(recs)))]
+            items = [compact[k] for k in keys]
+            assert all(it["instance"].dtype == torch.uint16 and it["image"].dtype == torch.uint8 for it in items)
+            assert set(items[0]) == {"image", "instance", "instance_classes", "outside", "index"}
+            padded += sum(bool((it["instance"] == it["outside"]).any()) for it in items)
+            got = transform(collate(items), epoch, 0)
+            ref = collate([dense[k] for k in keys])
+            np.testing.assert_array_equal(got["image"].numpy(), ref["image"].numpy())
+            np.testing.assert_array_equal(got["instance"].numpy(), ref["instance"].numpy())
+            np.testing.assert_array_equal(got["semantic"].numpy(), ref["semantic"].numpy().astype(np.int64))
+            for key in KEYS[1:]:
+                np.testing.assert_array_equal(got[key].numpy(), ref[key].numpy(), err_msg=key)
+    assert padded >= 3  # invented pixels (padding, rotation corners) were exercised
+
+
+def test_targets_where_follows_the_training_device():
+    from segtrain.config import ConfigError
+    from segtrain.data.mappers import build_mapper
+
+    cfg = compose([])
+    assert not build_mapper(cfg, True, device=torch.device("cpu")).targets_on_device
+    assert build_mapper(cfg, True, device=torch.device("cuda")).targets_on_device  # auto: on CUDA
+    assert not build_mapper(cfg, False, device=torch.device("cuda")).targets_on_device  # evaluation: dense
+    assert build_mapper(compose(["dataset.targets.where=device"]), True).targets_on_device
+    assert not build_mapper(
+        compose(["dataset.targets.where=worker"]), True, device=torch.device("cuda")
+    ).targets_on_device
+    with pytest.raises(ConfigError, match="dataset.targets.where=worker needs augment.device=cpu"):
+        compose(["dataset.targets.where=worker", "augment.device=cuda"])
 
 
 def test_reduced_decode_keeps_image_and_ids_aligned(tmp_path):

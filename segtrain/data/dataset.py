@@ -139,13 +139,15 @@ def build_dataset(
     split: str,
     *,
     native: bool = False,
+    device: torch.device | None = None,
     timer: StageTimer | None = None,
     reader: Reader | None = None,
 ) -> PolygonDataset:
     """The data set of ``split`` ("train" or "val") as ``cfg.dataset`` and ``cfg.augment`` configure it.
 
     ``native``: evaluation items at the annotation's resolution (:class:`NativeMapper`, ``cfg.inference``);
-    ``timer`` collects per-stage seconds (segtrain.doctor); ``reader`` replaces how image bytes are read.
+    ``device``: the training device (settles ``dataset.targets.where=auto``); ``timer`` collects per-stage
+    seconds (segtrain.doctor); ``reader`` replaces how image bytes are read.
     """
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
@@ -160,7 +162,7 @@ def build_dataset(
             max_image_pixels=int(cfg.dataset.max_image_pixels),
         )
     else:
-        mapper = build_mapper(cfg, train=(split == "train"), timer=timer, reader=reader)
+        mapper = build_mapper(cfg, train=(split == "train"), device=device, timer=timer, reader=reader)
     return PolygonDataset(
         load_records(cfg, split),
         mapper,

@@ -33,6 +33,7 @@ from segtrain.data.annotations import AnnotationError, ImageRecord
 from segtrain.data.augmentations import DEVICE_PIPELINES, build_pipeline, evaluation_pipeline
 from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
 from segtrain.data.device_augment import DeviceBatchAugment
+from segtrain.data.device_targets import BatchTargets
 from segtrain.data.image_io import decode_image, read_encoded
 from segtrain.data.rasterise import rasterise
 from segtrain.data.records import crowd_classes
@@ -174,6 +175,12 @@ class CpuMapper(_Mapper):
     ``offset`` (2,H,W), ``semantic_weight``/``center_weight``/``offset_weight`` (H,W). With
     ``eval_info`` (evaluation items) also ``instance_classes``, ``crowd_classes`` (N+1,) and ``valid``
     (H,W): what panoptic ground truth needs.
+
+    With ``targets_on_device`` (``dataset.targets.where=device``, the default when training on CUDA) the
+    worker stops after augmenting: items are ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16 with the
+    id ``outside`` on invented pixels, ``instance_classes`` and ``outside`` (), 5 bytes a pixel instead of
+    32, and :meth:`batch_transform` builds the targets on the device
+    (:class:`~segtrain.data.device_targets.BatchTargets`).
     """
 
     def __init__(
@@ -183,14 +190,18 @@ class CpuMapper(_Mapper):
         *,
         uint8_images: bool = True,
         eval_info: bool = False,
+        targets_on_device: bool = False,
         timer: StageTimer | None = None,
         reader: Reader | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         super().__init__(pipeline, timer, reader, max_image_pixels)
+        if targets_on_device and (eval_info or not uint8_images):
+            raise ValueError("targets_on_device items are training items: no eval_info, uint8 images")
         self.targets = targets
         self.uint8_images = uint8_images
         self.eval_info = eval_info
+        self.targets_on_device = targets_on_device
 
     def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
         data, what = self._read_timed(rec)
@@ -210,6 +221,15 @@ class CpuMapper(_Mapper):
             aug = plan.run(image, ids, outside=n, owned=True, reduced=reduced)
         self._clock.lap("augment")
         classes = inst_classes if aug.covered else np.append(inst_classes, IGNORE_LABEL)
+        if self.targets_on_device:
+            item = {
+                "image": torch.from_numpy(aug.image).permute(2, 0, 1),  # strided views: collate copies once
+                "instance": torch.from_numpy(aug.ids),
+                "instance_classes": torch.from_numpy(classes.astype(np.int64, copy=False)),
+                "outside": torch.tensor(n),
+            }
+            self._clock.lap("to_tensor")
+            return item
         # The item's int32 ids are the one contiguous copy of the augmented ids: targets read them
         # (invented pixels still ``n``), then those pixels become 0.
         ids32 = aug.ids.astype(np.int32)
@@ -220,6 +240,10 @@ class CpuMapper(_Mapper):
             item.update(instance_info(rec, inst_classes, aug.valid(), ids32.shape))
         self._clock.lap("to_tensor")
         return item
+
+    def batch_transform(self, device: torch.device, seed: int, rank: int) -> BatchTargets | None:
+        """With ``targets_on_device``: the targets of the batch, on ``device``."""
+        return BatchTargets(self.targets) if self.targets_on_device else None
 
 
 class DeviceMapper(_Mapper):
@@ -274,6 +298,7 @@ class DeviceMapper(_Mapper):
         return item
 
     def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment:
+        """Augmentation and targets of the batch, on ``device``."""
         return DeviceBatchAugment(self.augment, self.input_size, self.targets, device, seed, rank)
 
 
@@ -384,14 +409,38 @@ def to_tensors(
     }
 
 
+def targets_on_device(cfg: Any, device: torch.device | None) -> bool:
+    """Are training targets built on the training ``device`` (None: not known, e.g. a data tool)?
+    ``dataset.targets.where``: auto = on CUDA devices; always with device augmentation."""
+    where = str(cfg.dataset.targets.where)
+    if str(cfg.augment.device) != "cpu" or where == "device":
+        return True
+    return where == "auto" and device is not None and device.type == "cuda"
+
+
 def build_mapper(
-    cfg: Any, train: bool, *, timer: StageTimer | None = None, reader: Reader | None = None
+    cfg: Any,
+    train: bool,
+    *,
+    device: torch.device | None = None,
+    timer: StageTimer | None = None,
+    reader: Reader | None = None,
 ) -> CpuMapper | DeviceMapper:
-    """The mapper ``cfg`` asks for: device augmentation for training with ``augment.device != cpu``."""
+    """The mapper ``cfg`` asks for: device augmentation for training with ``augment.device != cpu``;
+    ``device`` (the training device) settles ``dataset.targets.where=auto``."""
     size = (int(cfg.dataset.input_size[0]), int(cfg.dataset.input_size[1]))
     targets = TargetSpec.from_config(cfg.dataset)
     cap = int(cfg.dataset.max_image_pixels)
     if train and str(cfg.augment.device) != "cpu":
         return DeviceMapper(size, cfg.augment, targets, timer=timer, reader=reader, max_image_pixels=cap)
     pipeline = build_pipeline(cfg.augment if train else None, size, train)
-    return CpuMapper(pipeline, targets, eval_info=not train, timer=timer, reader=reader, max_image_pixels=cap)
+    on_device = train and targets_on_device(cfg, device)
+    return CpuMapper(
+        pipeline,
+        targets,
+        eval_info=not train,
+        targets_on_device=on_device,
+        timer=timer,
+        reader=reader,
+        max_image_pixels=cap,
+    )

@@ -177,7 +177,8 @@ ADVICE = {
     "or use more loader workers",
     "rasterise": "polygon rasterisation dominates: simplify very dense polygons or use more loader workers",
     "augment": "CPU augmentation dominates: set augment.device=cuda to augment on the GPU, or use more loader workers",
-    "targets": "target building dominates: set augment.device=cuda to build heatmaps/offsets on the GPU",
+    "targets": "target building dominates: dataset.targets.where=device (the default on CUDA) builds heatmaps/offsets "
+    "on the GPU",
     "fit": "fitting images to dataset.input_size dominates: store images closer to the training resolution",
     "to_tensor": "tensor conversion dominates: lower dataset.input_size or use augment.device=cuda "
     "(uint8 images cross to the GPU)",
@@ -187,7 +188,7 @@ ADVICE = {
 def diagnose(cfg: Any, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
     """Measure and decide: input-bound or compute-bound, by how much, which stage, and what to try."""
     tr = cfg.trainer
-    dataset = dataset if dataset is not None else build_dataset(cfg, "train", timer=StageTimer())
+    dataset = dataset if dataset is not None else build_dataset(cfg, "train", device=dist.device, timer=StageTimer())
     bs = per_rank_batch(int(tr.batch_size), dist.world_size)
     n_img = int(cfg.doctor.num_images)
     report: dict[str, Any] = {
@@ -209,7 +210,8 @@ def diagnose(cfg: Any, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
     report["loader"] = [loader_throughput(dataset, bs, w, batches, pin) for w in workers]
     sample = collate([dataset[(0, i % len(dataset))] for i in range(bs)])
     transform = dataset.mapper.batch_transform(dist.device, int(tr.seed), dist.rank)
-    report["augment_device"] = str(dist.device) if transform is not None else "cpu (loader workers)"
+    report["augment_device"] = str(dist.device) if cfg.augment.device != "cpu" else "cpu (loader workers)"
+    report["targets_device"] = str(dist.device) if transform is not None else "cpu (loader workers)"
     report["model_step"] = model_throughput(cfg, sample, dist, int(cfg.doctor.steps), transform)
     report.update(verdict(report, int(tr.num_workers), cfg))
     return report

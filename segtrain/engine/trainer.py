@@ -162,7 +162,8 @@ class Trainer:
         configure_determinism(tr)
         precision = effective_precision(tr.precision, dist.device)
         native = tr.val_resolution == "native"
-        train_set, val_set = build_dataset(cfg, "train"), build_dataset(cfg, "val", native=native)
+        train_set = build_dataset(cfg, "train", device=dist.device)
+        val_set = build_dataset(cfg, "val", native=native)
         # input-size items of the same records: TensorBoard panels and the unused-parameter probe
         panel_set = (
             val_set
@@ -172,8 +173,10 @@ class Trainer:
             )
         )
         batch_transform = train_set.mapper.batch_transform(dist.device, int(tr.seed), dist.rank)
-        if batch_transform is not None:
+        if cfg.augment.device != "cpu":
             log.info("augment.device=%s: augmentation and targets run on %s", cfg.augment.device, dist.device)
+        elif batch_transform is not None:
+            log.info("dataset.targets.where=%s: targets are built on %s", cfg.dataset.targets.where, dist.device)
         per_rank = per_rank_batch(int(tr.batch_size), dist.world_size)
         if per_rank % int(tr.accumulate):
             raise ConfigError(
