@@ -347,21 +347,45 @@ def test_reduce_is_ignored_for_other_formats():
         decode_image(rec, rec.image_data, "embedded", reduce=3)
 
 
-def test_device_items_fit_top_left_with_a_valid_rectangle(test_data):
+def test_device_items_fit_top_left_with_a_content_size(test_data):
+    """Images 2x larger than the input or more are fitted in the worker (content top-left, padding 0)."""
     recs = _real_records(test_data)
     ds = _dataset(recs, (96, 128), device=True)
     for i, rec in enumerate(recs):
         item = ds[i]
         k = min(96 / rec.height, 128 / rec.width)
         hh, ww = round(rec.height * k), round(rec.width * k)
-        valid = item["valid"].numpy()
-        assert valid[:hh, :ww].all() and not valid[hh:].any() and not valid[:, ww:].any()
+        assert item["content"].tolist() == [hh, ww]
         inst = item["instance"].numpy()
-        assert inst.dtype == np.int32 and not inst[~valid].any()
-        ids, _ = rasterise(rec.instances, rec.height, rec.width, np.int32, paint_order=rec.paint_order)
+        assert inst.dtype == np.uint16 and not inst[hh:].any() and not inst[:, ww:].any()
+        ids, _ = rasterise(rec.instances, rec.height, rec.width, np.uint16, paint_order=rec.paint_order)
         ref = cv2.resize(ids, (ww, hh), interpolation=cv2.INTER_NEAREST_EXACT)
         np.testing.assert_array_equal(inst[:hh, :ww], ref)
-        assert item["image"].shape == (3, 96, 128) and not item["image"].numpy()[:, ~valid].any()
+        image = item["image"].numpy()
+        assert image.shape == (3, 96, 128) and not image[:, hh:].any() and not image[:, :, ww:].any()
+
+
+def test_device_items_smaller_than_twice_the_input_are_shipped_as_decoded(test_data):
+    """... the others as decoded and rasterised (one resample, on the device); a batch is padded to its largest."""
+    recs = _real_records(test_data)
+    ds = _dataset(recs, (320, 480), device=True)
+    items = [ds[i] for i in range(len(recs))]
+    for rec, item in zip(recs, items, strict=True):
+        assert min(320 / rec.height, 480 / rec.width) > 0.5
+        assert item["content"].tolist() == [rec.height, rec.width]
+        ids, _ = rasterise(rec.instances, rec.height, rec.width, np.uint16, paint_order=rec.paint_order)
+        np.testing.assert_array_equal(item["instance"].numpy(), ids)
+        np.testing.assert_array_equal(item["image"].permute(1, 2, 0).numpy(), decode_image(rec, *read_encoded(rec)))
+    assert len({it["image"].shape for it in items}) > 1
+    batch = collate([dict(it) for it in items])
+    h, w = max(r.height for r in recs), max(r.width for r in recs)
+    assert batch["image"].shape == (len(recs), 3, h, w) and batch["instance"].shape == (len(recs), h, w)
+    for i, rec in enumerate(recs):
+        np.testing.assert_array_equal(batch["instance"][i, : rec.height, : rec.width], items[i]["instance"])
+        assert not batch["instance"][i, rec.height :].any() and not batch["image"][i, :, :, rec.width :].any()
+    out = ds.mapper.batch_transform(torch.device("cpu"), 0, 0)(batch, 0, 0)
+    assert out["image"].shape == (len(recs), 3, 320, 480) and out["semantic"].shape == (len(recs), 320, 480)
+    assert out["instance"].dtype == torch.int32 and (out["semantic_weight"] > 0).any()
 
 
 def test_compose_pipelines_still_run_with_distinct_transform_seeds():

@@ -9,11 +9,12 @@ are fixed at construction.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from segtrain.data.annotations import AnnotationError, ImageRecord
 from segtrain.data.formats import check_paths, load_split
@@ -94,9 +95,14 @@ class PolygonDataset(Dataset):
 PER_INSTANCE = {"instance_classes": 0, "crowd_classes": -1}
 
 
+#: Maps of device-augmentation items (``DeviceMapper``: sizes differ), padded bottom/right with 0 to the largest.
+PADDED = ("image", "instance")
+
+
 def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """default_collate, except that per-instance vectors are padded to one length and skipped
-    evaluation items (``{"skipped": 1}``) are dropped and counted in ``batch["skipped"]``."""
+    """default_collate, except that per-instance vectors are padded to one length, the maps of items
+    with a ``content`` size are padded to the largest, and skipped evaluation items (``{"skipped": 1}``)
+    are dropped and counted in ``batch["skipped"]``."""
     good = [it for it in items if "skipped" not in it]
     skipped = len(items) - len(good)
     for key, fill in PER_INSTANCE.items():
@@ -106,10 +112,31 @@ def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
                 c = it[key]
                 if c.numel() < k:
                     it[key] = torch.cat([c, c.new_full((k - c.numel(),), fill)])
+    padded = {}
+    if good and "content" in good[0] and len({it["image"].shape for it in good}) > 1:
+        padded = {key: _stack_padded([it.pop(key) for it in good]) for key in PADDED}
     batch = default_collate(good) if good else {}
+    batch.update(padded)
     if skipped:
         batch["skipped"] = torch.tensor(skipped)
     return batch
+
+
+def _stack_padded(maps: list[torch.Tensor]) -> torch.Tensor:
+    """(B, ..., H, W) of the largest H and W, each map top-left, 0 elsewhere; in shared memory inside a
+    loader worker, as default_collate does, so the batch crosses to the main process without a copy."""
+    shape = (len(maps), *maps[0].shape[:-2], max(m.shape[-2] for m in maps), max(m.shape[-1] for m in maps))
+    numel = math.prod(shape)
+    if get_worker_info() is not None:
+        out = maps[0].new(maps[0]._typed_storage()._new_shared(numel, device=maps[0].device)).view(shape)
+    else:
+        out = maps[0].new_empty(shape)
+    for i, m in enumerate(maps):
+        h, w = m.shape[-2:]
+        out[i, ..., :h, :w] = m
+        out[i, ..., h:, :] = 0
+        out[i, ..., :h, w:] = 0
+    return out
 
 
 def load_records(cfg: Any, split: str) -> Sequence[ImageRecord]:

@@ -1,9 +1,9 @@
 """Training augmentation of a whole batch on the training device (``augment.device=cuda|auto``).
 
-With CPU augmentation the loader workers run the albumentations pipeline of ``segtrain.data.transforms`` and build
-targets per item; on fast GPUs they cannot keep up.  In device mode the workers only read, decode, rasterise and fit
-each image into the input size (the validation geometry: longest side fitted, content top-left, ``valid`` False on
-the padding); :class:`DeviceAugment` then applies the *same* random transforms, with the same ``cfg.augment``
+With CPU augmentation the loader workers run the albumentations pipeline of ``segtrain.data.transforms``; on fast
+GPUs they cannot keep up.  In device mode the workers only read, decode and rasterise each image (fitting it into the
+input size only when it is 2x larger or more: content top-left, the rest padding, see ``mappers.DeviceMapper``);
+:class:`DeviceAugment` then applies the *same* random transforms, with the same ``cfg.augment``
 parameters, to the collated batch on the device, and :func:`make_targets_torch` (``device_targets.py``) builds the
 targets there.
 
@@ -31,8 +31,9 @@ Mapping to the CPU transforms (``transforms.build_transforms(aug, size, train=Tr
   crossing is moved half a pixel outwards, which reproduces ``cv2.fillPoly``'s filled outline: area within ~5% on
   64 px images, <1% at 512 px).
 
-Deliberate differences: the device resamples the image twice (the loader's fit, then the augmentation) where the CPU
-warps once, so it is marginally smoother; grid_sample's nearest rounds half to even where cv2 rounds half up (ties
+Deliberate differences: an image 2x larger than the input or more is resampled twice (the loader's reduced decode and
+fit, then the augmentation) where the CPU warps once, so it is marginally smoother (smaller ones are resampled once,
+from their decoded size); grid_sample's nearest rounds half to even where cv2 rounds half up (ties
 only); the shadow fill differs from ``cv2.fillPoly`` on part of the outline (see above); no uint8 rounding between
 steps (float output).
 
@@ -376,7 +377,14 @@ class DeviceBatchAugment:
         self.seed, self.rank = int(seed), int(rank)
 
     def __call__(self, batch: dict[str, Tensor], epoch: int, step: int) -> dict[str, Tensor]:
+        """``batch``: collated ``DeviceMapper`` items (``content`` (B, 2): the top-left content of each image;
+        the rest is padding), on the device."""
         self.generator.manual_seed(item_seed(self.seed, epoch, step * 65_536 + self.rank))
-        image, inst, valid = self.augment(batch["image"], batch["instance"], batch["valid"], self.generator)
+        inst = batch["instance"].to(torch.int32)  # uint16 has few kernels
+        hw = batch["content"]
+        b, h, w = inst.shape
+        rows = torch.arange(h, device=inst.device).view(1, h, 1) < hw[:, 0].view(b, 1, 1)
+        valid = rows & (torch.arange(w, device=inst.device).view(1, 1, w) < hw[:, 1].view(b, 1, 1))
+        image, inst, valid = self.augment(batch["image"], inst, valid, self.generator, content_hw=hw)
         targets = make_targets_torch(inst, batch["instance_classes"], self.sigma, valid=valid, **self.targets_kw)
         return {"image": image, "instance": inst, **targets}

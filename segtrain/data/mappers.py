@@ -247,10 +247,14 @@ class CpuMapper(_Mapper):
 
 
 class DeviceMapper(_Mapper):
-    """Read, decode, rasterise and fit in the worker; augment and build targets on the device.
+    """Read, decode and rasterise in the worker; fit, augment and build targets on the device.
 
-    Items: ``image`` (3,H,W) uint8, ``instance`` (H,W) int32, ``valid`` (H,W) bool (False on
-    padding), ``instance_classes`` (N+1,) int64.
+    Items: ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16, ``content`` (2,) int64 = the rows and
+    columns of image content at the top-left (the rest is padding), ``instance_classes`` (N+1,) int64.
+    An image the fit shrinks by less than 2x is shipped as decoded (its native size, at most 2x the input
+    size per side): the device fits and augments it in one resample, and the worker makes no pass over its
+    pixels. A larger one is decoded smaller (JPEG) and fitted here, content top-left. :func:`collate` pads
+    a batch to its largest item.
     """
 
     def __init__(
@@ -276,22 +280,18 @@ class DeviceMapper(_Mapper):
     def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
         data, what = self._read_timed(rec)
         fit = self.pipeline.transforms[0].sample(None, rec.height, rec.width)  # not random: no stream
-        image, f = self._decode(rec, data, what, reduction(fit.k))  # a JPEG shrunk 2x or more: decoded smaller
-        # int32 ids from the start: the fit only resizes them (nearest), padding is id 0 and ``valid``
-        # is the fitted rectangle, so no pass over the ids is needed after rasterising.
-        ids, inst_classes = self._rasterise(rec, np.int32)
-        img = warp(image, fit, cv2.INTER_LINEAR, 0, f)
-        inst = warp(ids, fit, cv2.INTER_NEAREST_EXACT, 0)
-        y0, y1, x0, x1 = inst.box
-        if inst.box == (0, self.input_size[0], 0, self.input_size[1]):
-            valid = torch.ones(self.input_size, dtype=torch.bool)
-        else:
-            valid = torch.zeros(self.input_size, dtype=torch.bool)
-            valid[y0:y1, x0:x1] = True
+        reduce = reduction(fit.k)
+        image, f = self._decode(rec, data, what, reduce)  # a JPEG shrunk 2x or more: decoded smaller
+        ids, inst_classes = self._rasterise(rec)
+        if reduce == 1:  # shipped as it is
+            content = (rec.height, rec.width)
+        else:  # fitted into the input size, content top-left, padding 0 (ids: background)
+            img, inst = warp(image, fit, cv2.INTER_LINEAR, 0, f), warp(ids, fit, cv2.INTER_NEAREST_EXACT, 0)
+            image, ids, content = img.array, inst.array, (inst.box[1], inst.box[3])
         item = {
-            "image": torch.from_numpy(img.array).permute(2, 0, 1),
-            "instance": torch.from_numpy(inst.array),
-            "valid": valid,
+            "image": torch.from_numpy(image).permute(2, 0, 1),
+            "instance": torch.from_numpy(ids),
+            "content": torch.tensor(content),
             "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
         }
         self._clock.lap("fit")
