@@ -186,11 +186,44 @@ def instance_runs(xy, part_len, part_inst, n_inst, height, width):
 @numba.njit(cache=True, nogil=True)
 def paint(out, order, ptr, col, y0, y1):
     """Paint instance ``k`` (0-based) of ``order`` with id ``k + 1`` into ``out`` (H, W), in that order
-    (a later one on top), from the runs of :func:`instance_runs`."""
+    (a later one on top), from the runs of :func:`instance_runs`.
+
+    Writing the column runs directly strides through the row-major mask (~5 ns a pixel); instead each
+    instance's box is swept row by row: a coverage row flips at the runs' starts and ends (bucketed by
+    row), and each box row is blended in one contiguous, vectorisable pass.
+    """
     for i in range(order.shape[0]):
         k = order[i]
-        v = k + 1
-        for j in range(ptr[k], ptr[k + 1]):
-            c = col[j]
-            for r in range(y0[j], y1[j]):
-                out[r, c] = v
+        first, last = ptr[k], ptr[k + 1]
+        if first == last:
+            continue
+        v = out.dtype.type(k + 1)
+        c0, c1 = col[first], col[last - 1] + 1  # runs are sorted by column
+        r0, r1 = y0[first], y1[first]
+        for j in range(first + 1, last):
+            r0 = min(r0, y0[j])
+            r1 = max(r1, y1[j])
+        rows = r1 - r0
+        # events bucketed by row (counting sort): a run sets its column at y0 and clears it at y1
+        head = np.zeros(rows + 2, np.int64)
+        for j in range(first, last):
+            head[y0[j] - r0 + 1] += 1
+            head[y1[j] - r0 + 1] += 1
+        for r in range(rows + 1):
+            head[r + 1] += head[r]
+        ev_col = np.empty(2 * (last - first), np.int64)
+        ev_set = np.empty(2 * (last - first), np.uint8)
+        fill = head[:-1].copy()
+        for j in range(first, last):
+            a, b = y0[j] - r0, y1[j] - r0
+            ev_col[fill[a]], ev_set[fill[a]] = col[j] - c0, 1
+            fill[a] += 1
+            ev_col[fill[b]], ev_set[fill[b]] = col[j] - c0, 0
+            fill[b] += 1
+        cover = np.zeros(c1 - c0, np.uint8)  # runs of one instance never touch: no set/clear clash
+        for r in range(rows):
+            for e in range(head[r], head[r + 1]):
+                cover[ev_col[e]] = ev_set[e]
+            row = out[r0 + r, c0:c1]
+            for c in range(c1 - c0):
+                row[c] = v if cover[c] else row[c]
