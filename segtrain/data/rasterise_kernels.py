@@ -16,6 +16,8 @@ no ``parallel``: loader workers are single-threaded by design.
 
 from __future__ import annotations
 
+import warnings
+
 import numba
 import numpy as np
 
@@ -23,7 +25,28 @@ _SCALE = 5.0  # pycocotools' sub-pixel grid
 _BOUND = 1e12  # absurd coordinates are bounded before truncation, as in rasterise._runs
 
 
-@numba.njit(cache=True, nogil=True)
+_warned = []
+
+
+def _jit(fn):
+    """``numba.njit(cache=True, nogil=True)``; without any writable cache directory (package directory
+    read-only and no writable user cache, e.g. HOME unset in a container) numba refuses ``cache=True``:
+    compile in every process instead (a few seconds each) and say how to avoid it."""
+    try:
+        return numba.njit(cache=True, nogil=True)(fn)
+    except RuntimeError as exc:  # "cannot cache function ...: no locator available"
+        if not _warned:
+            _warned.append(exc)
+            warnings.warn(
+                f"{exc}; segtrain's rasteriser kernels are compiled in every process. "
+                "Set NUMBA_CACHE_DIR to a writable directory to cache them.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return numba.njit(nogil=True)(fn)
+
+
+@_jit
 def _snap(xy: np.ndarray) -> np.ndarray:
     """(V, 2) float64 -> the 1/5 grid: ``trunc(clip(5 * x + 0.5, -1e12, 1e12))`` (pycocotools' ``(int)(5x + .5)``)."""
     out = np.empty(xy.shape, np.float64)
@@ -34,7 +57,7 @@ def _snap(xy: np.ndarray) -> np.ndarray:
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@_jit
 def _column_range(ax: float, bx: float, width: int) -> tuple[int, int]:
     """First and last image column whose line ``x = c + .5`` (``5c + 2.5`` on the grid) the edge crosses."""
     c_lo = max(np.ceil((min(ax, bx) - 2.0) / _SCALE), 0.0)
@@ -42,7 +65,7 @@ def _column_range(ax: float, bx: float, width: int) -> tuple[int, int]:
     return int(c_lo), int(c_hi)
 
 
-@numba.njit(cache=True, nogil=True)
+@_jit
 def _edge_crossings(ax, ay, bx, by, height, width, keys, n):
     """Append the crossings of edge a -> b (grid coordinates) to ``keys[n:]`` as ``col * (H+1) + row``
     (row = first pixel whose centre is below the crossing, clipped to [0, H]); return the new ``n``.
@@ -87,7 +110,7 @@ def _edge_crossings(ax, ay, bx, by, height, width, keys, n):
     return n
 
 
-@numba.njit(cache=True, nogil=True)
+@_jit
 def instance_runs(xy, part_len, part_inst, n_inst, height, width):
     """Vertical runs of every instance, parts even-odd filled and unioned, clipped to the image.
 
@@ -183,7 +206,7 @@ def instance_runs(xy, part_len, part_inst, n_inst, height, width):
     return ptr, col, y0, y1, area
 
 
-@numba.njit(cache=True, nogil=True)
+@_jit
 def paint(out, order, ptr, col, y0, y1):
     """Paint instance ``k`` (0-based) of ``order`` with id ``k + 1`` into ``out`` (H, W), in that order
     (a later one on top), from the runs of :func:`instance_runs`.
