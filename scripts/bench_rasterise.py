@@ -19,8 +19,10 @@ Prints one JSON object:
   (``_rasterise_numpy``, the same output), per image, uint16 and the record's paint order as the
   loader uses it: thread CPU time (one thread), best of ``--repeat`` interleaved runs, on the real
   sample images and on synthetic 1024x2048 scenes (``ensure_synthetic``, as scripts/bench_loader.py);
-  ``identical`` counts images whose masks and classes are equal. ``compile``: the first call in a
-  fresh process with an empty numba cache and again with that cache filled (import excluded).
+  ``identical`` counts images whose masks and classes are equal. The real images are also split into
+  polygon-only ones and those with RLE instances (pycocotools decodes those in both paths).
+  ``compile``: the first call in a fresh process with an empty numba cache and again with that cache
+  filled (import excluded).
 * ``cv2_fillpoly_reference``: mean IoU of plain ``cv2.fillPoly`` (sub-pixel shift, best of a few
   offsets), to show why it is not used.
 
@@ -299,9 +301,12 @@ def compile_times() -> dict:
 
 def kernels(datasets, repeat: int, synthetic: int) -> dict:
     real = [r for _, rs in datasets for r in rs if r.instances]
+    has_rle = [any(i.rle is not None for i in r.instances) for r in real]
     out = {
         "method": f"thread CPU time, best of {repeat} interleaved runs per image, uint16, record paint order",
         "real_images": _kernel_timing(real, repeat),
+        "real_polygon_images": _kernel_timing([r for r, x in zip(real, has_rle) if not x], repeat),
+        "real_images_with_rle": _kernel_timing([r for r, x in zip(real, has_rle) if x], repeat),
     }
     if synthetic:
         with tempfile.TemporaryDirectory(prefix="bench_rasterise_syn_") as tmp:
