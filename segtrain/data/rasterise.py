@@ -16,6 +16,9 @@ RLE merge and a full H x W decode per instance, we compute only the edge/column 
 instances of an image at once (vectorised numpy, no Python loop over points or pixels), turn them
 into vertical runs, fill each instance's bounding box from its runs (one ``cv2.integral`` running
 sum for all boxes) and paint the boxes into the id mask (``cv2.copyTo`` with the box as mask).
+That NumPy path (``_runs``, ``_Boxes``, :func:`polygon_masks`, ``_rasterise_numpy``) is the reference;
+:func:`rasterise` itself runs the same computation in compiled numba kernels (rasterise_kernels.py,
+bit-identical, ~4x faster per image: NumPy call overhead dominated).
 
 (``cv2.fillPoly`` was measured too: its fill rule includes every pixel the outline touches, so
 its masks are about half a pixel fatter on every side. No coordinate offset fixes that; the best
