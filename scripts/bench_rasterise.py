@@ -15,6 +15,14 @@ Prints one JSON object:
   best of ``--repeat`` runs, interleaved; ``speedup`` = pycocotools time / our time. Reported for
   the polygon images, the same scaled up ``--scale`` times (higher-resolution images), the RLE
   images (both decode the RLEs with pycocotools) and all images.
+* ``kernels``: the compiled rasteriser (:func:`rasterise`, numba kernels) against the NumPy path
+  (``_rasterise_numpy``, the same output), per image, uint16 and the record's paint order as the
+  loader uses it: thread CPU time (one thread), best of ``--repeat`` interleaved runs, on the real
+  sample images and on synthetic 1024x2048 scenes (``ensure_synthetic``, as scripts/bench_loader.py);
+  ``identical`` counts images whose masks and classes are equal. The real images are also split into
+  polygon-only ones and those with RLE instances (pycocotools decodes those in both paths).
+  ``compile``: the first call in a fresh process with an empty numba cache and again with that cache
+  filled (import excluded).
 * ``cv2_fillpoly_reference``: mean IoU of plain ``cv2.fillPoly`` (sub-pixel shift, best of a few
   offsets), to show why it is not used.
 
@@ -26,6 +34,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +49,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from segtrain.data.annotations import ClassMap, ImageRecord, load_coco, load_labelme  # noqa: E402
-from segtrain.data.rasterise import polygon_mask, rasterise  # noqa: E402
+from segtrain.data.rasterise import _rasterise_numpy, polygon_mask, rasterise  # noqa: E402
+from segtrain.data.synthetic import CLASSES, ensure_synthetic  # noqa: E402
 
 PAIRS = [("labelme_examples/instance_segmentation", "labelme_examples/instance_segmentation_coco/annotations.json")]
 
@@ -238,6 +249,73 @@ def timing(datasets, repeat: int, scale: int) -> dict:
     }
 
 
+def _kernel_timing(recs: list[ImageRecord], repeat: int) -> dict:
+    fns = {
+        "kernels": lambda r: rasterise(r.instances, r.height, r.width, np.uint16, r.paint_order),
+        "numpy": lambda r: _rasterise_numpy(r.instances, r.height, r.width, np.uint16, r.paint_order),
+    }
+    identical = 0
+    for r in recs:
+        (a, ca), (b, cb) = (fn(r) for fn in fns.values())  # also warms up (compiles) the kernels
+        identical += bool(np.array_equal(a, b) and a.dtype == b.dtype and np.array_equal(ca, cb))
+    best = {k: [float("inf")] * len(recs) for k in fns}
+    for _ in range(repeat):
+        for i, r in enumerate(recs):
+            for k, fn in fns.items():
+                t = time.thread_time()
+                fn(r)
+                best[k][i] = min(best[k][i], time.thread_time() - t)
+    ms = {k: 1e3 * sum(v) / max(len(v), 1) for k, v in best.items()}
+    return {
+        "images": len(recs),
+        "sizes": sorted({f"{r.height}x{r.width}" for r in recs}),
+        "instances_per_image": round(sum(len(r.instances) for r in recs) / max(len(recs), 1), 2),
+        "identical": identical,
+        "kernels_ms_per_image": round(ms["kernels"], 4),
+        "numpy_ms_per_image": round(ms["numpy"], 4),
+        "speedup": round(ms["numpy"] / ms["kernels"], 2) if ms["kernels"] else None,
+    }
+
+
+_FIRST_CALL = """
+import time, numpy as np
+from segtrain.data.records import Instance
+from segtrain.data.rasterise import rasterise
+t = time.perf_counter()
+parts = [np.array([[0, 0], [9, 0], [9, 9]], float), np.array([[5, 5], [15, 5], [5, 15]], float)]
+rasterise([Instance("a", "x", 1, parts)], 20, 20, np.uint16)
+print(time.perf_counter() - t)
+"""
+
+
+def compile_times() -> dict:
+    """First rasterise() call in a fresh process: empty numba cache (compiles), then cached."""
+    with tempfile.TemporaryDirectory(prefix="bench_rasterise_numba_") as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONPATH": str(REPO)}
+        out = {}
+        for name in ("cold_cache_s", "warm_cache_s"):
+            run = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True, text=True)
+            out[name] = round(float(run.stdout.strip().splitlines()[-1]), 3) if run.returncode == 0 else run.stderr
+    return out
+
+
+def kernels(datasets, repeat: int, synthetic: int) -> dict:
+    real = [r for _, rs in datasets for r in rs if r.instances]
+    has_rle = [any(i.rle is not None for i in r.instances) for r in real]
+    out = {
+        "method": f"thread CPU time, best of {repeat} interleaved runs per image, uint16, record paint order",
+        "real_images": _kernel_timing(real, repeat),
+        "real_polygon_images": _kernel_timing([r for r, x in zip(real, has_rle) if not x], repeat),
+        "real_images_with_rle": _kernel_timing([r for r, x in zip(real, has_rle) if x], repeat),
+    }
+    if synthetic:
+        with tempfile.TemporaryDirectory(prefix="bench_rasterise_syn_") as tmp:
+            root = ensure_synthetic(tmp, synthetic, 1, (1024, 2048), 20, seed=0)
+            index, _ = load_coco(root / "train.json", root / "train", ClassMap(["background", *CLASSES]))
+            out["synthetic_1024x2048"] = _kernel_timing(list(index), repeat)
+    return out
+
+
 def cv2_reference(datasets) -> dict:
     best = None
     for off in (-0.5, -0.6, -0.7):
@@ -277,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=7, help="timing repetitions (best of), default 7")
     ap.add_argument("--scale", type=int, default=3, help="also time the polygon images scaled up this much (default 3)")
     ap.add_argument("--no-cv2", action="store_true", help="skip the cv2.fillPoly reference IoU")
+    ap.add_argument("--synthetic", type=int, default=6, help="synthetic 1024x2048 scenes for `kernels` (default 6)")
+    ap.add_argument("--only-kernels", action="store_true", help="print only `kernels` and `compile` (quick)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the numba compile-time measurement")
     args = ap.parse_args(argv)
     if args.data:
         roots = [Path(r).resolve() for r in args.data]
@@ -285,9 +366,17 @@ def main(argv: list[str] | None = None) -> int:
         roots = [shared if shared.is_dir() else REPO / "tests" / "data"]
     with tempfile.TemporaryDirectory(prefix="bench_rasterise_") as scratch:
         datasets = find_datasets(roots, Path(scratch))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    cv2.setNumThreads(1)  # one thread, as in a loader worker
+    result: dict = {"data_roots": [str(r) for r in roots]}
+    if not args.no_compile:
+        result["compile"] = compile_times()
+    result["kernels"] = kernels(datasets, args.repeat, args.synthetic)
+    if args.only_kernels:
+        print(json.dumps(result, indent=2))
+        return 0
     iou, rle = iou_stats(datasets)
-    result = {
-        "data_roots": [str(r) for r in roots],
+    result |= {
         "datasets": [name for name, _ in datasets],
         "iou": iou,
         "labelme_vs_coco": labelme_vs_coco(roots),
