@@ -250,6 +250,8 @@ def test_mounts(name):
         (v for v in s["volumes"] if cache_dir == v["target"] or cache_dir.startswith(v["target"] + "/")), None
     )
     assert cache_mount and not cache_mount.get("read_only"), "SEGTRAIN_CACHE must sit on a writable mount"
+    numba_dir = s["environment"]["NUMBA_CACHE_DIR"]  # else every process compiles the rasteriser (~5 s)
+    assert numba_dir.startswith(cache_mount["target"] + "/"), "NUMBA_CACHE_DIR must sit on the writable cache mount"
     assert "/data" in overrides(argv(s), "dataset.root")
 
 
