@@ -8,6 +8,7 @@ handles composition errors.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -65,13 +66,24 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
     _main()
 
 
+#: Seconds another rank waits, after a setup error, for rank 0 to report it (see _user_error).
+RANK0_GRACE_S = 10.0
+
+
 def _user_error(err: BaseException, debug: bool) -> None:
-    """One line (and the traceback with SEGTRAIN_DEBUG=1), once per job; exit status 2."""
+    """One line (and the traceback with SEGTRAIN_DEBUG=1), once per job; exit status 2.
+
+    A setup error (configuration, paths) is met by every rank: rank 0 prints it. Another rank that
+    exited at once would race it, since torchrun stops the remaining ranks as soon as one fails, and
+    under load rank 0 lost (no message at all). So the others wait: the launcher stops them when
+    rank 0 exits, and a rank whose error is its own still says it, after the wait."""
     if debug:
         traceback.print_exception(err)
-    if env_rank() == 0 or is_running():
-        prefix = f"[rank {env_rank()}] " if env_rank() else ""
-        print(f"{prefix}error: {err}", file=sys.stderr, flush=True)
+    rank = env_rank()
+    if rank != 0 and not is_running():
+        time.sleep(RANK0_GRACE_S)
+    prefix = f"[rank {rank}] " if rank else ""
+    print(f"{prefix}error: {err}", file=sys.stderr, flush=True)
     sys.exit(EXIT_USER_ERROR)
 
 

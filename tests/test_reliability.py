@@ -241,6 +241,25 @@ def test_resuming_a_finished_run_warns_that_nothing_is_left(base, finished):
 
 
 # --------------------------------------------------------------------------- errors a person can read
+def test_a_setup_error_of_another_rank_waits_for_rank_0_then_still_speaks(tmp_path):
+    """Rank 0 reports setup errors; another rank waits for the launcher to stop it (so it cannot win the
+    race and silence rank 0), and an error of its own is still printed after the wait."""
+    code = (
+        "import segtrain.entry as e\n"
+        "from segtrain.config import ConfigError\n"
+        "e.RANK0_GRACE_S = 0.2\n"
+        "e._user_error(ConfigError('only mine'), False)\n"
+    )
+    for rank, wait in (("0", False), ("1", True)):
+        env = {**os.environ, "RANK": rank}
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        waited = time.monotonic() - t0 >= 0.2
+        assert p.returncode == 2 and (waited or not wait)
+        prefix = "[rank 1] " if rank == "1" else ""
+        assert p.stderr.strip().splitlines()[-1] == f"{prefix}error: only mine", p.stderr
+
+
 def test_user_errors_are_one_line_once_and_debug_shows_the_traceback(base, tmp_path):
     args = ["dataset=coco", f"dataset.root={tmp_path / 'nope'}", f"hydra.run.dir={tmp_path / 'r'}"]
     proc = run_module("segtrain.train", args, tmp_path, base / "cache", check=False)
