@@ -194,3 +194,24 @@ def test_paint_follows_the_given_order():
     out = np.zeros((4, 3), np.int32)
     kernels.paint(out, np.array([1, 0]), ptr, col, y0, y1)  # instance 0 (rows 0-2) over instance 1 (rows 2-3)
     assert out[:, 1].tolist() == [1, 1, 1, 2] and not out[:, [0, 2]].any()
+
+
+def test_without_numba_the_numpy_path_runs_and_says_so(tmp_path):
+    """numba missing (or built for another NumPy): rasterise still works, identically, with one warning."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['numba'] = None\n"
+        "import numpy as np\n"
+        "from segtrain.data.records import Instance\n"
+        "from segtrain.data import rasterise as r\n"
+        "assert r._kernels is None\n"
+        "insts = [Instance('0', 'x', 1, [np.array([[1, 1], [9, 2], [5, 8]], float)])]\n"
+        "m, c = r.rasterise(insts, 10, 12)\n"
+        "ref, _ = r._rasterise_numpy(insts, 10, 12)\n"
+        "assert (m == ref).all() and m.any()\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "numba is unavailable" in p.stderr and "pip install" in p.stderr

@@ -40,6 +40,7 @@ earlier one; the order is the record's ``paint_order``:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -48,7 +49,16 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
-from segtrain.data import rasterise_kernels as _kernels
+
+try:
+    from segtrain.data import rasterise_kernels as _kernels
+except ImportError as _exc:  # numba missing or built for another NumPy: the (bit-identical) NumPy path
+    _kernels = None
+    logging.getLogger(__name__).warning(
+        "numba is unavailable (%s): polygons are rasterised by the NumPy path, identical but about 4x "
+        "slower per image. Fix: pip install 'numba>=0.60' matching your NumPy",
+        _exc,
+    )
 
 if TYPE_CHECKING:
     from segtrain.data.annotations import Instance
@@ -319,6 +329,8 @@ def rasterise(
     The polygon work runs in compiled kernels (rasterise_kernels.py), bit-identical to the NumPy
     path :func:`_rasterise_numpy` (``_runs`` + ``_Boxes``); RLE instances are decoded by pycocotools.
     """
+    if _kernels is None:
+        return _rasterise_numpy(instances, height, width, dtype, paint_order)
     if paint_order not in PAINT_ORDERS:
         raise ValueError(f"paint_order={paint_order!r} is not one of {PAINT_ORDERS}")
     height, width = int(height), int(width)
