@@ -67,7 +67,7 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
 
 
 #: Seconds another rank waits, after a setup error, for rank 0 to report it (see _user_error).
-RANK0_GRACE_S = 10.0
+RANK0_GRACE_S = 20.0
 
 
 def _user_error(err: BaseException, debug: bool) -> None:
