@@ -25,6 +25,7 @@ from segtrain.models.weights import load_checkpoint_weights, load_weights, read_
 
 SMOKE = ["experiment=cpu_smoke", "trainer.deterministic=true"]
 # 3 epochs of 4 steps, a mid-epoch checkpoint every 3 steps: a kill can land anywhere.
+FAULTS = Path(__file__).parent / "train_with_faults.py"
 RESUMABLE = [*SMOKE, "trainer.max_steps=null", "trainer.epochs=3", "trainer.checkpoint.every_steps=3"]
 
 
@@ -160,25 +161,23 @@ def reference(tmp_path_factory):
 def test_sigkill_then_resume_is_exact(reference):
     base = reference
     run_dir = base / "killed"
-    cmd = [sys.executable, "-m", "segtrain.train", *RESUMABLE, f"hydra.run.dir={run_dir}"]
+    # the real segtrain.train, held before step 8 (step 6's mid-epoch last.pt written, step 7 done) and
+    # killed there: mid-epoch, however fast or slow the machine
+    held = base / "killed.held"
+    cmd = [sys.executable, str(FAULTS), *RESUMABLE, f"hydra.run.dir={run_dir}"]
+    env = {**child_env(base / "cache"), "SEGTRAIN_TEST_HOLD_AT": "8", "SEGTRAIN_TEST_HOLD": str(held)}
     proc = subprocess.Popen(
-        cmd,
-        cwd=base,
-        env=child_env(base / "cache"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        cmd, cwd=base, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     last = run_dir / "checkpoints" / "last.pt"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if last.exists() and torch.load(last, weights_only=True)["step"] >= 3:
-            break
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not held.exists():
         time.sleep(0.1)
+    assert held.exists(), "the run never got to step 8"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
     killed_at = torch.load(last, weights_only=True)["step"]
-    assert killed_at < 12, "the run finished before it could be killed; make it longer"
+    assert killed_at == 6
     proc = run_module("segtrain.train", [*RESUMABLE, "resume=auto", f"hydra.run.dir={run_dir}"], base, base / "cache")
     assert f"resumed from {last}" in proc.stderr
     ref = torch.load(base / "ref" / "checkpoints" / "last.pt", weights_only=True)

@@ -121,16 +121,18 @@ def test_sigterm_under_torchrun_then_resume_is_exact(base, uninterrupted):
 # --------------------------------------------------------------------------- one run per directory
 def test_a_run_directory_belongs_to_one_run(base):
     run_dir = base / "owned"
+    held = base / "owned.held"  # the first run waits before step 5 (after epoch 1's last.pt) until killed
     first = subprocess.Popen(
         [sys.executable, FAULTS, *LONG, f"hydra.run.dir={run_dir}"],
         cwd=base,
-        env={**child_env(base / "cache"), "SEGTRAIN_TEST_SLEEP": "0.5"},
+        env={**child_env(base / "cache"), "SEGTRAIN_TEST_HOLD_AT": "5", "SEGTRAIN_TEST_HOLD": str(held)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.time() + 120
-    while time.time() < deadline and not (run_dir / "checkpoints" / "last.pt").exists():
+    deadline = time.time() + 300
+    while time.time() < deadline and not held.exists() and first.poll() is None:
         time.sleep(0.1)
+    assert held.exists() and (run_dir / "checkpoints" / "last.pt").exists(), "the first run never got to step 5"
     second = run_module(
         "segtrain.train", [*LONG, "resume=auto", f"hydra.run.dir={run_dir}"], base, base / "cache", check=False
     )

@@ -1,7 +1,9 @@
 """torchrun / python target for tests: the real `segtrain.train`, with faults chosen by environment:
 
 - SEGTRAIN_TEST_SLEEP=S: each training step takes S seconds more (so a signal lands mid-epoch);
-- SEGTRAIN_TEST_NAN_AT=N: the images of step N are NaN (a diverging step that is not a logging step).
+- SEGTRAIN_TEST_NAN_AT=N: the images of step N are NaN (a diverging step that is not a logging step);
+- SEGTRAIN_TEST_HOLD_AT=N with SEGTRAIN_TEST_HOLD=PATH: before step N, create PATH and wait there (up to
+  10 minutes) for the test to kill the run: a run certainly in progress, however slow the machine.
 """
 
 import os
@@ -15,9 +17,14 @@ from segtrain.train import main
 _real = Trainer.run_step
 SLEEP = float(os.environ.get("SEGTRAIN_TEST_SLEEP", "0"))
 NAN_AT = int(os.environ.get("SEGTRAIN_TEST_NAN_AT", "0"))
+HOLD_AT = int(os.environ.get("SEGTRAIN_TEST_HOLD_AT", "0"))
+HOLD = os.environ.get("SEGTRAIN_TEST_HOLD", "")
 
 
 def _faulty_step(self, batch):
+    if HOLD_AT and self.state.step + 1 == HOLD_AT:
+        open(HOLD, "w").close()
+        time.sleep(600)
     if SLEEP:
         time.sleep(SLEEP)
     if NAN_AT and self.state.step + 1 == NAN_AT:
