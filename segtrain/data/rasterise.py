@@ -331,13 +331,7 @@ def rasterise(
     """
     if _kernels is None:
         return _rasterise_numpy(instances, height, width, dtype, paint_order)
-    if paint_order not in PAINT_ORDERS:
-        raise ValueError(f"paint_order={paint_order!r} is not one of {PAINT_ORDERS}")
-    height, width = int(height), int(width)
-    if len(instances) > np.iinfo(dtype).max:
-        raise ValueError(f"{len(instances)} instances do not fit an instance mask of dtype {np.dtype(dtype).name}")
-    out = np.zeros((height, width), dtype)
-    classes = np.array([0, *(int(inst.class_id) for inst in instances)], np.int64)
+    height, width, out, classes = _blank(instances, height, width, dtype, paint_order)
     n = len(instances)
     if height <= 0 or width <= 0 or n == 0:
         return out, classes
@@ -384,19 +378,26 @@ def rasterise(
     return out, classes
 
 
-def _rasterise_numpy(
-    instances: Sequence[Instance], height: int, width: int, dtype: type = np.int32, paint_order: str = "area"
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`rasterise` with NumPy and cv2 only (``_Boxes``): the reference the kernels are tested
-    against and benchmarked with (scripts/bench_rasterise.py)."""
+def _blank(
+    instances: Sequence[Instance], height: int, width: int, dtype: type, paint_order: str
+) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """The checks both paths make, then (height, width, the zero mask, the classes (N+1,))."""
     if paint_order not in PAINT_ORDERS:
         raise ValueError(f"paint_order={paint_order!r} is not one of {PAINT_ORDERS}")
     height, width = int(height), int(width)
     if len(instances) > np.iinfo(dtype).max:
         raise ValueError(f"{len(instances)} instances do not fit an instance mask of dtype {np.dtype(dtype).name}")
-    out = np.zeros((height, width), dtype)
-    cls = [int(inst.class_id) for inst in instances]
-    classes = np.array([0, *cls], np.int64)
+    classes = np.array([0, *(int(inst.class_id) for inst in instances)], np.int64)
+    return height, width, np.zeros((height, width), dtype), classes
+
+
+def _rasterise_numpy(
+    instances: Sequence[Instance], height: int, width: int, dtype: type = np.int32, paint_order: str = "area"
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`rasterise` with NumPy and cv2 only (``_Boxes``): the reference the kernels are tested
+    against and benchmarked with (scripts/bench_rasterise.py)."""
+    height, width, out, classes = _blank(instances, height, width, dtype, paint_order)
+    cls = classes[1:].tolist()
     if height <= 0 or width <= 0:
         return out, classes
     boxes = _Boxes([inst.polygons for inst in instances], height, width)
