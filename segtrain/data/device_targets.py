@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -235,9 +236,9 @@ class BatchTargets:
     :class:`segtrain.data.mappers.TargetSpec`.
     """
 
-    def __init__(self, targets: object) -> None:
-        self.sigma = float(targets.sigma)  # type: ignore[attr-defined]
-        self.targets_kw = targets.kwargs()  # type: ignore[attr-defined]
+    def __init__(self, targets: Any) -> None:
+        self.sigma = float(targets.sigma)
+        self.targets_kw = targets.kwargs()
 
     def __call__(self, batch: dict[str, Tensor], epoch: int, step: int) -> dict[str, Tensor]:
         inst = batch["instance"].to(torch.int32)  # uint16 has few kernels (no min/max on CPU)
