@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import default_collate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from segtrain.config import compose  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
+from segtrain.data.dataset import collate  # noqa: E402
 from segtrain.engine.distributed import DistInfo  # noqa: E402
 from segtrain.engine.hooks import default_hooks  # noqa: E402
 from segtrain.engine.losses import compute_losses  # noqa: E402
@@ -60,7 +60,7 @@ def main() -> None:
         dist = DistInfo(device=device)
         ds = build_dataset(cfg, "train")
         batches = [
-            default_collate([ds[(0, (b * args.batch + i) % len(ds))] for i in range(args.batch)])
+            collate([ds[(0, (b * args.batch + i) % len(ds))] for i in range(args.batch)])
             for b in range(args.steps)
         ]
         run_dir = Path(tmp) / "run"

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import default_collate
 
+from segtrain.data.dataset import collate
 from segtrain.engine.distributed import DistInfo, all_reduce_
 from segtrain.engine.freeze import apply_freeze, freeze_report
 from segtrain.engine.losses import compute_losses
@@ -99,6 +99,8 @@ def wrap_model(
 
 
 def probe_batch(dataset: Any) -> dict[str, torch.Tensor]:
-    """Two validation items (final targets whatever the training mapper), for the unused-parameter probe."""
+    """Two validation items (final targets whatever the training mapper), for the unused-parameter probe.
+
+    Collated as the loader collates (per-instance vectors differ in length between items)."""
     n = len(dataset)
-    return default_collate([dataset[0], dataset[min(1, n - 1)]])
+    return collate([dataset[0], dataset[min(1, n - 1)]])
