@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from segtrain.errors import UserError
 
@@ -413,6 +413,16 @@ def check_overrides(overrides: list[str]) -> None:
             )
 
 
+def given_on_command_line(key: str) -> bool:
+    """Whether this run's command line sets ``key`` (True outside a Hydra app: no default is adjusted there)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return True
+    task = HydraConfig.get().overrides.task
+    return any(ov.split("=", 1)[0].lstrip("+~") == key for ov in task)
+
+
 def check_group_option(group: str, value: str) -> None:
     """``experiment=nme`` must name a file of ``configs/<group>/``; Hydra would skip an optional one silently."""
     if value in ("", "null", "None") or "," in value:  # removal, or a multirun sweep (Hydra checks each)
@@ -480,12 +490,25 @@ _CHOICES = {
 }
 
 
+#: Keys whose choices mix words with true/false: YAML and Hydra read an unquoted ``false`` as a bool,
+#: which a ``str`` field stores as ``"False"``; both mean the word.
+BOOL_WORD_KEYS = tuple(k for k, allowed in _CHOICES.items() if {"true", "false"} <= set(allowed))
+
+
+def _normalise_bool_words(cfg: DictConfig) -> None:
+    """``true``/``false`` as YAML gives them (a bool, or the schema's ``"True"``/``"False"``) -> the word."""
+    for key in BOOL_WORD_KEYS:
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, bool) or (isinstance(value, str) and value.lower() in ("true", "false")):
+            with open_dict(cfg):
+                OmegaConf.update(cfg, key, str(value).lower(), merge=False)
+
+
 def validate(cfg: DictConfig) -> None:
     """Checks that a type cannot express; each message names the key."""
+    _normalise_bool_words(cfg)
     for key, allowed in _CHOICES.items():
         value = OmegaConf.select(cfg, key)
-        if isinstance(value, bool):  # YAML turns true/false into bools
-            value = str(value).lower()
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {list(allowed)}")
     check_registered(cfg)
@@ -621,8 +644,7 @@ def check_registered(cfg: DictConfig) -> None:
         values = list(value) if isinstance(value, list | tuple) or OmegaConf.is_list(value) else [value]
         for v in values:
             name = v.get("name") if OmegaConf.is_dict(v) or isinstance(v, dict) else v
-            if name not in registry:
-                raise ConfigError(registry.unknown(name))
+            registry.check(name)
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -38,11 +38,14 @@ class UnknownChoiceError(UserError, ValueError):
 class Registry(Generic[T]):
     """``name -> object`` for the config key ``key`` (e.g. ``"optim.name"``)."""
 
-    def __init__(self, key: str, what: str) -> None:
+    def __init__(self, key: str, what: str, import_paths: bool = False) -> None:
+        """``import_paths``: a value may also be an import path (``pkg.module:Name`` or ``pkg.module.Name``,
+        as Hydra's ``_target_``), so a user's own entry works from the command line without registering."""
         if key in _ALL:
             raise ValueError(f"a registry for {key!r} exists already")
         self.key = key
         self.what = what
+        self.import_paths = import_paths
         self._entries: dict[str, T] = {}
         _ALL[key] = self
 
@@ -67,12 +70,39 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
+            if self.import_paths and is_import_path(name):
+                return self._import(name)
             raise UnknownChoiceError(self.unknown(name)) from None
+
+    def check(self, name: object) -> None:
+        """Raises the one-line error :meth:`get` would, without building anything."""
+        if name in self._entries:
+            return
+        if self.import_paths and isinstance(name, str) and is_import_path(name):
+            self._import(name)
+            return
+        raise UnknownChoiceError(self.unknown(name))
+
+    def _import(self, path: str) -> T:
+        module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise UnknownChoiceError(
+                f"{self.key}={path!r}: cannot import {module_name!r} ({e}); the module must be importable from "
+                "the working directory or PYTHONPATH"
+            ) from None
+        try:
+            return getattr(module, attr)
+        except AttributeError:
+            raise UnknownChoiceError(f"{self.key}={path!r}: module {module_name!r} has no {attr!r}") from None
 
     def unknown(self, name: object) -> str:
         near = difflib.get_close_matches(str(name), self.names(), n=1)
         hint = f" Did you mean {near[0]!r}?" if near else ""
-        return f"{self.key}={name!r} is not a known {self.what}.{hint} Known: {', '.join(self.names())}"
+        paths = " (or an import path, pkg.module:Name)" if self.import_paths else ""
+        known = ", ".join(self.names()) or "none registered"
+        return f"{self.key}={name!r} is not a known {self.what}.{hint} Known: {known}{paths}"
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -82,6 +112,12 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def is_import_path(name: str) -> bool:
+    """``pkg.module:Name`` or ``pkg.module.Name`` (registered names hold neither ``:`` nor ``.``)."""
+    head, sep, tail = name.partition(":") if ":" in name else name.rpartition(".")
+    return bool(sep and head and tail)
 
 
 def _origin(obj: object) -> str:

@@ -25,12 +25,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from segtrain.config import ConfigError
 from segtrain.data import collate
 from segtrain.engine.evaluation import PanopticSpec
 from segtrain.engine.profiling import DataWaitMeter, torch_profiler
 from segtrain.engine.recorder import FILE_ONLY
 from segtrain.engine.runtime import progress_bar, to_device
-from segtrain.engine.visualize import overlay_heatmap, overlay_panoptic, to_uint8_image
+from segtrain.engine.visualize import PANEL_TITLES, overlay_heatmap, overlay_panoptic, titled_row, to_uint8_image
 from segtrain.registry import Registry
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class HookBase:
 
 
 #: User hooks by name: a class (or factory) called with the entry's keyword arguments.
-HOOKS: Registry[type[HookBase]] = Registry("trainer.hooks", "hook")
+HOOKS: Registry[type[HookBase]] = Registry("trainer.hooks", "hook", import_paths=True)
 
 
 # --------------------------------------------------------------------------- built-in hooks
@@ -237,7 +238,7 @@ def is_better(value: float, best: float | None, mode: str, min_delta: float = 0.
 class TensorBoardImages(HookBase):
     """After each validation, one row per val image: input / ground truth / prediction, and for
     instance-aware models the panoptic ground truth / panoptic prediction (each instance its own
-    colour, stuff by class) / centre heatmap."""
+    colour, stuff by class) / centre heatmap; each tile under its title (``PANEL_TITLES``)."""
 
     def __init__(self, num_images: int) -> None:
         self.num_images = int(num_images)
@@ -293,7 +294,7 @@ class TensorBoardImages(HookBase):
                         )
                     )
                 row.append(overlay_heatmap(img, out["center"][i, 0].float().cpu().numpy()))
-            t.recorder.images(f"val/sample_{i}", t.state.step, [np.concatenate(row, axis=1)])
+            t.recorder.images(f"val/sample_{i}", t.state.step, [titled_row(row, PANEL_TITLES[: len(row)])])
 
 
 def segments_to_panoptic(id_map: np.ndarray, segments: list[dict[str, Any]], label_divisor: int) -> np.ndarray:
@@ -391,9 +392,18 @@ def user_hooks(entries: Any) -> list[HookBase]:
             kwargs = {str(k): v for k, v in entry.items() if k != "name"}
             name = str(entry["name"])
         else:
-            raise ValueError(f"trainer.hooks entry {entry!r}: give a registered name or {{name: ..., key: value}}")
-        hook = HOOKS.get(name)(**kwargs)
+            raise ConfigError(
+                f"trainer.hooks entry {entry!r}: give a registered name, an import path (pkg.module:Name) or "
+                "{name: ..., key: value}"
+            )
+        factory = HOOKS.get(name)
+        try:
+            hook = factory(**kwargs)
+        except TypeError as e:  # wrong keyword arguments for the hook's __init__
+            raise ConfigError(f"trainer.hooks: {name!r} cannot be built with {kwargs}: {e}") from None
         if not isinstance(hook, HookBase):
-            raise TypeError(f"trainer.hooks: {name!r} made a {type(hook).__name__}, not a HookBase")
+            raise ConfigError(
+                f"trainer.hooks: {name!r} made a {type(hook).__name__}, not a segtrain.engine.hooks.HookBase"
+            )
         hooks.append(hook)
     return hooks
