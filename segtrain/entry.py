@@ -7,10 +7,13 @@ handles composition errors.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -23,6 +26,7 @@ from segtrain.engine.distributed import env_rank
 from segtrain.engine.session import follower_overrides
 from segtrain.engine.trainer import EXIT_PREEMPTED, Preempted
 from segtrain.errors import EXIT_USER_ERROR, UserError, debug_requested, is_running
+from segtrain.fileio import atomic_write_bytes
 from segtrain.models.weights import read_checkpoint
 
 
@@ -47,6 +51,7 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
     debug = debug_requested(argv)
     try:
         check_overrides([a for a in argv if not a.startswith("-")])
+        check_resume_target(config_name, argv)
     except ConfigError as e:
         _user_error(e, debug)
     sys.argv = [sys.argv[0], *follower_overrides(argv)]
@@ -84,7 +89,42 @@ def _user_error(err: BaseException, debug: bool) -> None:
         time.sleep(RANK0_GRACE_S)
     prefix = f"[rank {rank}] " if rank else ""
     print(f"{prefix}error: {err}", file=sys.stderr, flush=True)
+    _write_error_file(f"user error (exit status {EXIT_USER_ERROR}, the line above): {err}")
     sys.exit(EXIT_USER_ERROR)
+
+
+def _write_error_file(message: str) -> None:
+    """Under torchrun, the launcher's failure report quotes this instead of pointing at torch's docs.
+
+    The launcher prints its ``ChildFailedError`` report for any worker that exits non-zero, in its own
+    process, where no segtrain code runs; ``python -m segtrain.launch`` (torchrun's arguments) keeps quiet
+    instead when the failure is a user error."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        info = {"py_callstack": message, "timestamp": str(int(time.time()))}  # torch's record_exception layout
+        payload = json.dumps({"message": {"message": message, "extraInfo": info}})
+        atomic_write_bytes(Path(path), payload.encode())
+    except OSError:
+        pass  # the one line is already printed; the report then says what it says today
+
+
+def check_resume_target(config_name: str, argv: list[str]) -> None:
+    """``resume=auto`` continues the run in ``hydra.run.dir``; without one Hydra would pick a new timestamped
+    directory, where there is nothing to resume, and the run would silently start from scratch."""
+    overrides = [a for a in argv if not a.startswith("-")]
+    if config_name not in ("train", "finetune") or "resume=auto" not in overrides:
+        return
+    if any(a.startswith(("hydra.run.dir=", "++hydra.run.dir=", "+hydra.run.dir=")) for a in overrides):
+        return
+    base = Path("outputs/finetune" if config_name == "finetune" else "outputs")
+    runs = sorted(base.glob("*/*/checkpoints/last.pt"), key=lambda p: p.stat().st_mtime)
+    hint = f" (the newest run here: hydra.run.dir={runs[-1].parents[1]})" if runs else ""
+    raise ConfigError(
+        f"resume=auto continues the run in the directory named by hydra.run.dir, and none was given: add "
+        f"hydra.run.dir=DIR{hint}, or resume=PATH/checkpoints/last.pt"
+    )
 
 
 def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:

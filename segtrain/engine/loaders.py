@@ -8,6 +8,7 @@ memory (copied with ``non_blocking=True`` by the trainer) and prefetching.
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import random
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from segtrain.data.dataset import collate
 from segtrain.engine.distributed import DistInfo, env_rank
 from segtrain.engine.preemption import ignore_in_workers
 
+log = logging.getLogger("segtrain.trainer")
+
 
 def per_rank_batch(global_batch: int, world_size: int, key: str = "trainer.batch_size") -> int:
     if global_batch % world_size:
@@ -32,6 +35,34 @@ def per_rank_batch(global_batch: int, world_size: int, key: str = "trainer.batch
             f"use e.g. {key}={world_size * max(global_batch // world_size, 1)}"
         )
     return global_batch // world_size
+
+
+def fit_batch_to_data(trainer: Any, num_images: int, world_size: int, announce: bool = True) -> int | None:
+    """A global batch from the configs (not the command line) that the training set cannot fill is lowered
+    to the largest that fits, so a preset's batch trains a 4-image folder; returns the new batch, or None.
+
+    A ``trainer.batch_size`` given on the command line is never changed: ``build_loader`` refuses it."""
+    from segtrain.config import given_on_command_line
+
+    per_rank = num_images // world_size
+    step = world_size * int(trainer.accumulate)
+    if per_rank * world_size >= int(trainer.batch_size) or given_on_command_line("trainer.batch_size"):
+        return None
+    fitted = (per_rank * world_size) // step * step
+    if fitted < step:
+        return None  # not even one image per rank and micro-batch: build_loader says so
+    if announce:
+        log.warning(
+            "trainer.batch_size=%s (from the configs) is more than the %d training images fill on %d process(es): "
+            "training with trainer.batch_size=%d (%d per rank); set trainer.batch_size to choose",
+            trainer.batch_size,
+            num_images,
+            world_size,
+            fitted,
+            fitted // world_size,
+        )
+    trainer.batch_size = fitted
+    return fitted
 
 
 class EpochSampler(Sampler):

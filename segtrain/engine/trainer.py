@@ -37,7 +37,7 @@ from segtrain.engine.ema import ModelEMA
 from segtrain.engine.evaluation import evaluate, evaluators_for
 from segtrain.engine.hooks import HookBase, default_hooks
 from segtrain.engine.inference import native_forward
-from segtrain.engine.loaders import build_loader, per_rank_batch
+from segtrain.engine.loaders import build_loader, fit_batch_to_data, per_rank_batch
 from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms
 from segtrain.engine.model_setup import prepare_model, probe_batch, wrap_model
 from segtrain.engine.optim import build_optimizer, build_scheduler
@@ -47,6 +47,7 @@ from segtrain.engine.recorder import Recorder
 from segtrain.engine.resume import find_resume_checkpoint, restore_training_state
 from segtrain.engine.run_dir import RunDirLock, check_fresh
 from segtrain.engine.runtime import autocast, configure_determinism, effective_precision, progress_bar, to_device
+from segtrain.engine.session import write_effective_config
 from segtrain.errors import UserError, mark_running
 
 log = logging.getLogger("segtrain.trainer")
@@ -177,6 +178,8 @@ class Trainer:
             log.info("augment.device=%s: augmentation and targets run on %s", cfg.augment.device, dist.device)
         elif batch_transform is not None:
             log.info("dataset.targets.where=%s: targets are built on %s", cfg.dataset.targets.where, dist.device)
+        if fit_batch_to_data(tr, len(train_set), dist.world_size, dist.is_main) is not None and dist.is_main:
+            write_effective_config(cfg, run_dir)
         per_rank = per_rank_batch(int(tr.batch_size), dist.world_size)
         if per_rank % int(tr.accumulate):
             raise ConfigError(
