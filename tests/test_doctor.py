@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -12,7 +13,7 @@ from segtrain.config import compose
 from segtrain.data import StageTimer, build_dataset, collate
 from segtrain.data.image_io import read_encoded
 from segtrain.engine.distributed import DistInfo
-from segtrain.engine.doctor import diagnose, format_report
+from segtrain.engine.doctor import ADVICE, diagnose, format_report, stage_times, verdict, warm_rasteriser
 from segtrain.engine.hooks import MetricsLogger
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.trainer import step_trainer
@@ -84,6 +85,133 @@ def meter_run(cfg, batches, run_dir, monkeypatch, wait_s: float, step_s: float =
     trainer.recorder.close()
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["perf/data_wait_frac"] for r in rows]
+
+
+class DeclaredTimer(StageTimer):
+    """A stage timer on a fake clock: every stage takes its declared seconds (``costs``) plus what the
+    pipeline itself adds to ``clock.now`` (a reader): the doctor's mechanism, not this machine's speed."""
+
+    def __init__(self, clock: FakeClock, costs: dict[str, float]) -> None:
+        self.clock, self.costs = clock, costs
+        super().__init__()
+
+    def reset(self) -> None:
+        self.times = {}
+        self.items = 0
+        self._last = self.clock()
+
+    def start(self) -> None:
+        self.items += 1
+        self._last = self.clock()
+
+    def lap(self, name: str) -> None:
+        self.clock.now += self.costs.get(name, 0.0)
+        self.times[name] = self.times.get(name, 0.0) + self.clock() - self._last
+        self._last = self.clock()
+
+
+#: Declared seconds per stage; augmentation the slowest.
+COSTS = {"read": 0.001, "decode": 0.002, "rasterise": 0.001, "augment": 0.003, "targets": 0.002, "to_tensor": 0.001}
+
+
+def first_read_slow(clock: FakeClock, delay: float = 10.0):
+    """A reader whose first call takes ``delay`` seconds of fake time, as a one-time compile or cold
+    start would; the others take none. Returns (reader, the image ids it read, in order)."""
+    calls: list[str] = []
+
+    def read(record):
+        if not calls:
+            clock.now += delay
+        calls.append(record.image_id)
+        return read_encoded(record)
+
+    return read, calls
+
+
+def declared_dataset(cfg):
+    clock = FakeClock()
+    reader, calls = first_read_slow(clock)
+    return build_dataset(cfg, "train", timer=DeclaredTimer(clock, COSTS), reader=reader), calls
+
+
+def test_stage_times_exclude_the_warm_up(smoke):
+    cold, _ = declared_dataset(smoke)
+    assert stage_times(cold, 8, warmup=0)["read"] == pytest.approx((10.0 + 8 * 0.001) / 8 * 1000), "the control"
+    ds, calls = declared_dataset(smoke)
+    stages = stage_times(ds, 8)
+    assert stages == pytest.approx({k: 1000 * v for k, v in COSTS.items()}), "declared costs, no warm-up time"
+    assert ds.mapper.timer.items == 8
+    assert calls[0] == ds.records[-1].image_id, "the warm-up reads images the measurement does not"
+    assert calls[-8:] == [r.image_id for r in ds.records[:8]]
+
+
+def test_doctor_slow_first_call_does_not_dominate(smoke, monkeypatch):
+    import segtrain.engine.doctor as doctor
+
+    monkeypatch.setattr(doctor, "model_throughput", lambda *a, **k: {"step_s": 0.004, "images_per_s": 1000.0})
+    monkeypatch.setattr(doctor, "collate_ms", lambda *a, **k: 0.5)
+    ds, _ = declared_dataset(smoke)
+    report = diagnose(smoke, DIST, dataset=ds)
+    assert report["dominant_stage"] == "augment", format_report(report)
+    assert report["stage_ms_per_image"]["read"] == pytest.approx(1.0)
+    assert report["warmup_images"] >= 1
+
+
+def test_warm_rasteriser_compiles_the_kernels():
+    from segtrain.data import rasterise as rasterise_module
+
+    kernels = rasterise_module._kernels
+    if kernels is None:
+        pytest.skip("numba kernels unavailable: the NumPy rasteriser has nothing to compile")
+    warm_rasteriser()
+    assert kernels.instance_runs.signatures and any("uint16" in str(s) for s in kernels.paint.signatures)
+
+
+GPU_REMEDY = re.compile(r"cuda|gpu|pin_memory|pinned|nvjpeg|targets\.where=device", re.IGNORECASE)
+
+
+def declared_report(device: str, dominant: str, loader_ips: float, model_ips: float) -> dict:
+    """A report with declared speeds: ``dominant`` costs 5 ms/image, every other stage 0.1."""
+    stages = dict.fromkeys([*ADVICE, "collate"], 0.1)
+    stages[dominant] = 5.0
+    return {
+        "device": device,
+        "cpu_count": 2,
+        "stage_ms_per_image": stages,
+        "loader": [
+            {"workers": 0, "images_per_s": loader_ips},
+            {"workers": 2, "images_per_s": loader_ips, "worker_cpu": {"computing": 1.0, "io_wait": 0.0, "idle": 0.0}},
+        ],
+        "model_step": {"step_s": 16 / model_ips, "images_per_s": model_ips},
+    }
+
+
+@pytest.fixture(scope="module")
+def unpinned(smoke):
+    return compose(["experiment=cpu_smoke", "trainer.pin_memory=false", "trainer.persistent_workers=true"])
+
+
+@pytest.mark.parametrize("dominant", sorted(ADVICE))
+@pytest.mark.parametrize("loader_ips,model_ips", [(10.0, 1000.0), (1000.0, 10.0)], ids=["input", "compute"])
+def test_doctor_advice_on_cpu_names_no_gpu_remedy(unpinned, dominant, loader_ips, model_ips):
+    v = verdict(declared_report("cpu", dominant, loader_ips, model_ips), 0, unpinned)
+    text = "\n".join([v["summary"], *v["advice"]])
+    assert not GPU_REMEDY.search(text), text
+    if v["bound"] == "compute-bound":
+        assert "trainer.cpu_threads" in v["summary"] and "smaller model" in v["summary"], text
+    elif dominant == "augment":
+        assert "augment=none" in text and "dataset.input_size" in text, text
+
+
+def test_doctor_advice_on_cuda_keeps_gpu_remedies(unpinned):
+    augment = verdict(declared_report("cuda:0", "augment", 10.0, 1000.0), 0, unpinned)
+    assert augment["bound"] == "input-bound"
+    assert any("augment.device=cuda" in a for a in augment["advice"]), augment["advice"]
+    assert any("trainer.pin_memory=true" in a for a in augment["advice"]), augment["advice"]
+    targets = verdict(declared_report("cuda:0", "targets", 10.0, 1000.0), 0, unpinned)
+    assert any("dataset.targets.where=device" in a for a in targets["advice"]), targets["advice"]
+    compute = verdict(declared_report("cuda:0", "augment", 1000.0, 10.0), 0, unpinned)
+    assert "mixed precision" in compute["summary"] and "trainer.cpu_threads" not in compute["summary"]
 
 
 def test_data_wait_meter_high_for_slow_data_low_for_memory(smoke, tmp_path, caplog, monkeypatch):

@@ -15,11 +15,14 @@ import warnings
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from segtrain.data import StageTimer, build_dataset, collate
+from segtrain.data.rasterise import rasterise
+from segtrain.data.records import Instance
 from segtrain.engine.distributed import DistInfo
 from segtrain.engine.loaders import per_rank_batch, worker_init
 from segtrain.engine.trainer import step_trainer
@@ -27,12 +30,33 @@ from segtrain.engine.trainer import step_trainer
 log = logging.getLogger("segtrain.doctor")
 
 INPUT_BOUND_MARGIN = 1.1  # loader must be 10% faster than the model to call the run compute-bound
+# Untimed images before the stage timers start. The first item pays what a training run pays once per
+# process (the rasteriser's numba compile or cache load: ~0.4 s against ~0.1 ms per image; lazy imports,
+# first allocations); a few more cover the random augmentation branches' first calls.
+WARMUP_ITEMS = 3
 
 
-def stage_times(dataset: Any, num_images: int) -> dict[str, float]:
+def warm_rasteriser() -> None:
+    """Compile (or load from numba's disk cache) the rasteriser kernels for the dtype the mappers use,
+    whatever the warm-up images hold (one without polygons would leave a kernel cold)."""
+    square = np.array([[0.0, 0.0], [3.0, 0.0], [3.0, 3.0], [0.0, 3.0]])
+    rasterise([Instance("warm-up", "warm-up", 1, [square])], 4, 4, np.uint16)
+
+
+def warm_up(dataset: Any, items: int = WARMUP_ITEMS) -> None:
+    """Run the per-item pipeline on ``items`` images and collate them, untimed, so that one-time costs
+    are not reported as per-image costs. Uses the last images: the measured ones (the first) are still
+    read for the first time, as in an epoch."""
+    warm_rasteriser()
+    n = len(dataset)
+    if n and items > 0:
+        collate([dataset[(0, (n - 1 - k) % n)] for k in range(min(items, n))])
+
+
+def stage_times(dataset: Any, num_images: int, warmup: int = WARMUP_ITEMS) -> dict[str, float]:
     """Mean milliseconds per image of each stage inside the dataset (read, decode, rasterise, ...),
-    measured as a loader worker runs them: one torch thread. The data set's mapper must have been
-    built with a :class:`~segtrain.data.StageTimer`."""
+    measured as a loader worker runs them: one torch thread, after ``warmup`` untimed images
+    (:func:`warm_up`). The data set's mapper must have been built with a :class:`~segtrain.data.StageTimer`."""
     timer = dataset.mapper.timer
     if timer is None:
         raise ValueError("stage_times needs a data set built with build_dataset(..., timer=StageTimer())")
@@ -40,7 +64,8 @@ def stage_times(dataset: Any, num_images: int) -> dict[str, float]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        timer.reset()
+        warm_up(dataset, warmup)
+        timer.reset()  # nothing of the warm-up counts
         for i in range(n):
             dataset[(0, i)]
         return timer.ms_per_item()
@@ -49,7 +74,9 @@ def stage_times(dataset: Any, num_images: int) -> dict[str, float]:
 
 
 def collate_ms(dataset: Dataset, batch_size: int) -> float:
+    """Milliseconds per image of :func:`collate` on one batch (after one untimed call)."""
     items = [dataset[(0, i % len(dataset))] for i in range(batch_size)]
+    collate(items)
     t0 = time.perf_counter()
     for _ in range(3):
         collate(items)
@@ -170,6 +197,8 @@ def model_throughput(
     return {"step_s": dt, "images_per_s": batch["image"].shape[0] / dt}
 
 
+# Per dominant stage, for CUDA runs. On a CPU run there is no device to move work to (and workers and the
+# model share the cores): the stages in CPU_ADVICE, whose ADVICE names GPU remedies, get CPU ones instead.
 ADVICE = {
     "read": "reading files dominates: copy the data set to local SSD/NVMe (or page cache) instead of a NAS, "
     "or cache decoded images in memory when the set fits",
@@ -183,6 +212,26 @@ ADVICE = {
     "to_tensor": "tensor conversion dominates: lower dataset.input_size or use augment.device=cuda "
     "(uint8 images cross to the GPU)",
 }
+CPU_ADVICE = {
+    "augment": "augmentation dominates: lighter augmentation (augment=none, or lower augment.rotate_p, "
+    "augment.noise_p, augment.shadow_p, augment.scale_max), a smaller dataset.input_size, "
+    "or more loader workers if cores are free",
+    "targets": "target building dominates (it is per pixel): a smaller dataset.input_size, "
+    "or more loader workers if cores are free",
+    "to_tensor": "tensor conversion dominates: a smaller dataset.input_size",
+}
+
+
+def on_cuda(report: dict[str, Any]) -> bool:
+    """Does the run train on a CUDA device (GPU remedies apply)?"""
+    return str(report["device"]).startswith("cuda")
+
+
+def stage_advice(stage: str, cuda: bool) -> str:
+    """What to change when ``stage`` dominates, for a CUDA run or a CPU run."""
+    if not cuda and stage in CPU_ADVICE:
+        return CPU_ADVICE[stage]
+    return ADVICE.get(stage, f"speed up the {stage} stage")
 
 
 def diagnose(cfg: Any, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
@@ -200,8 +249,9 @@ def diagnose(cfg: Any, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
         "per_rank_batch": bs,
         "cpu_count": os.cpu_count(),
     }
-    stages = stage_times(dataset, n_img)
+    stages = stage_times(dataset, n_img)  # after WARMUP_ITEMS untimed images: one-time costs excluded
     stages["collate"] = collate_ms(dataset, bs)
+    report["warmup_images"] = WARMUP_ITEMS
     report["stage_ms_per_image"] = stages
     report["pipeline_ms_per_image"] = sum(stages.values())
     batches = max(2, -(-n_img // bs))
@@ -217,7 +267,15 @@ def diagnose(cfg: Any, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
     return report
 
 
+def smaller_model(cfg: Any) -> str:
+    """The CPU remedy for a slow model: the tiny one, or, already on it, fewer channels."""
+    if str(cfg.model.name) == "tiny_panoptic":
+        return "a smaller model (a lower model.width / model.decoder_channels)"
+    return "a smaller model (model=tiny, or a lighter model.backbone)"
+
+
 def verdict(report: dict[str, Any], configured_workers: int, cfg: Any) -> dict[str, Any]:
+    """Input- or compute-bound, by what factor, the dominant stage, and advice for the run's device."""
     loader = {r["workers"]: r for r in report["loader"]}
     current = loader[configured_workers]["images_per_s"]
     best_w, best = max(((w, r["images_per_s"]) for w, r in loader.items()), key=lambda x: x[1])
@@ -225,20 +283,22 @@ def verdict(report: dict[str, Any], configured_workers: int, cfg: Any) -> dict[s
     stages = {k: v for k, v in report["stage_ms_per_image"].items()}
     dominant = max(stages, key=stages.get)
     share = stages[dominant] / max(sum(stages.values()), 1e-9)
+    cuda = on_cuda(report)
     advice: list[str] = []
     if current * INPUT_BOUND_MARGIN < model:
         factor = model / max(current, 1e-9)
         bound = "input-bound"
+        idle = "the accelerator idles" if cuda else "the training step waits for data"
         summary = (
             f"INPUT-BOUND: the loader delivers {current:.1f} img/s with {configured_workers} workers, the model "
-            f"could train on {model:.1f} img/s ({factor:.1f}x more); the accelerator idles "
+            f"could train on {model:.1f} img/s ({factor:.1f}x more); {idle} "
             f"{100 * (1 - 1 / factor):.0f}% of the time. Slowest stage: {dominant} "
             f"({stages[dominant]:.2f} ms/image, {100 * share:.0f}% of the pipeline)."
         )
         if best_w != configured_workers and best > current * 1.1:
             advice.append(f"use trainer.num_workers={best_w} ({best:.1f} img/s measured)")
         if best * INPUT_BOUND_MARGIN < model:
-            advice.append(ADVICE.get(dominant, f"speed up the {dominant} stage"))
+            advice.append(stage_advice(dominant, cuda))
         io = [r["worker_cpu"]["io_wait"] for r in report["loader"] if "worker_cpu" in r]
         if io and max(io) > 0.2:
             advice.append(
@@ -247,19 +307,30 @@ def verdict(report: dict[str, Any], configured_workers: int, cfg: Any) -> dict[s
             )
         if not cfg.trainer.persistent_workers:
             advice.append("set trainer.persistent_workers=true (workers are re-spawned every epoch otherwise)")
-        if report["device"].startswith("cuda") and not cfg.trainer.pin_memory:
+        if cuda and not cfg.trainer.pin_memory:
             advice.append("set trainer.pin_memory=true for asynchronous host-to-device copies")
-        if cfg.augment.device == "cpu" and dominant in ("augment", "targets", "to_tensor"):
+        if cuda and cfg.augment.device == "cpu" and dominant in ("augment", "targets", "to_tensor"):
             advice.append("augment.device=cuda moves augmentation and target building onto the GPU")
+        if not cuda:
+            advice.append(
+                "on CPU the loader workers and the model share the cores: more workers help only while cores "
+                f"are free ({report.get('cpu_count')} CPUs); trainer.cpu_threads sets the model's torch threads"
+            )
     else:
         factor = current / max(model, 1e-9)
         bound = "compute-bound"
+        remedies = (
+            "mixed precision (trainer.precision=bf16/fp16 on GPU), a larger batch, trainer.compile=true, or more GPUs"
+            if cuda
+            else f"{smaller_model(cfg)}, a smaller dataset.input_size, "
+            "trainer.cpu_threads (torch threads per process; cores the loader workers do not need), "
+            "or fewer loader workers"
+        )
         summary = (
             f"COMPUTE-BOUND: the loader delivers {current:.1f} img/s with {configured_workers} workers, "
-            f"{factor:.1f}x what the model consumes ({model:.1f} img/s). Speed up the model: mixed precision "
-            "(trainer.precision=bf16/fp16 on GPU), a larger batch, trainer.compile=true, or more GPUs."
+            f"{factor:.1f}x what the model consumes ({model:.1f} img/s). Speed up the model: {remedies}."
         )
-        if report["device"] == "cpu":
+        if not cuda:
             advice.append("on CPU the model and the loader workers share the same cores: expect less than both figures")
         if configured_workers > 1 and loader.get(configured_workers - 1, {}).get("images_per_s", 0) > model * 1.2:
             advice.append(f"fewer loader workers would do ({configured_workers - 1} still outpace the model)")
@@ -271,7 +342,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"segtrain doctor: {r['dataset']} ({r['images']} images, input {r['input_size']}), model {r['model']} on "
         f"{r['device']}, batch {r['per_rank_batch']} per rank, {r['cpu_count']} CPUs",
         "",
-        "dataset stages (ms per image, one process):",
+        f"dataset stages (ms per image, one process, after {r.get('warmup_images', 0)} untimed warm-up images):",
     ]
     total = r["pipeline_ms_per_image"]
     for k, v in sorted(r["stage_ms_per_image"].items(), key=lambda kv: -kv[1]):
