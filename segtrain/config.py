@@ -637,14 +637,17 @@ def check_classes(cfg: DictConfig) -> None:
 
 def check_registered(cfg: DictConfig) -> None:
     """Values that name registry entries (``model.name``, ``optim.name``, ``trainer.hooks``...) must exist."""
-    from segtrain.registry import all_registries
+    from segtrain.registry import UnknownChoiceError, all_registries
 
     for key, registry in all_registries().items():
         value = OmegaConf.select(cfg, key)
         values = list(value) if isinstance(value, list | tuple) or OmegaConf.is_list(value) else [value]
         for v in values:
             name = v.get("name") if OmegaConf.is_dict(v) or isinstance(v, dict) else v
-            registry.check(name)
+            try:
+                registry.check(name)
+            except UnknownChoiceError as e:
+                raise ConfigError(str(e)) from None
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -119,3 +119,25 @@ def test_num_classes_may_be_given_when_it_agrees():
     assert compose(["model.num_classes=4"]).model.num_classes == 4
     cityscapes = compose(["dataset=cityscapes", "dataset.root=/data/cs"])  # unlabelled pixels are ignore regions
     assert cityscapes.dataset.classes[0] == "road"
+
+
+def test_keys_mixing_words_with_true_false_are_listed():
+    """Every choice key whose allowed values mix a word (auto) with true/false, found from the schema itself."""
+    from segtrain.config import _CHOICES, BOOL_WORD_KEYS, SegtrainConfig
+
+    schema = OmegaConf.structured(SegtrainConfig)
+    auto_defaults = {k for k in _CHOICES if OmegaConf.select(schema, k) == "auto"}
+    mixed = sorted(k for k in _CHOICES if {"true", "false"} <= set(_CHOICES[k]))
+    assert mixed == sorted(BOOL_WORD_KEYS) == ["trainer.ddp.find_unused_parameters"]
+    assert set(mixed) <= auto_defaults
+
+
+@pytest.mark.parametrize("word", ["true", "false"])
+def test_true_false_unquoted_mean_the_words(word):
+    from segtrain.config import BOOL_WORD_KEYS
+
+    for key in BOOL_WORD_KEYS:
+        quoted = compose([f"{key}='{word}'"])
+        for spelling in (word, word.capitalize()):
+            cfg = compose([f"{key}={spelling}"])  # YAML: a bool; the str field stores "True"/"False"
+            assert OmegaConf.select(cfg, key) == OmegaConf.select(quoted, key) == word
