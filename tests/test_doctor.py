@@ -226,7 +226,17 @@ def test_data_wait_meter_high_for_slow_data_low_for_memory(smoke, tmp_path, capl
     assert slow_frac == pytest.approx([0.75, 0.75, 0.75]), "60 ms waiting of every 80 ms"
     warnings = [r.getMessage() for r in caplog.records if "INPUT-BOUND" in r.getMessage()]
     assert len(warnings) == 1, "one clear warning, once, after three high intervals"
-    assert "trainer.num_workers" in warnings[0] and "augment.device=cuda" in warnings[0]
+    assert "trainer.num_workers" in warnings[0] and "augment=none" in warnings[0]
+    assert "cuda" not in warnings[0] and "pin_memory" not in warnings[0], "a CPU run gets CPU remedies"
+
+
+def test_data_wait_warning_names_gpu_remedies_on_cuda():
+    import torch
+
+    from segtrain.engine.profiling import input_remedies
+
+    gpu = input_remedies(torch.device("cuda", 0))
+    assert "trainer.num_workers" in gpu and "augment.device=cuda" in gpu and "trainer.pin_memory=true" in gpu
 
 
 def test_doctor_calls_slow_storage_input_bound(smoke, monkeypatch):

@@ -107,11 +107,24 @@ class DataWaitMeter:
             self.warned = True
             log.warning(
                 "training is INPUT-BOUND: %.0f%% of the step time is spent waiting for data (threshold %.0f%%, "
-                "trainer.data_wait_warn). Try: more loader workers (trainer.num_workers), "
-                "trainer.persistent_workers=true, trainer.pin_memory=true, augment.device=cuda (augment and "
-                "build targets on the GPU), local/cached data instead of a NAS. `python -m segtrain.doctor %s` "
-                "measures which stage is slow.",
+                "trainer.data_wait_warn). Try: %s, local/cached data instead of a NAS. "
+                "`python -m segtrain.doctor %s` measures which stage is slow.",
                 100 * frac,
                 100 * self.warn_above,
+                input_remedies(self.device),
                 self.hint,
             )
+
+
+def input_remedies(device: torch.device) -> str:
+    """What relieves an input-bound run on ``device``: on a CPU the loader workers and the model share the
+    cores, so GPU remedies (augmentation on the device, pinned memory) do not apply there."""
+    if device.type == "cuda":
+        return (
+            "more loader workers (trainer.num_workers), trainer.persistent_workers=true, trainer.pin_memory=true, "
+            "augment.device=cuda (augment and build targets on the GPU)"
+        )
+    return (
+        "more loader workers (trainer.num_workers) while cores are free, trainer.persistent_workers=true, "
+        "lighter augmentation (augment=none), a smaller dataset.input_size"
+    )
