@@ -25,6 +25,9 @@ log = logging.getLogger("segtrain.resume")
 
 #: Model settings that do not change the network (pretrained weights are overwritten by the checkpoint).
 _MODEL_KEYS_IGNORED = ("pretrained",)
+#: ... and those a model's builder ignores (the tiny model's encoder is built in; its checkpoints from before
+#: the preset said ``backbone: builtin`` hold the schema's ``resnet18``).
+_MODEL_KEYS_UNUSED = {"tiny_panoptic": ("backbone", "output_stride")}
 
 
 def find_resume_checkpoint(cfg: Any, run_dir: Path) -> tuple[Path, Any] | None:
@@ -90,7 +93,8 @@ def check_resumable(blob: Any, cfg: Any, path: Path) -> None:
     stored = blob.get("config") or {}
     now = to_container(cfg)
     finetune = f"start from its weights with python -m segtrain.finetune ckpt={path}"
-    diffs = _differences(stored.get("model") or {}, now["model"], "model", _MODEL_KEYS_IGNORED)
+    unused = _MODEL_KEYS_UNUSED.get(str(now["model"].get("name")), ())
+    diffs = _differences(stored.get("model") or {}, now["model"], "model", _MODEL_KEYS_IGNORED + unused)
     if diffs:
         raise ConfigError(
             f"resume={path}: another model than the checkpoint's ({'; '.join(diffs[:4])}). Resume with the "

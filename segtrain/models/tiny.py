@@ -113,5 +113,6 @@ class TinyPanoptic(SegmentationModel):
 
 @register_model("tiny_panoptic")
 def build_tiny_panoptic(spec: ModelSpec) -> TinyPanoptic:
-    """Ignores ``model.backbone`` and ``model.output_stride``: the encoder is built in (stride 16)."""
+    """Ignores ``model.backbone`` (the preset says ``builtin``) and ``model.output_stride``: the encoder is built
+    in (stride 16)."""
     return TinyPanoptic(spec.num_classes, spec.width, spec.decoder_channels, spec.head_channels)
