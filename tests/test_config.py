@@ -141,3 +141,10 @@ def test_true_false_unquoted_mean_the_words(word):
         for spelling in (word, word.capitalize()):
             cfg = compose([f"{key}={spelling}"])  # YAML: a bool; the str field stores "True"/"False"
             assert OmegaConf.select(cfg, key) == OmegaConf.select(quoted, key) == word
+
+
+@pytest.mark.parametrize("tool", ["finetune", "evaluate", "predict", "doctor", "export"])
+def test_every_tool_has_its_own_run_directory(tool):
+    """README: the tools write into outputs/<tool>/<date>/<time>, never among the training runs."""
+    cfg = OmegaConf.load(CONFIGS / f"{tool}.yaml")
+    assert str(cfg.hydra.run.dir).startswith(f"outputs/{tool}/"), cfg.hydra.run.dir
