@@ -327,7 +327,9 @@ def export_checkpoint(cfg: Any, blob: Any) -> ExportResult:
     if fmt == "onnx":
         check_onnx_dependencies()  # before any work
     model = build_model(cfg.model)
-    report = load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), prefer_ema=True)
+    report = load_checkpoint_weights(
+        model, blob, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), prefer_ema=True, asked=cfg
+    )
     model = model.to("cpu").eval()
     output = Path(str(ex.output)) if ex.output else default_output(cfg.ckpt, fmt)
     log.info("exporting %s (%s weights of %s) as %s to %s", cfg.model.name, report.weights, cfg.ckpt, fmt, output)

@@ -29,7 +29,7 @@ Outputs = dict[str, torch.Tensor]
 def model_from_checkpoint(cfg: Any, blob: Any, device: torch.device) -> nn.Module:
     """The checkpoint's network in eval mode; its EMA weights when it has them."""
     model = build_model(cfg.model)
-    load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), prefer_ema=True)
+    load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), prefer_ema=True, asked=cfg)
     return model.to(device).eval()
 
 

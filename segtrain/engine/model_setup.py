@@ -35,7 +35,9 @@ def prepare_model(
     """
     model = build_model(cfg.model, trust=bool(cfg.trust_checkpoint))
     if init_weights is not None:
-        load_checkpoint_weights(model, init_weights, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), classes=classes)
+        load_checkpoint_weights(
+            model, init_weights, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), classes=classes, asked=cfg
+        )
     if cfg.trainer.sync_bn:
         if dist.distributed:
             model = convert_sync_batchnorm(model, dist.device)

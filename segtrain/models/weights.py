@@ -4,7 +4,9 @@ One set of accepted layouts, one set of prefixes, one mismatch table, one ``trus
 
 - **Reading** (:func:`read_checkpoint`): ``torch.load(weights_only=True)``, which executes nothing;
   a file that needs full unpickling is refused, naming the type it holds, unless
-  ``trust_checkpoint=true``. FIFOs and devices are refused without blocking.
+  ``trust_checkpoint=true``. FIFOs and devices are refused without blocking. An exported model
+  (TorchScript, ONNX, torch.export ``.pt2``), told apart by its content, is named as such in one
+  line, with or without ``trust_checkpoint``: it holds no training state to load.
 - **Layouts** (:func:`state_dict_of`): a raw state dict, or one nested (at any depth) under
   ``model``, ``state_dict`` or ``model_state_dict``; a segtrain checkpoint's ``ema`` weights are
   preferred when present and asked for (evaluate, predict, export, fine-tuning).
@@ -13,21 +15,26 @@ One set of accepted layouts, one set of prefixes, one mismatch table, one ``trus
 - **Target** (``target="auto"``): the whole model, or ``model.backbone`` when the keys fit the
   backbone better (e.g. an ImageNet classifier's state dict; its classifier tensors are ignored).
 - **Mismatches** (:class:`LoadReport`): missing, unexpected and shape-mismatched keys in one
-  table. Strict loads raise with the table; non-strict loads log it and load what fits. With
+  table. Strict loads raise with the table; non-strict loads log it and load what fits. When the
+  file stores its config (a segtrain checkpoint), a line saying which model and classes it holds
+  and which were asked for comes first. With
   ``classes=(old, new)`` the layers whose first dimension is the class count are re-initialised
   instead of being mismatches (fine-tuning onto another class set).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
 import re
-from collections.abc import Mapping
+import zipfile
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch import Tensor, nn
@@ -50,7 +57,11 @@ class CheckpointError(UserError, RuntimeError):
 
 # --------------------------------------------------------------------------- reading
 def read_checkpoint(path: str | os.PathLike, trust: bool = False, what: str = "checkpoint") -> Any:
-    """The loaded file, mapped to the CPU. Executes nothing unless ``trust`` (``trust_checkpoint=true``)."""
+    """The loaded file, mapped to the CPU. Executes nothing unless ``trust`` (``trust_checkpoint=true``).
+
+    An exported model is refused by content before ``torch.load`` sees it, trusted or not: torch would
+    otherwise ask for ``trust_checkpoint=true`` and then fail with a traceback (ONNX) or hand back a
+    ScriptModule with no training state (TorchScript)."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{what} {str(path)!r} is a directory; pass a checkpoint file (e.g. .../best.pt)")
@@ -61,13 +72,30 @@ def read_checkpoint(path: str | os.PathLike, trust: bool = False, what: str = "c
     except UnsafeFileError as e:
         raise CheckpointError(str(e)) from None
     with os.fdopen(fd, "rb") as f:
+        exported = exported_model_kind(f)
+        if exported is not None:
+            raise CheckpointError(_exported_message(what, path, *exported))
+        start = f.read(2)
+        f.seek(0)
+        torch_file = start == b"PK" or start[:1] == b"\x80"  # torch.save writes a zip, or (legacy) a pickle
+        not_torch = CheckpointError(
+            f"cannot read {what} {path}: not a torch.save file (it starts with neither a zip nor a pickle header); "
+            "pass a checkpoint (.pt) such as checkpoints/best.pt"
+        )
         if trust:
             log.warning("trust_checkpoint=true: unpickling %s with full pickle (runs code inside the file)", path)
-            return torch.load(f, map_location="cpu", weights_only=False)
+            try:
+                return torch.load(f, map_location="cpu", weights_only=False)
+            except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+                if not torch_file:
+                    raise not_torch from None
+                raise CheckpointError(f"cannot read {what} {path}: {e} (truncated or not a torch file?)") from None
         try:
             return torch.load(f, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
             found = re.search(r"GLOBAL ([\w.]+)", str(e))
+            if found is None and not torch_file:
+                raise not_torch from None
             holds = f" It holds a {found.group(1)} object." if found else ""
             raise CheckpointError(
                 f"refused to load {path}: it is not a plain tensor checkpoint and loading it would execute code from "
@@ -75,6 +103,90 @@ def read_checkpoint(path: str | os.PathLike, trust: bool = False, what: str = "c
             ) from None
         except (RuntimeError, EOFError, OSError, ValueError) as e:
             raise CheckpointError(f"cannot read {what} {path}: {e} (truncated or not a torch file?)") from None
+
+
+# ModelProto fields that may follow ir_version (field 1, tag 0x08): producer_name ... opset_import, metadata_props.
+_ONNX_SECOND_TAGS = frozenset({0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72})
+_EXPORT_METADATA = "segtrain"  # segtrain.export's ONNX metadata key / TorchScript extra file stem
+
+
+def exported_model_kind(f: IO[bytes]) -> tuple[str, str | None] | None:
+    """(kind, checkpoint it was exported from if recorded) when ``f`` is an exported model, not a checkpoint.
+
+    By content, not by name: TorchScript is a zip with ``code/`` or ``constants.pkl`` (torch.save
+    zips have neither), a torch.export program a zip with ``archive_format`` and no ``data.pkl``,
+    ONNX a protobuf ModelProto (ir_version first). ``f`` is left at its start."""
+    head = f.read(65536)
+    f.seek(0)
+    try:
+        if head.startswith(b"PK"):
+            return _exported_zip_kind(f)
+        return _onnx_kind(head, f)
+    finally:
+        f.seek(0)
+
+
+def _exported_zip_kind(f: IO[bytes]) -> tuple[str, str | None] | None:
+    try:
+        with zipfile.ZipFile(f) as z:
+            names = z.namelist()
+            inner = {n.split("/", 1)[1] for n in names if "/" in n}
+            if "constants.pkl" in inner or any(n.startswith("code/") for n in inner):
+                extra = next((n for n in names if n.endswith(f"/extra/{_EXPORT_METADATA}.json")), None)
+                return "torchscript", _recorded_source(z.read(extra)) if extra else None
+            if "archive_format" in inner and "data.pkl" not in inner:
+                return "pt2", None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        pass  # a torn torch.save zip: torch.load says what is wrong with it
+    return None
+
+
+def _onnx_kind(head: bytes, f: IO[bytes]) -> tuple[str, str | None] | None:
+    """A protobuf ModelProto: checked with ``onnx`` when installed, else by its first bytes and strings."""
+    if not (len(head) >= 3 and head[0] == 0x08 and 0 < head[1] < 0x80 and head[2] in _ONNX_SECOND_TAGS):
+        return None
+    try:
+        import onnx
+    except ImportError:
+        onnx = None
+    if onnx is not None:
+        try:
+            model = onnx.load_model_from_string(f.read())
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError, or a file past protobuf's 2 GiB: judge by bytes
+            model = None
+        if model is not None:
+            if not (len(model.opset_import) > 0 and model.HasField("graph")):
+                return None  # another protobuf
+            meta = next((p.value for p in model.metadata_props if p.key == _EXPORT_METADATA), None)
+            return "onnx", _recorded_source(meta.encode()) if meta else None
+    # producer_name next, or an ai.onnx domain; the metadata cannot be read without onnx
+    return ("onnx", None) if head[2] == 0x12 or b"onnx" in head.lower() else None
+
+
+def _recorded_source(raw: bytes) -> str | None:
+    try:
+        source = json.loads(raw).get("checkpoint")
+    except (ValueError, AttributeError):
+        return None
+    return source if isinstance(source, str) and 0 < len(source) < 400 else None
+
+
+_EXPORTED = {
+    "torchscript": ("a TorchScript archive (torch.jit.save / segtrain.export format=torchscript)", "torch.jit.load"),
+    "onnx": ("an ONNX model (segtrain.export format=onnx / torch.onnx.export)", "onnxruntime"),
+    "pt2": ("a torch.export program (torch.export.save, .pt2)", "torch.export.load"),
+}
+
+
+def _exported_message(what: str, path: Path, kind: str, source: str | None) -> str:
+    named = f"{what}={path}" if what != "checkpoint" else str(path)
+    described, runner = _EXPORTED[kind]
+    origin = f" (it was exported from {source})" if source else ""
+    return (
+        f"{named} is {described}, not a training checkpoint{origin}: pass the .pt checkpoint from the run's "
+        f"checkpoints/ folder (best.pt, last.pt) instead; an exported model is for deployment ({runner}), and "
+        "trust_checkpoint=true does not change this"
+    )
 
 
 def is_training_checkpoint(obj: Any) -> bool:
@@ -190,12 +302,17 @@ def load_weights(
     target: str = "model",
     classes: tuple[int, int] | None = None,
     weights: str = "state dict",
+    stored: Mapping[str, Any] | None = None,
+    asked: Any = None,
 ) -> LoadReport:
     """Load ``state`` into ``model`` (or its backbone); returns the report, raises when strict and unclean.
 
     ``target``: "model", "backbone" or "auto" (whichever the keys fit best; ties go to the model).
     ``classes=(old, new)``: tensors whose first dimension is ``old`` in the file and ``new`` in the
     model (same other dimensions) are class-dependent layers: left as initialised and reported.
+    ``stored``: the config the file was trained with, ``asked``: the one ``model`` was built from
+    (both with ``model`` and ``dataset`` sections); when the table is printed, a line saying which
+    model and classes each names comes first (``asked`` unknown: what ``model`` itself shows).
     """
     candidates = _candidates(model, state, target)
     name, module, own, mapped = max(candidates, key=lambda c: _fit_count(c[2], c[3]))  # first wins ties
@@ -220,19 +337,21 @@ def load_weights(
     report.shapes = {k: tuple(own[k].shape) for k in report.missing}
     report.shapes.update({k: tuple(mapped[k].shape) for k in report.unexpected})
     report.loaded = sorted(fitting)
+    held = held_vs_asked(source, stored, asked, model, report) if not report.clean else None
+    first = f"{held}\n" if held else ""
     if not fitting:
         raise CheckpointError(
-            f"{source}: no tensor matches {type(model).__name__} or its backbone (file keys start "
+            f"{first}{source}: no tensor matches {type(model).__name__} or its backbone (file keys start "
             f"{list(state)[:3]}, model keys start {list(model.state_dict())[:3]}); is it for another architecture?"
         )
     if strict and not report.clean:
         raise CheckpointError(
-            f"{source} does not fit the model:\n{report.table()}\nPass ckpt_strict=false to load the matching "
+            f"{first}{source} does not fit the model:\n{report.table()}\nPass ckpt_strict=false to load the matching "
             "tensors only."
         )
     module.load_state_dict(fitting, strict=False)
     if not report.clean:
-        log.warning("%s: loading the matching tensors only:\n%s", source, report.table())
+        log.warning("%s%s: loading the matching tensors only:\n%s", first, source, report.table())
     elif report.reinitialised:
         log.warning(
             "%s: class-dependent layers re-initialised (classes %s -> %s):\n%s", source, *classes, report.table()
@@ -248,12 +367,102 @@ def load_checkpoint_weights(
     strict: bool = True,
     prefer_ema: bool = True,
     classes: tuple[int, int] | None = None,
+    asked: Any = None,
 ) -> LoadReport:
-    """The model weights inside a loaded file (any accepted layout) into ``model`` (``ckpt=``)."""
+    """The model weights inside a loaded file (any accepted layout) into ``model`` (``ckpt=``).
+
+    ``asked``: the tool's config (``model`` and ``dataset`` sections) that ``model`` was built from, so that
+    a mismatch names the checkpoint's model and classes against the ones asked for."""
     state, where = state_dict_of(obj, source, prefer_ema=prefer_ema)
-    report = load_weights(model, state, source, strict=strict, target="model", classes=classes, weights=where)
+    stored = obj.get("config") if isinstance(obj, Mapping) and isinstance(obj.get("config"), Mapping) else None
+    report = load_weights(
+        model, state, source, strict=strict, target="model", classes=classes, weights=where, stored=stored, asked=asked
+    )
     log.info("loaded %d tensors from %s (%s)", len(report.loaded), source, where)
     return report
+
+
+# --------------------------------------------------------------------------- held vs asked
+#: Model settings besides the name that shape the network (``pretrained`` only says where initial weights came from).
+_SHAPING = ("backbone", "width", "decoder_channels", "head_channels", "output_stride")
+
+
+def held_vs_asked(
+    source: str, stored: Mapping[str, Any] | None, asked: Any, model: nn.Module, report: LoadReport
+) -> str | None:
+    """One line: the model and classes the file was trained with, and those asked for; None when the file
+    stores no config, or stores the very model and classes asked for (the table alone then explains).
+
+    A backbone is named only for a model built with one (``backbone_name``): the tiny model ignores it."""
+    if not isinstance(stored, Mapping) or not isinstance(stored.get("model"), Mapping):
+        return None
+    held, held_names = dict(stored["model"]), _names_of(stored.get("dataset"))
+    held_n = _int_or_none(held.get("num_classes")) or (len(held_names) or None)
+    named_backbone = bool(getattr(model, "backbone_name", None))
+    wanted = _section(asked, "model")
+    if wanted is not None:
+        asked_names = _names_of(_section(asked, "dataset"))
+        asked_n = _int_or_none(wanted.get("num_classes")) or (len(asked_names) or None)
+        same_name = str(held.get("name")) == str(wanted.get("name"))
+        ignored = () if named_backbone else ("backbone", "output_stride")
+        diffs = [  # of the same architecture; another one differs in everything
+            f"{k} {held[k]!r} in the file, {wanted[k]!r} asked"
+            for k in _SHAPING
+            if same_name and k not in ignored and k in held and k in wanted and str(held[k]) != str(wanted[k])
+        ]
+        same_classes = held_n == asked_n and (not held_names or not asked_names or held_names == asked_names)
+        if same_name and same_classes and not diffs:
+            return None
+        asked_text = _describe(
+            wanted.get("name"), wanted.get("backbone") if named_backbone else None, asked_n, asked_names
+        )
+        tail = f" (model settings that differ: {'; '.join(diffs)})" if diffs else ""
+        held_backbone = held.get("backbone") if named_backbone or not same_name else None
+    else:  # the caller did not say: what the built model shows, its class count from the class-dependent rows
+        rows = report.mismatched + report.reinitialised
+        counts = Counter(b[0] for _, a, b in rows if a and b and a[0] == held_n and b[0] != held_n)
+        asked_n = counts.most_common(1)[0][0] if counts else None
+        asked_text = _describe(type(model).__name__, getattr(model, "backbone_name", None), asked_n, [])
+        tail = ""
+        held_backbone = held.get("backbone") if named_backbone else None
+    held_text = _describe(held.get("name"), held_backbone, held_n, held_names)
+    return (
+        f"{source} holds {held_text}; asked for {asked_text}{tail}. The ckpt= tools rebuild the checkpoint's own "
+        "model unless model/dataset overrides change it."
+    )
+
+
+def _section(cfg: Any, key: str) -> Mapping[str, Any] | None:
+    if cfg is None:
+        return None
+    try:
+        value = cfg.get(key) if isinstance(cfg, Mapping) else getattr(cfg, key, None)
+    except Exception:  # noqa: BLE001 - an unresolved interpolation or missing value: unknown
+        return None
+    return value if isinstance(value, Mapping) else None
+
+
+def _names_of(dataset: Any) -> list[str]:
+    classes = dataset.get("classes") if isinstance(dataset, Mapping) else None
+    if isinstance(classes, str) or not isinstance(classes, Sequence):
+        return []
+    return [str(c) for c in classes]
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _describe(name: Any, backbone: Any, count: int | None, names: list[str]) -> str:
+    """E.g. ``a deeplabv3 model (backbone resnet50) for 3 classes (background, cat, dog)``."""
+    text = f"a {name} model" + (f" (backbone {backbone})" if backbone else "")
+    if count is not None:
+        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        text += f" for {count} classes" + (f" ({shown})" if shown else "")
+    return text
 
 
 # --------------------------------------------------------------------------- model.pretrained
