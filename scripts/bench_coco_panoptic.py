@@ -81,7 +81,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.images, args.size, args.repeats = 500, [512, 1024], 3
-    ds = compose(["dataset=coco_panoptic", "dataset.root=/unused"]).dataset
+    # COCO panoptic's shape: 80 thing and 53 stuff categories after class 0 (names do not matter here; the
+    # preset's classes=auto would read them from an annotation file)
+    things, stuff = [f"thing{i}" for i in range(1, 81)], [f"stuff{i}" for i in range(1, 54)]
+    classes = f"dataset.classes=[background,{','.join(things + stuff)}]"
+    stuff_classes = f"dataset.stuff_classes=[{','.join(stuff)}]"
+    ds = compose(["dataset=coco_panoptic", "dataset.root=/unused", classes, stuff_classes]).dataset
     cats = _categories(ds)
     size = (int(args.size[0]), int(args.size[1]))
     with tempfile.TemporaryDirectory() as tmp:

@@ -365,19 +365,26 @@ DISCOVERED: list[str] = []
 
 
 def resolve_auto_classes(cfg: DictConfig) -> None:
-    """``dataset.classes=auto`` -> the list, read from the training annotations (cached index)."""
+    """``dataset.classes=auto`` -> the list, read from the training annotations (cached index). Where the
+    format knows stuff from things (COCO panoptic's ``isthing``), an empty ``dataset.stuff_classes`` becomes
+    the discovered stuff classes too (a list given by the user is kept: they chose what gets no centres)."""
     classes = cfg.dataset.classes
     if not (isinstance(classes, str) and classes == "auto"):
         if isinstance(classes, str):
             raise ConfigError(f"dataset.classes={classes!r}: give a list (dataset.classes=[background,person]) or auto")
         return
-    from segtrain.data.formats import auto_classes
+    from segtrain.data.formats import discover_classes
 
     ds = OmegaConf.create(OmegaConf.to_container(cfg.dataset, resolve=True))
-    names, counts = auto_classes(ds)
-    cfg.dataset.classes = names
+    found = discover_classes(ds)
+    cfg.dataset.classes = found.classes
+    counts = found.counts
     shown = ", ".join(f"{c} ({n})" for c, n in counts[:40]) + (", ..." if len(counts) > 40 else "")
     DISCOVERED.append(f"dataset.classes=auto: background + {len(counts)} classes (instances): {shown}")
+    if found.stuff and not ds.stuff_classes:
+        cfg.dataset.stuff_classes = found.stuff
+        stuff = ", ".join(found.stuff[:40]) + (", ..." if len(found.stuff) > 40 else "")
+        DISCOVERED.append(f"dataset.stuff_classes (from classes=auto, isthing=0): {len(found.stuff)} classes: {stuff}")
 
 
 _GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment")

@@ -32,8 +32,10 @@ SAMPLE = "panopticapi_sample"
 
 
 @pytest.fixture(scope="module")
-def ds_cfg():
-    return compose(["dataset=coco_panoptic", "dataset.root=/unused"]).dataset
+def ds_cfg(coco_root):
+    """The preset on the sample: classes=auto gives the 134 COCO panoptic classes (the sample lists all 133
+    categories; tests/test_coco_panoptic_classes.py checks the list)."""
+    return compose(["dataset=coco_panoptic", f"dataset.root={coco_root}"]).dataset
 
 
 @pytest.fixture(scope="module")
@@ -259,8 +261,9 @@ def test_png_problems_are_image_read_errors(tmp_path, sample, ds_cfg):
 
 # --------------------------------------------------------------------------- data set from the config
 @pytest.fixture(scope="module")
-def coco_root(tmp_path_factory, sample):
-    """The COCO 2017 panoptic layout, holding the sample as the val (and train) split."""
+def coco_root(tmp_path_factory, sample, smoke_cache):
+    """The COCO 2017 panoptic layout, holding the sample as the val (and train) split (the class discovery
+    cache goes to the private smoke_cache)."""
     root = tmp_path_factory.mktemp("coco")
     (root / "annotations").mkdir()
     for split in ("train2017", "val2017"):

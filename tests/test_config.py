@@ -29,7 +29,8 @@ def test_every_preset_composes(group):
     assert options, f"configs/{group}/ is empty"
     for opt in options:
         extra = ["dataset.root=/data"] if group == "dataset" and opt != "synthetic" else []
-        if group == "dataset" and opt in ("labelme", "coco"):  # classes: auto would read /data's annotations
+        # classes: auto would read /data's annotations
+        if group == "dataset" and opt in ("labelme", "coco", "coco_panoptic"):
             extra.append("dataset.classes=[background,person]")
         cfg = compose([f"{group}={opt}", *extra])
         assert cfg[group] is not None

@@ -19,6 +19,7 @@ from segtrain.errors import UserError
 from segtrain.registry import Registry
 
 Loader = Callable[[Any, str, ClassMap], tuple[Sequence[ImageRecord], LoadReport]]
+Discovered = tuple[str, int] | tuple[str, int, bool]  # (label, instances[, is_stuff])
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,9 @@ class DataFormat:
     split_keys: tuple[str, ...]  # dataset.<split>.<key> the loader reads (checked before any work)
     unlabeled: str = "background"  # what pixels outside every annotation are: background | ignore
     folder_keys: tuple[str, ...] = ("images", "dir", "panoptic")  # split keys naming folders (others: files)
-    # (cfg.dataset) -> [(label, instances)] of the training split, for dataset.classes=auto; None: unsupported
-    discover: Callable[[Any], list[tuple[str, int]]] | None = None
+    # (cfg.dataset) -> [(label, instances)] of the training split, for dataset.classes=auto; None: unsupported.
+    # Formats that know which labels are stuff (COCO panoptic's isthing=0) give (label, instances, is_stuff).
+    discover: Callable[[Any], Sequence[Discovered]] | None = None
 
 
 class DataPathError(UserError, FileNotFoundError):
@@ -132,6 +134,12 @@ def _discover_labelme(ds: Any) -> list[tuple[str, int]]:
     return discover_classes_labelme(_existing(ds, "train", "dir", folder=True), **index_options(ds, False))
 
 
+def _discover_coco_panoptic(ds: Any) -> list[tuple[str, int, bool]]:
+    from segtrain.data.coco_panoptic import discover_classes_coco_panoptic
+
+    return discover_classes_coco_panoptic(_existing(ds, "train", "annotations", folder=False), cache_dir=ds.cache_dir)
+
+
 def _discover_synthetic(ds: Any) -> list[tuple[str, int]]:
     from segtrain.data.coco import discover_classes_coco
 
@@ -144,14 +152,30 @@ FORMATS.register("coco", DataFormat(_coco, ("images", "annotations"), discover=_
 FORMATS.register("labelme", DataFormat(_labelme, ("dir",), discover=_discover_labelme))
 FORMATS.register("cityscapes", DataFormat(_cityscapes, ("images", "annotations"), "ignore", ("images", "annotations")))
 # COCO panoptic's unlabelled pixels are VOID: ignored, not background
-FORMATS.register("coco_panoptic", DataFormat(_coco_panoptic, ("images", "annotations", "panoptic"), unlabeled="ignore"))
+FORMATS.register(
+    "coco_panoptic",
+    DataFormat(
+        _coco_panoptic, ("images", "annotations", "panoptic"), unlabeled="ignore", discover=_discover_coco_panoptic
+    ),
+)
 FORMATS.register("synthetic", DataFormat(_synthetic, (), discover=_discover_synthetic))
 
 
-def auto_classes(ds: Any) -> tuple[list[str], list[tuple[str, int]]]:
+@dataclass(frozen=True)
+class AutoClasses:
+    """What ``dataset.classes=auto`` found: the class list, the instances per class (for the log) and the
+    classes that are stuff (empty unless the format says which labels are: COCO panoptic)."""
+
+    classes: list[str]
+    counts: list[tuple[str, int]]
+    stuff: list[str]
+
+
+def discover_classes(ds: Any) -> AutoClasses:
     """``dataset.classes=auto``: background, then the training annotations' classes (COCO: category-id
-    order; LabelMe: sorted labels) as ``dataset.class_map`` maps them (a label mapped to background,
-    ``__ignore__`` or null adds no class). Returns (classes, [(class, instances)])."""
+    order; COCO panoptic: things then stuff, each in category-id order; LabelMe: sorted labels) as
+    ``dataset.class_map`` maps them (a label mapped to background, ``__ignore__`` or null adds no class).
+    A class is stuff when every label mapped onto it is stuff (one thing among them keeps its centres)."""
     fmt = FORMATS.get(str(ds.format))
     if fmt.discover is None:
         raise DataPathError(
@@ -165,12 +189,21 @@ def auto_classes(ds: Any) -> tuple[list[str], list[tuple[str, int]]]:
 
     mapping = dict(ds.class_map or {})
     counts: dict[str, int] = {}
-    for label, n in fmt.discover(ds):
+    stuff: dict[str, bool] = {}
+    for label, n, *is_stuff in fmt.discover(ds):
         target = mapping.get(label, label)
         if target is None or target == IGNORE or str(target).lower() in BACKGROUND_NAMES:
             continue
-        counts[str(target)] = counts.get(str(target), 0) + int(n)
-    return ["background", *counts], list(counts.items())
+        name = str(target)
+        counts[name] = counts.get(name, 0) + int(n)
+        stuff[name] = stuff.get(name, True) and bool(is_stuff and is_stuff[0])
+    return AutoClasses(["background", *counts], list(counts.items()), [c for c in counts if stuff[c]])
+
+
+def auto_classes(ds: Any) -> tuple[list[str], list[tuple[str, int]]]:
+    """(classes, [(class, instances)]) of :func:`discover_classes`."""
+    found = discover_classes(ds)
+    return found.classes, found.counts
 
 
 def load_split(ds: Any, split: str) -> tuple[Sequence[ImageRecord], LoadReport]:
