@@ -452,10 +452,9 @@ class ConfigError(UserError, ValueError):
 
 
 def check_missing(cfg: DictConfig) -> None:
-    from segtrain.registry import all_registries
+    from segtrain.data.formats import FORMATS as formats  # noqa: N811 - torch-free: data formats parse files only
 
     missing = set(OmegaConf.missing_keys(cfg))
-    formats = all_registries()["dataset.format"]
     if cfg.dataset.format in formats:
         keys = formats.get(cfg.dataset.format).split_keys  # what the format's loader reads
         for split in ("train", "val"):
@@ -614,10 +613,10 @@ BACKGROUND_NAMES = ("background", "_background_", "__background__", "bg", "void"
 def check_classes(cfg: DictConfig) -> None:
     """The class list fits the data format: where unannotated pixels are background (COCO, LabelMe),
     class 0 must be the background; where they are ignore regions (Cityscapes), any list works."""
-    from segtrain.registry import all_registries
+    from segtrain.data.formats import FORMATS
 
     classes = [str(c) for c in cfg.dataset.classes]
-    fmt = all_registries()["dataset.format"].get(str(cfg.dataset.format))
+    fmt = FORMATS.get(str(cfg.dataset.format))
     if fmt.unlabeled == "background":
         if len(classes) < 2 or classes[0].lower() not in BACKGROUND_NAMES:
             raise ConfigError(
@@ -644,15 +643,15 @@ def check_classes(cfg: DictConfig) -> None:
 
 def check_registered(cfg: DictConfig) -> None:
     """Values that name registry entries (``model.name``, ``optim.name``, ``trainer.hooks``...) must exist."""
-    from segtrain.registry import UnknownChoiceError, all_registries
+    from segtrain.registry import DECLARED, UnknownChoiceError, check_name
 
-    for key, registry in all_registries().items():
+    for key in DECLARED:
         value = OmegaConf.select(cfg, key)
         values = list(value) if isinstance(value, list | tuple) or OmegaConf.is_list(value) else [value]
         for v in values:
             name = v.get("name") if OmegaConf.is_dict(v) or isinstance(v, dict) else v
             try:
-                registry.check(name)
+                check_name(key, name)
             except UnknownChoiceError as e:
                 raise ConfigError(str(e)) from None
 

@@ -19,15 +19,11 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
-from segtrain.engine.distributed import env_rank
-from segtrain.engine.session import follower_overrides
-from segtrain.engine.trainer import EXIT_PREEMPTED, Preempted
-from segtrain.errors import EXIT_USER_ERROR, UserError, debug_requested, is_running
+from segtrain.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, UserError, debug_requested, is_running
 from segtrain.fileio import atomic_write_bytes
-from segtrain.models.weights import read_checkpoint
+from segtrain.launch_env import env_rank, follower_overrides
 
 
 def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
@@ -56,19 +52,26 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         _user_error(e, debug)
     sys.argv = [sys.argv[0], *follower_overrides(argv)]
 
-    @record
-    def _main() -> None:
-        _task()
-        if failure:
-            err = failure[0]
-            if isinstance(err, Preempted):
-                print(f"preempted: {err}", file=sys.stderr, flush=True)
-                sys.exit(EXIT_PREEMPTED)
-            if isinstance(err, UserError):
-                _user_error(err, debug)
-            raise err
+    _task()
+    if failure:
+        err = failure[0]
+        if isinstance(err, Preempted):
+            print(f"preempted: {err}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_PREEMPTED)
+        if isinstance(err, UserError):
+            _user_error(err, debug)
+        _report_crash(err)
 
-    _main()
+
+def _report_crash(err: BaseException) -> None:
+    """Re-raise a bug with its traceback through torchrun's ``@record``, which writes the failing rank's
+    traceback into the launcher's error file. Imported only here: a config mistake never waits for torch."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    def reraise() -> None:
+        raise err
+
+    record(reraise)()
 
 
 #: Seconds another rank waits, after a setup error, for rank 0 to report it (see _user_error).
@@ -131,6 +134,8 @@ def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
     """``cfg`` with model/dataset taken from the checkpoint named by ``ckpt=``, and the loaded file."""
     if not cfg.ckpt:
         raise ConfigError(f"segtrain.{tool} needs ckpt=PATH (a checkpoint or a state dict file)")
+    from segtrain.models.weights import read_checkpoint
+
     blob = read_checkpoint(cfg.ckpt, trust=cfg.trust_checkpoint, what="ckpt")
     stored = blob.get("config") if isinstance(blob, dict) and isinstance(blob.get("config"), dict) else None
     return config_from_checkpoint(cfg, stored, list(HydraConfig.get().overrides.task)), blob

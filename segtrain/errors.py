@@ -12,10 +12,16 @@ from __future__ import annotations
 import os
 
 EXIT_USER_ERROR = 2
+#: Process exit status after a preemption signal (SIGTERM/SIGUSR1) was handled: last.pt is saved.
+EXIT_PREEMPTED = 75
 
 
 class UserError(Exception):
     """Mixed into the error classes whose message tells the user what to change."""
+
+
+class Preempted(Exception):
+    """SIGTERM/SIGUSR1 arrived; ``last.pt`` holds the position, ``resume=auto`` continues exactly."""
 
 
 _running = False

@@ -12,8 +12,6 @@ import sys
 
 from omegaconf import DictConfig
 
-from segtrain.engine.export import export_checkpoint
-from segtrain.engine.session import session
 from segtrain.entry import checkpoint_config, run_entry
 
 ALIASES = {"format": "export.format"}
@@ -30,6 +28,9 @@ def expand_aliases(argv: list[str]) -> list[str]:
 
 
 def job(cfg: DictConfig, output_dir: str) -> None:
+    # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
+    from segtrain.engine.export import export_checkpoint
+    from segtrain.engine.session import session
     cfg, blob = checkpoint_config(cfg, "export")
     with session(cfg, output_dir, "export.log") as (dist, _run_dir):
         if dist.is_main:

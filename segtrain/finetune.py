@@ -13,14 +13,15 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from segtrain.engine.session import session
-from segtrain.engine.trainer import fit
 from segtrain.entry import checkpoint_config, run_entry
 
 log = logging.getLogger("segtrain.finetune")
 
 
 def job(cfg: DictConfig, output_dir: str) -> None:
+    # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
+    from segtrain.engine.session import session
+    from segtrain.engine.trainer import fit
     cfg, blob = checkpoint_config(cfg, "finetune")
     with session(cfg, output_dir, "train.log") as (dist, run_dir):
         fit(cfg, run_dir, dist, init_weights=blob, classes=class_change(blob, cfg))

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from segtrain.engine.predict_images import predict
-from segtrain.engine.session import session
 from segtrain.entry import checkpoint_config, run_entry
 
 
 def job(cfg: DictConfig, output_dir: str) -> None:
+    # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
+    from segtrain.engine.predict_images import predict
+    from segtrain.engine.session import session
     cfg, blob = checkpoint_config(cfg, "predict")
     with session(cfg, output_dir, "predict.log") as (dist, _run_dir):
         if dist.is_main:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from segtrain.errors import UserError
@@ -19,16 +20,31 @@ T = TypeVar("T")
 
 _ALL: dict[str, Registry] = {}
 
-# Modules that define registries; imported before the config is validated so that every
-# registry (and every built-in entry) exists. A user's own entries register on import of
-# the user's module (e.g. from a script that then calls segtrain's entry points).
-PROVIDERS = (
-    "segtrain.models",
-    "segtrain.data.formats",
-    "segtrain.data.augmentations",
-    "segtrain.engine.optim",
-    "segtrain.engine.hooks",
-)
+@dataclass(frozen=True)
+class Declared:
+    """What the config check knows of a registry without importing it: its module, what it holds, the
+    built-in names (importing the implementations imports torch, and a mistyped name would wait for it)."""
+
+    module: str  # defines the registry and registers the built-ins
+    what: str
+    names: tuple[str, ...]
+    import_paths: bool = False
+
+
+#: Every registry by config key; tests keep the declared names equal to what the modules register. A user's
+#: own entries register on import of the user's module, which imports the registry's module first.
+DECLARED: dict[str, Declared] = {
+    "model.name": Declared(
+        "segtrain.models", "model", ("deeplabv3", "fcn", "lraspp", "panoptic_deeplab", "tiny_panoptic")
+    ),
+    "dataset.format": Declared(
+        "segtrain.data.formats", "data format", ("cityscapes", "coco", "coco_panoptic", "labelme", "synthetic")
+    ),
+    "augment.name": Declared("segtrain.data.augmentations", "augmentation pipeline", ("default", "none", "strong")),
+    "optim.name": Declared("segtrain.engine.optim", "optimiser", ("adam", "adamw", "sgd")),
+    "schedule.name": Declared("segtrain.engine.optim", "LR schedule", ("constant", "cosine", "poly", "step")),
+    "trainer.hooks": Declared("segtrain.engine.hooks", "hook", (), import_paths=True),
+}
 
 
 class UnknownChoiceError(UserError, ValueError):
@@ -98,11 +114,7 @@ class Registry(Generic[T]):
             raise UnknownChoiceError(f"{self.key}={path!r}: module {module_name!r} has no {attr!r}") from None
 
     def unknown(self, name: object) -> str:
-        near = difflib.get_close_matches(str(name), self.names(), n=1)
-        hint = f" Did you mean {near[0]!r}?" if near else ""
-        paths = " (or an import path, pkg.module:Name)" if self.import_paths else ""
-        known = ", ".join(self.names()) or "none registered"
-        return f"{self.key}={name!r} is not a known {self.what}.{hint} Known: {known}{paths}"
+        return _unknown(self.key, self.what, self.names(), self.import_paths, name)
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -125,7 +137,33 @@ def _origin(obj: object) -> str:
 
 
 def all_registries() -> dict[str, Registry]:
-    """Every registry by config key, with the built-in entries loaded."""
-    for module in PROVIDERS:
-        importlib.import_module(module)
+    """Every registry by config key, with the built-in entries loaded (imports torch)."""
+    for declared in DECLARED.values():
+        importlib.import_module(declared.module)
     return dict(_ALL)
+
+
+def check_name(key: str, name: object) -> None:
+    """Raises :class:`UnknownChoiceError` unless ``name`` is a built-in or registered entry of ``key``'s
+    registry (or, where the registry takes them, an importable path), without importing the built-ins.
+
+    A user's entries exist only once the user's module imported the registry's module, so a registry not
+    created yet holds the declared built-ins alone."""
+    registry = _ALL.get(key)
+    if registry is None:
+        declared = DECLARED[key]
+        if name in declared.names:
+            return
+        if not (declared.import_paths and isinstance(name, str) and is_import_path(name)):
+            raise UnknownChoiceError(_unknown(key, declared.what, declared.names, declared.import_paths, name))
+        importlib.import_module(declared.module)
+        registry = _ALL[key]
+    registry.check(name)
+
+
+def _unknown(key: str, what: str, names: Iterable[str], import_paths: bool, name: object) -> str:
+    known = sorted(names)
+    near = difflib.get_close_matches(str(name), known, n=1)
+    hint = f" Did you mean {near[0]!r}?" if near else ""
+    paths = " (or an import path, pkg.module:Name)" if import_paths else ""
+    return f"{key}={name!r} is not a known {what}.{hint} Known: {', '.join(known) or 'none registered'}{paths}"

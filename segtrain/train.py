@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from segtrain.engine.session import session
-from segtrain.engine.trainer import fit
 from segtrain.entry import run_entry
 
 
 def job(cfg: DictConfig, output_dir: str) -> None:
+    # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
+    from segtrain.engine.session import session
+    from segtrain.engine.trainer import fit
     with session(cfg, output_dir, "train.log") as (dist, run_dir):
         fit(cfg, run_dir, dist)
 

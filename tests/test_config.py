@@ -150,3 +150,51 @@ def test_every_tool_has_its_own_run_directory(tool):
     cfg = OmegaConf.load(CONFIGS / f"{tool}.yaml")
     run_dir = cfg.hydra.run._get_node("dir")._value()  # unresolved: ${now:...} is Hydra's resolver
     assert str(run_dir).startswith(f"outputs/{tool}/"), run_dir
+
+
+def test_declared_registry_names_equal_the_registered_ones():
+    """The config check reads DECLARED (no torch); the modules register the real entries."""
+    from segtrain.registry import DECLARED, all_registries
+
+    registries = all_registries()
+    assert set(registries) == set(DECLARED)
+    for key, declared in DECLARED.items():
+        reg = registries[key]
+        builtin = [n for n in reg.names() if n not in TEST_REGISTERED]
+        assert sorted(declared.names) == builtin, key
+        assert (declared.what, declared.import_paths) == (reg.what, reg.import_paths), key
+        assert reg.__class__.__module__ == "segtrain.registry"
+
+
+#: names other tests register in this process (the user-registry path)
+TEST_REGISTERED = ("count_steps",)
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("experiment=cpu_smok", "Did you mean experiment=cpu_smoke?"),
+        ("trainer.max_epoch=3", "unknown config key 'trainer.max_epoch'"),
+        ("trainer.epochs=0", "trainer.epochs=0 must be >= 1"),
+        ("optim.name=lamb", "optim.name='lamb' is not a known optimiser"),
+        ("model.name=tiny", "model.name='tiny' is not a known model"),
+    ],
+)
+def test_config_mistakes_are_reported_without_importing_torch(tmp_path, override, says):
+    """``python -X importtime`` lists every module imported: torch must not be among them."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "segtrain.train", override],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and says in errors[0], errors
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "omegaconf" in imported, "importtime output not parsed"
+    assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, "torch was imported"

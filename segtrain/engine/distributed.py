@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from segtrain.config import ConfigError
+from segtrain.launch_env import env_rank  # noqa: F401 - re-exported: engine code asks distributed
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,6 @@ class DistInfo:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
-
-
-def env_rank() -> int:
-    """Global rank from the launcher's environment (0 when not launched by torchrun)."""
-    return int(os.environ.get("RANK", "0"))
 
 
 def pick_device(requested: str, local_rank: int) -> torch.device:

@@ -16,7 +16,7 @@ import cv2
 import torch
 
 import segtrain
-from segtrain.engine.distributed import DistInfo, broadcast_object, cleanup, env_rank, setup
+from segtrain.engine.distributed import DistInfo, broadcast_object, cleanup, setup
 from segtrain.engine.recorder import setup_logging
 
 log = logging.getLogger("segtrain")
@@ -85,11 +85,3 @@ def cpu_threads(trainer: Any) -> int:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // local - int(trainer.num_workers))
-
-
-def follower_overrides(argv: list[str]) -> list[str]:
-    """Under torchrun, ranks other than 0 must not create a run directory or a ``.hydra`` folder."""
-    if env_rank() == 0:
-        return argv
-    keep = [a for a in argv if not a.startswith(("hydra.run.dir=", "hydra.output_subdir="))]
-    return [*keep, "hydra.run.dir=.", "hydra.output_subdir=null"]

@@ -48,20 +48,14 @@ from segtrain.engine.resume import find_resume_checkpoint, restore_training_stat
 from segtrain.engine.run_dir import RunDirLock, check_fresh
 from segtrain.engine.runtime import autocast, configure_determinism, effective_precision, progress_bar, to_device
 from segtrain.engine.session import write_effective_config
-from segtrain.errors import UserError, mark_running
+from segtrain.errors import EXIT_PREEMPTED, Preempted, UserError, mark_running  # noqa: F401 - EXIT_PREEMPTED re-exported
 
 log = logging.getLogger("segtrain.trainer")
 
-#: Process exit status after a preemption signal (SIGTERM/SIGUSR1) was handled: last.pt is saved.
-EXIT_PREEMPTED = 75
 
 
 class NonFiniteError(UserError, FloatingPointError):
     """A loss or gradient became NaN/inf; the weights of the previous step are intact."""
-
-
-class Preempted(Exception):
-    """SIGTERM/SIGUSR1 arrived; ``last.pt`` holds the position, ``resume=auto`` continues exactly."""
 
 
 @dataclass
