@@ -5,10 +5,13 @@ the input's sub-folders):
 
 - ``<name>_panoptic.png``: every instance in its own colour with outline and class name, stuff by
   class colour, a legend (instance-aware models); ``<name>_semantic.png``: the class map, coloured,
-  with a legend;
+  with a legend; a legend swatch has the colour its segment shows (class colour blended with the image);
 - ``<name>_panoptic_ids.png``: the COCO-panoptic id PNG (id = R + 256 G + 256^2 B) and
   ``<name>_segments.json``: per segment id, class, category id, area, box [x, y, w, h], score;
 - ``<name>_labels.png``: class ids (uint8); ``<name>_center.png``: the centre heatmap over the image.
+
+``_labels.png`` and ``_panoptic_ids.png`` are id maps for programs (small integers: near black in a
+viewer); the pictures to look at are ``_semantic.png``, ``_panoptic.png`` and ``_center.png``.
 
 ``<name>`` is the file's stem; inputs of one folder that share a stem (``a.jpg``, ``a.png``) are
 told apart by their extension (``a_jpg``, ``a_png``), so no input's outputs overwrite another's.

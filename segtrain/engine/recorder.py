@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 log = logging.getLogger("segtrain")
 
@@ -27,8 +28,25 @@ def _not_file_only(record: logging.LogRecord) -> bool:
     return record.levelno != FILE_ONLY
 
 
+class ConsoleHandler(logging.StreamHandler):
+    """Console lines through ``tqdm.write``: it clears the open progress bars, writes the line and draws the
+    bars again below it, so a bar and a log line never share a terminal line (without bars: a plain write)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+            self.flush()
+        except RecursionError:
+            raise
+        except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
+            self.handleError(record)
+
+
 def setup_logging(run_dir: Path | None, rank: int, log_name: str = "train.log") -> None:
-    """Rank 0: INFO to the console and ``run_dir/log_name``. Other ranks: WARNING+ to the console, tagged."""
+    """Rank 0: INFO to the console and ``run_dir/log_name``. Other ranks: WARNING+ to the console, tagged.
+
+    Console lines go through :class:`ConsoleHandler` (never into a progress bar's line); Python warnings
+    become log records, so they reach train.log and pass the bars the same way."""
     root = logging.getLogger()
     for h in list(root.handlers):
         if getattr(h, "_segtrain", False):
@@ -40,7 +58,7 @@ def setup_logging(run_dir: Path | None, rank: int, log_name: str = "train.log") 
         else "%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    console = logging.StreamHandler(sys.stderr)
+    console = ConsoleHandler(sys.stderr)
     console.addFilter(_not_file_only)
     handlers: list[logging.Handler] = [console]
     if rank == 0 and run_dir is not None:
@@ -52,6 +70,7 @@ def setup_logging(run_dir: Path | None, rank: int, log_name: str = "train.log") 
         root.addHandler(h)
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logging.getLogger("PIL").setLevel(logging.WARNING)
+    logging.captureWarnings(True)
 
 
 def _plain(v: Any) -> Any:

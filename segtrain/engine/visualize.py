@@ -107,7 +107,8 @@ def overlay_panoptic(
     images), large-enough instances carry their class name, and a legend in the top-left corner lists
     the classes present (thing classes with their instance count): in a corner when it hides no
     segment, else in a strip added below the image (``legend="corner"`` / ``"strip"`` to choose).  ``void_label`` and
-    ``skip_classes`` (e.g. the background) are left uncoloured.
+    ``skip_classes`` (e.g. the background) are left uncoloured.  A legend swatch shows its segment's mean colour
+    in the picture (the blend of class colour and image), so swatch and segment look the same.
     """
     if isinstance(panoptic, torch.Tensor):
         panoptic = panoptic.detach().cpu().numpy()
@@ -134,6 +135,7 @@ def overlay_panoptic(
     out = image.astype(np.float32)
     paint = ~is_void[inverse]
     out[paint] = (1 - alpha) * out[paint] + alpha * colours[inverse[paint]]
+    shown = _mean_colours(np.floor(out.clip(0, 255)), inverse, values.size)
     # Outlines: pixels whose right or lower neighbour is another segment (vectorised), a white core
     # inside a black halo.
     edge = np.zeros((h, w), bool)
@@ -167,14 +169,24 @@ def overlay_panoptic(
             (tw, th), _ = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, scale, max(1, round(scale * 2)))
             if xmax[j] - xmin[j] + 1 >= tw and area[j] >= 2 * tw * th:
                 _text(out, label, (int(cx[j] - tw / 2), int(cy[j] + th / 2)), scale)
-    if legend:
-        out = _draw_legend(out, paint, cls, is_thing, is_void, colours, name, scale, legend)
+    if legend:  # swatches in the colours the segments show (blended with the image), not the pure ones
+        out = _draw_legend(out, paint, cls, is_thing, is_void, shown, name, scale, legend)
     return out
+
+
+def _mean_colours(out: np.ndarray, inverse: np.ndarray, n: int) -> np.ndarray:
+    """(n, 3) uint8: the mean colour of each segment's pixels in ``out`` (H, W, 3) - what a legend swatch must
+    show to match the overlay; over a uniform background it is exactly the segment's colour."""
+    seg = inverse.reshape(-1)
+    area = np.maximum(np.bincount(seg, minlength=n), 1)
+    sums = np.stack([np.bincount(seg, out[..., ch].reshape(-1), minlength=n) for ch in range(3)], axis=1)
+    return np.rint(sums / area[:, None]).clip(0, 255).astype(np.uint8)
 
 
 def _draw_legend(out, painted, cls, is_thing, is_void, colours, name, scale, mode) -> np.ndarray:
     """Class names with colour swatches: in the image corner that hides the fewest coloured pixels when
-    it hides none (or ``mode="corner"``), else in a strip added below the image (``mode="strip"`` always)."""
+    it hides none (or ``mode="corner"``), else in a strip added below the image (``mode="strip"`` always).
+    ``colours``: per segment, the swatch colour (the segment's mean colour in the overlay)."""
     rows = []
     for c in np.unique(cls[~is_void]).tolist():
         sel = np.flatnonzero((cls == c) & ~is_void)
@@ -209,3 +221,44 @@ def _draw_legend(out, painted, cls, is_thing, is_void, colours, name, scale, mod
             x += sw + 1
         _text(out, text, (x + 3, y + sw), scale)
     return out
+
+
+#: The tiles of a validation panel, left to right (instance-free models: the first three).
+PANEL_TITLES = ("input", "semantic GT", "semantic pred", "panoptic GT", "panoptic pred", "centre heatmap")
+_TITLE_FONT = cv2.FONT_HERSHEY_SIMPLEX
+_TITLE_BG = 32
+
+
+def _title_scale(titles: Sequence[str], width: int) -> float:
+    """The largest font scale (0.3 to 0.5) at which every title fits ``width`` with a 3 px margin each side."""
+    for scale in (0.5, 0.45, 0.4, 0.35, 0.3):
+        if all(cv2.getTextSize(t, _TITLE_FONT, scale, 1)[0][0] + 6 <= width for t in titles):
+            return scale
+    return 0.3
+
+
+def title_strip(title: str, width: int, scale: float) -> np.ndarray:
+    """(h, width, 3) uint8: ``title`` in white on a dark bar, left-aligned; ``h`` follows the font size."""
+    (_, th), base = cv2.getTextSize("Ag", _TITLE_FONT, scale, 1)
+    strip = np.full((th + base + 6, width, 3), _TITLE_BG, np.uint8)
+    cv2.putText(strip, title, (3, th + 3), _TITLE_FONT, scale, (255, 255, 255), 1, cv2.LINE_AA)
+    return strip
+
+
+def titled_row(tiles: Sequence[np.ndarray], titles: Sequence[str]) -> np.ndarray:
+    """Tiles (H, W, 3) uint8 side by side, each under a bar with its title, so a panel reads without knowing
+    the order.  Tiles too narrow for their titles at the smallest font are enlarged (nearest neighbour, an
+    integer factor); shorter tiles are padded at the bottom."""
+    if len(tiles) != len(titles):
+        raise ValueError(f"{len(tiles)} tiles but {len(titles)} titles")
+    need = max(cv2.getTextSize(t, _TITLE_FONT, 0.3, 1)[0][0] + 6 for t in titles)
+    factor = max(1, -(-need // min(t.shape[1] for t in tiles)))
+    if factor > 1:
+        tiles = [np.repeat(np.repeat(t, factor, axis=0), factor, axis=1) for t in tiles]
+    scale = _title_scale(titles, min(t.shape[1] for t in tiles))
+    height = max(t.shape[0] for t in tiles)
+    columns = []
+    for tile, title in zip(tiles, titles, strict=True):
+        pad = np.full((height - tile.shape[0], tile.shape[1], 3), _TITLE_BG, np.uint8)
+        columns.append(np.concatenate([title_strip(title, tile.shape[1], scale), tile, pad], axis=0))
+    return np.concatenate(columns, axis=1)
