@@ -224,8 +224,9 @@ def evaluate(
     for ev in evaluators:
         ev.reset()
     counts = torch.zeros(2, dtype=torch.int64)
+    bar = tqdm(loader, desc="val", disable=not progress, leave=False, dynamic_ncols=True)
     try:
-        for batch in tqdm(loader, desc="val", disable=not progress, leave=False, dynamic_ncols=True):
+        for batch in bar:
             counts[1] += int(batch.pop("skipped", 0))
             if "image" not in batch:
                 continue
@@ -236,6 +237,7 @@ def evaluate(
             for ev in evaluators:
                 ev.process(batch, outputs)
     finally:
+        bar.close()  # also on an error: the message that follows must not land on the bar's line
         net.train(was_training)
     metrics: dict[str, Any] = {}
     for ev in evaluators:
