@@ -49,11 +49,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from segtrain.config import compose  # noqa: E402
-from segtrain.data.annotations import ClassMap, load_coco, load_labelme  # noqa: E402
 from segtrain.data.augmentations import build_pipeline  # noqa: E402
+from segtrain.data.coco import load_coco  # noqa: E402
 from segtrain.data.dataset import PolygonDataset  # noqa: E402
 from segtrain.data.image_io import decode_image, read_encoded  # noqa: E402
+from segtrain.data.labelme import load_labelme  # noqa: E402
 from segtrain.data.mappers import CpuMapper, DeviceMapper, StageTimer, TargetSpec  # noqa: E402
+from segtrain.data.records import ClassMap  # noqa: E402
 from segtrain.data.synthetic import CLASSES, ensure_synthetic  # noqa: E402
 from segtrain.engine.loaders import keep_freed_memory  # noqa: E402
 

@@ -48,8 +48,10 @@ from pycocotools import mask as mask_utils
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from segtrain.data.annotations import ClassMap, ImageRecord, load_coco, load_labelme  # noqa: E402
+from segtrain.data.coco import load_coco  # noqa: E402
+from segtrain.data.labelme import load_labelme  # noqa: E402
 from segtrain.data.rasterise import _rasterise_numpy, polygon_mask, rasterise  # noqa: E402
+from segtrain.data.records import ClassMap, ImageRecord  # noqa: E402
 from segtrain.data.synthetic import CLASSES, ensure_synthetic  # noqa: E402
 
 PAIRS = [("labelme_examples/instance_segmentation", "labelme_examples/instance_segmentation_coco/annotations.json")]

@@ -13,17 +13,11 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from segtrain.data.annotations import (
-    IGNORE,
-    AnnotationError,
-    ClassMap,
-    ImageRecord,
-    LoadReport,
-    load_coco,
-    load_labelme,
-)
+from segtrain.data.coco import load_coco
 from segtrain.data.image_io import ImageReadError, read_image
+from segtrain.data.labelme import load_labelme
 from segtrain.data.rasterise import rasterise
+from segtrain.data.records import IGNORE, AnnotationError, ClassMap, ImageRecord, LoadReport
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 

@@ -18,7 +18,6 @@ import pytest
 
 from segtrain.config import IGNORE_LABEL
 from segtrain.data import cityscapes as cs_module
-from segtrain.data.annotations import AnnotationError, ClassMap, Instance
 from segtrain.data.cityscapes import (
     LABELS,
     STUFF_CLASSES,
@@ -29,6 +28,7 @@ from segtrain.data.cityscapes import (
     pil_polygons,
 )
 from segtrain.data.rasterise import rasterise
+from segtrain.data.records import AnnotationError, ClassMap, Instance
 from segtrain.data.targets import make_targets
 
 try:  # the official tools: a pinned dev dependency

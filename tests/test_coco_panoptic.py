@@ -15,7 +15,6 @@ from PIL import Image
 
 from segtrain.config import IGNORE_LABEL, compose
 from segtrain.data import build_dataset
-from segtrain.data.annotations import AnnotationError
 from segtrain.data.coco_panoptic import (
     image_path,
     load_coco_panoptic,
@@ -26,6 +25,7 @@ from segtrain.data.coco_panoptic import (
 from segtrain.data.formats import FORMATS, class_map_of
 from segtrain.data.image_io import ImageReadError
 from segtrain.data.panoptic_gt import panoptic_categories
+from segtrain.data.records import AnnotationError
 from segtrain.engine.metrics import PanopticQuality
 
 SAMPLE = "panopticapi_sample"

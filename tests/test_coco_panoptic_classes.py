@@ -13,8 +13,8 @@ import yaml
 
 from segtrain.config import DISCOVERED, compose, config_dir
 from segtrain.data import coco_panoptic
-from segtrain.data.annotations import AnnotationError
 from segtrain.data.coco_panoptic import discover_classes_coco_panoptic
+from segtrain.data.records import AnnotationError
 from segtrain.errors import UserError
 
 # The explicit list configs/dataset/coco_panoptic.yaml held before it said `classes: auto` (after class 0

@@ -21,10 +21,12 @@ import pytest
 from PIL import Image, ImageOps
 
 from segtrain.data import image_io
-from segtrain.data.annotations import ClassMap, ImageRecord, Instance, load_coco, load_labelme
+from segtrain.data.coco import load_coco
 from segtrain.data.image_header import _ifd0, read_header
 from segtrain.data.image_io import ImageReadError, decode_image, read_image, read_image_file
+from segtrain.data.labelme import load_labelme
 from segtrain.data.rasterise import rasterise
+from segtrain.data.records import ClassMap, ImageRecord, Instance
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -229,7 +231,7 @@ def test_opencv_limit_bounds_formats_without_a_header(tmp_path):
     script = textwrap.dedent(
         """
         import sys
-        from segtrain.data.annotations import ImageRecord
+        from segtrain.data.records import ImageRecord
         from segtrain.data.image_io import ImageReadError, decode_image
         data = b"#?RADIANCE\\nFORMAT=32-bit_rle_rgbe\\n\\n-Y 30000 +X 30000\\n" + bytes(64)
         rec = ImageRecord("x", "ann.json", 30000, 30000, None, data, [])
@@ -249,7 +251,7 @@ _RSS_SCRIPT = textwrap.dedent(
     """
     import json, resource, sys
     from pathlib import Path
-    from segtrain.data.annotations import ImageRecord
+    from segtrain.data.records import ImageRecord
     from segtrain.data.image_io import ImageReadError, read_image
 
     def peaks():

@@ -22,22 +22,20 @@ import pytest
 from pycocotools import mask as mask_utils
 
 from segtrain.data import coco as coco_mod
-from segtrain.data.annotations import (
+from segtrain.data.coco import discover_classes_coco, load_coco
+from segtrain.data.image_io import ImageReadError, read_encoded
+from segtrain.data.index import RecordIndex, records_equal
+from segtrain.data.labelme import discover_classes_labelme, load_labelme
+from segtrain.data.records import (
     IGNORE,
+    MAX_POLYGON_VERTICES,
     AnnotationError,
     ClassMap,
     ImageRecord,
     Instance,
     LoadReport,
-    RecordIndex,
-    discover_classes_coco,
-    discover_classes_labelme,
-    load_coco,
-    load_labelme,
+    hydra_key,
 )
-from segtrain.data.image_io import ImageReadError, read_encoded
-from segtrain.data.index import records_equal
-from segtrain.data.records import MAX_POLYGON_VERTICES, hydra_key
 from segtrain.data.rle import box_mask_counts, check_counts, decode_compressed, encode_counts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

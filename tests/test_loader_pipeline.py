@@ -14,12 +14,14 @@ import pytest
 import torch
 
 from segtrain.config import IGNORE_LABEL, compose
-from segtrain.data.annotations import ClassMap, load_coco, load_labelme
 from segtrain.data.augmentations import build_pipeline
+from segtrain.data.coco import load_coco
 from segtrain.data.dataset import PolygonDataset, collate
 from segtrain.data.image_io import decode_image, read_encoded
+from segtrain.data.labelme import load_labelme
 from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
 from segtrain.data.rasterise import rasterise
+from segtrain.data.records import ClassMap
 from segtrain.data.seeding import item_seed
 from segtrain.data.targets import make_targets
 from segtrain.data.transforms import (
@@ -289,7 +291,7 @@ def test_reduced_decode_keeps_image_and_ids_aligned(tmp_path):
     img = np.zeros((h, w, 3), np.uint8)
     img[:, 137:] = 255
     ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 98])
-    from segtrain.data.annotations import ImageRecord
+    from segtrain.data.records import ImageRecord
 
     rec = ImageRecord("e", "test", h, w, None, buf.tobytes(), [])
     full = decode_image(rec, rec.image_data, "embedded")
@@ -318,7 +320,7 @@ def test_reduced_decode_of_an_exif_oriented_jpeg(size):
 
     from PIL import Image
 
-    from segtrain.data.annotations import ImageRecord
+    from segtrain.data.records import ImageRecord
 
     h, w = size
     displayed = np.zeros((h, w, 3), np.uint8)
@@ -337,7 +339,7 @@ def test_reduced_decode_of_an_exif_oriented_jpeg(size):
 
 
 def test_reduce_is_ignored_for_other_formats():
-    from segtrain.data.annotations import ImageRecord
+    from segtrain.data.records import ImageRecord
 
     img = np.random.default_rng(0).integers(0, 255, (30, 40, 3), dtype=np.uint8)
     ok, buf = cv2.imencode(".png", img)

@@ -11,8 +11,10 @@ import pytest
 from pycocotools import mask as mask_utils
 
 from segtrain.data import rasterise as rz
-from segtrain.data.annotations import ClassMap, Instance, load_coco, load_labelme
+from segtrain.data.coco import load_coco
+from segtrain.data.labelme import load_labelme
 from segtrain.data.rasterise import IGNORE_INDEX, polygon_mask, polygon_masks, rasterise
+from segtrain.data.records import ClassMap, Instance
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 

@@ -60,16 +60,17 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from segtrain.config import IGNORE_LABEL
-from segtrain.data.annotations import (
+from segtrain.data.loading import parse_json, read_annotation_file
+from segtrain.data.records import (
     AnnotationError,
     ClassMap,
+    Collector,
     ImageRecord,
     Instance,
     LoadReport,
     UnknownLabelError,
+    positive_int,
 )
-from segtrain.data.loading import parse_json, read_annotation_file
-from segtrain.data.records import Collector, positive_int
 from segtrain.fileio import is_regular_file
 
 __all__ = [

@@ -51,19 +51,21 @@ import cv2
 import numpy as np
 
 from segtrain.config import IGNORE_LABEL
-from segtrain.data.annotations import (
-    AnnotationError,
-    ClassMap,
-    ImageRecord,
-    Instance,
-    LoadReport,
-    UnknownLabelError,
-)
 from segtrain.data.image_io import ImageReadError, decode_image, max_encoded_bytes
 from segtrain.data.index_cache import cache_file, file_fingerprint, glob_escape
 from segtrain.data.loading import parse_json, read_annotation_file
 from segtrain.data.panoptic_gt import panoptic_ground_truth
-from segtrain.data.records import MAX_ANNOTATION_BYTES, Collector, crowd_classes
+from segtrain.data.records import (
+    MAX_ANNOTATION_BYTES,
+    AnnotationError,
+    ClassMap,
+    Collector,
+    ImageRecord,
+    Instance,
+    LoadReport,
+    UnknownLabelError,
+    crowd_classes,
+)
 from segtrain.fileio import is_regular_file, read_bytes
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from segtrain.data.annotations import AnnotationError, ImageRecord
 from segtrain.data.formats import check_paths, load_split
 from segtrain.data.image_io import ImageReadError
 from segtrain.data.mappers import (
@@ -28,6 +27,7 @@ from segtrain.data.mappers import (
     build_mapper,
     inference_size,
 )
+from segtrain.data.records import AnnotationError, ImageRecord
 from segtrain.data.seeding import item_seed
 
 log = logging.getLogger(__name__)

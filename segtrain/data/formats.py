@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from segtrain.data.annotations import ClassMap, ImageRecord, LoadReport, load_coco, load_labelme
+from segtrain.data.coco import load_coco
+from segtrain.data.labelme import load_labelme
+from segtrain.data.records import ClassMap, ImageRecord, LoadReport
 from segtrain.data.synthetic import ensure_synthetic
 from segtrain.errors import UserError
 from segtrain.registry import Registry

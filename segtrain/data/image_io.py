@@ -50,7 +50,7 @@ from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS, OPENCV_LIMIT_VAR
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from segtrain.data.annotations import ImageRecord
+    from segtrain.data.records import ImageRecord
 
 _PNG_IEND = b"IEND\xaeB`\x82"
 #: Read limit: 16 bytes per pixel (uncompressed float32 RGBA) plus this much for metadata/thumbnails.

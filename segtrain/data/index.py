@@ -66,23 +66,6 @@ class IndexFormatError(ValueError):
 
 
 # --------------------------------------------------------------------------- columns
-class _Blob:
-    """Accumulates variable-length byte strings into offsets + one data array."""
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-        self.lens: list[int] = []
-
-    def add(self, b: bytes) -> None:
-        self.parts.append(b)
-        self.lens.append(len(b))
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        off = np.zeros(len(self.lens) + 1, np.int64)
-        np.cumsum(np.asarray(self.lens, np.int64), out=off[1:])
-        return off, np.frombuffer(b"".join(self.parts), np.uint8)
-
-
 def blob_arrays(items: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """(offsets int64 (n+1,), data uint8) of byte strings."""
     off = np.zeros(len(items) + 1, np.int64)
@@ -384,11 +367,6 @@ class RecordIndex(Sequence[ImageRecord]):
         return out
 
     # ---- summaries (vectorised, no records built)
-    def image_columns(self, name: str) -> np.ndarray:
-        """Stored int column of this view's images (e.g. ``height``)."""
-        v = self.arrays[f"img/{name}"]
-        return v[self.order] if self.order is not None else v
-
     def instance_label_counts(self, crowd: bool = False) -> np.ndarray:
         """Instances per label code over this view (crowd regions counted only if ``crowd``)."""
         off = self._inst_off
@@ -400,10 +378,6 @@ class RecordIndex(Sequence[ImageRecord]):
         if not crowd:
             lab = lab[~isc]
         return np.bincount(lab, minlength=len(self.meta["labels"]))
-
-    def labels_used(self) -> np.ndarray:
-        """Label codes that occur in this view."""
-        return np.flatnonzero(self.instance_label_counts(crowd=True))
 
     def first_instance_of(self, code: int) -> tuple[int, int] | None:
         """(stored image position, instance position) of the first instance with label ``code``

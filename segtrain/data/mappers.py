@@ -2,7 +2,7 @@
 
 (Rasterise: polygons / RLE, or for COCO panoptic records the decoded PNG id map; same output.)
 
-A mapper turns one :class:`~segtrain.data.annotations.ImageRecord` into one item and is chosen
+A mapper turns one :class:`~segtrain.data.records.ImageRecord` into one item and is chosen
 when the data set is built, never switched afterwards:
 
 - :class:`CpuMapper`: everything in the loader worker (``augment.device=cpu``).
@@ -29,14 +29,13 @@ import numpy as np
 import torch
 
 from segtrain.config import IGNORE_LABEL
-from segtrain.data.annotations import AnnotationError, ImageRecord
 from segtrain.data.augmentations import DEVICE_PIPELINES, build_pipeline, evaluation_pipeline
 from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
 from segtrain.data.device_augment import DeviceBatchAugment
 from segtrain.data.device_targets import BatchTargets
 from segtrain.data.image_io import decode_image, read_encoded
 from segtrain.data.rasterise import rasterise
-from segtrain.data.records import crowd_classes
+from segtrain.data.records import AnnotationError, ImageRecord, crowd_classes
 from segtrain.data.targets import make_targets
 from segtrain.data.transforms import (
     MAX_INSTANCES,

@@ -61,7 +61,7 @@ except ImportError as _exc:  # numba missing or built for another NumPy: the (bi
     )
 
 if TYPE_CHECKING:
-    from segtrain.data.annotations import Instance
+    from segtrain.data.records import Instance
 
 _SCALE = 5  # pycocotools' sub-pixel grid
 
@@ -285,31 +285,6 @@ def rle_mask(rle: dict, height: int, width: int) -> tuple[int, int, np.ndarray] 
         return None
     full = mask_utils.decode(rle)  # (h, w) column-major: its transpose is row-major
     return y, x, cv2.transpose(full.T[x : x + bw, y : y + bh]).view(bool)
-
-
-def _union(pieces: list[tuple[int, int, np.ndarray] | None]) -> tuple[int, int, np.ndarray] | None:
-    pieces = [p for p in pieces if p is not None]
-    if len(pieces) <= 1:
-        return pieces[0] if pieces else None
-    r0 = min(p[0] for p in pieces)
-    c0 = min(p[1] for p in pieces)
-    r1 = max(p[0] + p[2].shape[0] for p in pieces)
-    c1 = max(p[1] + p[2].shape[1] for p in pieces)
-    out = np.zeros((r1 - r0, c1 - c0), bool)
-    for r, c, m in pieces:
-        out[r - r0 : r - r0 + m.shape[0], c - c0 : c - c0 + m.shape[1]] |= m
-    return r0, c0, out
-
-
-def instance_masks(instances: Sequence[Instance], height: int, width: int) -> list[tuple[int, int, np.ndarray] | None]:
-    """Bounding-box-local ``(row0, col0, bool mask)`` of each instance (union of its polygons and
-    its RLE, if any), or None when it covers no pixel."""
-    height, width = int(height), int(width)
-    masks = polygon_masks([inst.polygons for inst in instances], height, width)
-    for k, inst in enumerate(instances):
-        if inst.rle is not None:
-            masks[k] = _union([masks[k], rle_mask(inst.rle, height, width)])
-    return masks
 
 
 PAINT_ORDERS = ("area", "file")

@@ -112,10 +112,6 @@ class Recorder:
         if self.enabled and images:
             self.writer.add_images(tag, np.stack(images), step, dataformats="NHWC")
 
-    def flush(self) -> None:
-        if self.enabled:
-            self.writer.flush()
-
     def close(self) -> None:
         if self.enabled:
             self.writer.close()
