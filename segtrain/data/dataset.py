@@ -29,11 +29,17 @@ from segtrain.data.mappers import (
 )
 from segtrain.data.records import AnnotationError, ImageRecord
 from segtrain.data.seeding import item_seed
+from segtrain.errors import UserError
 
 log = logging.getLogger(__name__)
 
 #: Consecutive unreadable images tolerated with ``dataset.on_error=skip`` before giving up.
 MAX_CONSECUTIVE_BAD = 16
+
+
+class UnreadableDataError(UserError, RuntimeError):
+    """``dataset.on_error=skip`` met :data:`MAX_CONSECUTIVE_BAD` unreadable images in a row: the paths or
+    the files of the data set are wrong, not one image."""
 
 
 class PolygonDataset(Dataset):
@@ -73,7 +79,9 @@ class PolygonDataset(Dataset):
 
     def __getitem__(self, key: int | tuple[int, int]) -> dict[str, torch.Tensor]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
-        for attempt in range(min(len(self.records), MAX_CONSECUTIVE_BAD)):
+        last: ImageReadError | None = None
+        tries = min(len(self.records), MAX_CONSECUTIVE_BAD)
+        for attempt in range(tries):
             i = (index + attempt) % len(self.records)
             seed = item_seed(self.seed, epoch, i) if self.mapper.random else None
             try:
@@ -86,9 +94,13 @@ class PolygonDataset(Dataset):
                 log.warning("skipping image (dataset.on_error=skip): %s", e)
                 if not self.replace_bad:
                     return {"skipped": torch.tensor(1)}
-        raise RuntimeError(
-            f"{self.name}: {MAX_CONSECUTIVE_BAD} consecutive unreadable images from index {index}; check the data set"
-        )
+                last = e
+        shown = " ".join(str(last).split()) if last is not None else "no image"
+        raise UnreadableDataError(
+            f"{self.name}: {tries} consecutive unreadable images from index {index} (dataset.on_error=skip gives up "
+            f"after {MAX_CONSECUTIVE_BAD} in a row); the last: {shown}. Check that dataset.root and the split's "
+            "image paths point at the images, or fix the broken files"
+        ) from last
 
 
 #: Per-image vectors with one entry per instance id: padded to the longest in the batch.

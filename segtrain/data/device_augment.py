@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from segtrain.config import ConfigError
 from segtrain.data.device_targets import make_targets_torch
 from segtrain.data.seeding import item_seed
 
@@ -92,7 +93,7 @@ def _colour_constants(device: torch.device) -> tuple[Tensor, Tensor, Tensor, Ten
 def _prob(cfg: Any, name: str, default: float) -> float:
     v = float(getattr(cfg, name, default))
     if not 0.0 <= v <= 1.0:
-        raise ValueError(f"augment.{name} must be a probability in [0, 1], got {v}")
+        raise ConfigError(f"augment.{name}={v} must be a probability in [0, 1]")
     return v
 
 
@@ -121,7 +122,10 @@ class DeviceAugment:
         self.scale_min = float(getattr(aug_cfg, "scale_min", 1.0))
         self.scale_max = float(getattr(aug_cfg, "scale_max", 1.0))
         if not 0 < self.scale_min <= self.scale_max:
-            raise ValueError(f"need 0 < augment.scale_min <= augment.scale_max, got {self.scale_min}, {self.scale_max}")
+            raise ConfigError(
+                f"augment.scale_min={self.scale_min}, augment.scale_max={self.scale_max}: "
+                "need 0 < scale_min <= scale_max"
+            )
         self.rotate_limit = float(getattr(aug_cfg, "rotate_limit", 0.0))
         self.rotate_p = _prob(aug_cfg, "rotate_p", 0.0) if self.rotate_limit > 0 else 0.0
         self.color_p = _prob(aug_cfg, "color_p", 0.0)
@@ -131,10 +135,10 @@ class DeviceAugment:
         self.hue = float(getattr(aug_cfg, "hue", 0.0))
         for name in ("brightness", "contrast", "saturation", "hue", "rotate_limit"):
             if getattr(self, name) < 0:
-                raise ValueError(f"augment.{name} must be >= 0, got {getattr(self, name)}")
+                raise ConfigError(f"augment.{name}={getattr(self, name)} must be >= 0")
         self.noise_std = float(getattr(aug_cfg, "noise_std", 0.0))
         if self.noise_std < 0:
-            raise ValueError(f"augment.noise_std must be >= 0, got {self.noise_std}")
+            raise ConfigError(f"augment.noise_std={self.noise_std} must be >= 0")
         self.noise_p = _prob(aug_cfg, "noise_p", 0.0) if self.noise_std > 0 else 0.0
         self.shadow_p = _prob(aug_cfg, "shadow_p", 0.0)
 

@@ -28,7 +28,7 @@ import cv2
 import numpy as np
 import torch
 
-from segtrain.config import IGNORE_LABEL
+from segtrain.config import IGNORE_LABEL, ConfigError
 from segtrain.data.augmentations import DEVICE_PIPELINES, build_pipeline, evaluation_pipeline
 from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
 from segtrain.data.device_augment import DeviceBatchAugment
@@ -267,7 +267,7 @@ class DeviceMapper(_Mapper):
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         if str(augment.name) not in DEVICE_PIPELINES:
-            raise ValueError(
+            raise ConfigError(
                 f"augment.device={augment.device} implements the pipelines {list(DEVICE_PIPELINES)}, "
                 f"not augment.name={augment.name!r}; use augment.device=cpu for custom pipelines"
             )
@@ -325,7 +325,7 @@ class NativeMapper(_Mapper):
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         if mode not in self.MODES:
-            raise ValueError(f"inference.mode={mode!r} is not one of {list(self.MODES)}")
+            raise ConfigError(f"inference.mode={mode!r} is not one of {list(self.MODES)}")
         super().__init__(evaluation_pipeline(input_size), timer, reader, max_image_pixels)
         self.mode = mode
         self.input_size = (int(input_size[0]), int(input_size[1]))

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from segtrain.config import ConfigError
 from segtrain.data import build_dataset
 from segtrain.engine.distributed import DistInfo
 from segtrain.engine.evaluation import PanopticSpec, evaluate, evaluators_for
@@ -28,14 +29,22 @@ log = logging.getLogger("segtrain.evaluate")
 def evaluate_checkpoint(cfg: Any, blob: Any, dist: DistInfo, run_dir: Path) -> dict[str, Any]:
     """Metrics of the checkpoint in ``cfg.ckpt`` on ``dataset.val``; rank 0 prints them and writes ``eval.json``."""
     model = model_from_checkpoint(cfg, blob, dist.device)
+    panoptic = bool(cfg.evaluate.panoptic) and bool(getattr(model, "instance_aware", False))
+    if cfg.evaluate.export == "coco_panoptic" and not panoptic:  # before the data set loads
+        why = (
+            "evaluate.panoptic=false; set evaluate.panoptic=true"
+            if getattr(model, "instance_aware", False)
+            else f"model.name={cfg.model.name} of {cfg.ckpt} is semantic-only (not instance-aware); "
+            "evaluate a panoptic model's checkpoint"
+        )
+        raise ConfigError(
+            f"evaluate.export=coco_panoptic needs panoptic predictions, but {why}, or drop evaluate.export"
+        )
     native = cfg.evaluate.resolution == "native"
     dataset = build_dataset(cfg, "val", native=native)
     loader = build_loader(dataset, dist, cfg.trainer, train=False, batch_size=1 if native else None)
-    panoptic = bool(cfg.evaluate.panoptic) and bool(getattr(model, "instance_aware", False))
     exporter = None
     if cfg.evaluate.export == "coco_panoptic":
-        if not panoptic:
-            raise ValueError("evaluate.export=coco_panoptic needs an instance-aware model and evaluate.panoptic=true")
         exporter = CocoPanopticExport(
             run_dir / "coco_panoptic", dataset, PanopticSpec.from_config(cfg).categories(), dist.is_main
         )

@@ -13,6 +13,8 @@ from torch import Tensor, nn
 from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.models.resnet import BasicBlock
 
+from segtrain.config import ConfigError
+
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101")
 MOBILENETS = ("mobilenet_v3_large", "mobilenet_v3_small")
 SUPPORTED_BACKBONES = RESNETS + MOBILENETS
@@ -89,7 +91,9 @@ def _block_strides(features: nn.Sequential) -> list[int]:
 
 def mobilenet_backbone(name: str, output_stride: int) -> tuple[nn.Module, dict[str, int]]:
     if output_stride not in (16, 32):
-        raise ValueError(f"model.output_stride={output_stride} is not supported by {name}; use 16 or 32")
+        raise ConfigError(
+            f"model.output_stride={output_stride} is not supported by model.backbone={name}; use 16 or 32"
+        )
     net = getattr(torchvision.models, name)(weights=None, dilated=output_stride == 16)
     features: nn.Sequential = net.features
     strides = _block_strides(features)
@@ -105,9 +109,9 @@ def mobilenet_backbone(name: str, output_stride: int) -> tuple[nn.Module, dict[s
 def build_backbone(name: str, output_stride: int) -> tuple[nn.Module, dict[str, int]]:
     """The feature extractor and the channels of each of its ``FEATURES``."""
     if output_stride not in OUTPUT_STRIDES:
-        raise ValueError(f"model.output_stride={output_stride} is not one of {list(OUTPUT_STRIDES)}")
+        raise ConfigError(f"model.output_stride={output_stride} is not one of {list(OUTPUT_STRIDES)}")
     if name in RESNETS:
         return resnet_backbone(name, output_stride)
     if name in MOBILENETS:
         return mobilenet_backbone(name, output_stride)
-    raise ValueError(f"unsupported model.backbone={name!r}; supported backbones: {', '.join(SUPPORTED_BACKBONES)}")
+    raise ConfigError(f"unsupported model.backbone={name!r}; supported backbones: {', '.join(SUPPORTED_BACKBONES)}")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from torch import Tensor, nn
 from torchvision.models import segmentation as tvseg
 
+from segtrain.config import ConfigError
 from segtrain.models.heads import SegmentationModel
 from segtrain.models.registry import ModelSpec, register_model
 
@@ -48,7 +49,7 @@ class TorchvisionSegmentation(SegmentationModel):
 def _build(kind: str, spec: ModelSpec) -> TorchvisionSegmentation:
     builders = BUILDERS[kind]
     if spec.backbone not in builders:
-        raise ValueError(
+        raise ConfigError(
             f"model.name={kind} does not support model.backbone={spec.backbone!r}; "
             f"supported backbones: {', '.join(builders)}"
         )
