@@ -24,15 +24,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from segtrain.config import compose  # noqa: E402
+from segtrain.checkpoint.state import Checkpointer  # noqa: E402
+from segtrain.config import compose, to_container  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
 from segtrain.data.dataset import collate  # noqa: E402
+from segtrain.engine.build import step_trainer  # noqa: E402
 from segtrain.engine.distributed import DistInfo  # noqa: E402
 from segtrain.engine.hooks import default_hooks  # noqa: E402
 from segtrain.engine.losses import compute_losses  # noqa: E402
 from segtrain.engine.recorder import Recorder, setup_logging  # noqa: E402
 from segtrain.engine.runtime import to_device  # noqa: E402
-from segtrain.engine.trainer import step_trainer  # noqa: E402
 
 
 def main() -> None:
@@ -69,7 +70,9 @@ def main() -> None:
             setup_logging(run_dir, 0)  # train.log + console log lines, as in a real run
         trainer = step_trainer(cfg, dist)
         trainer.recorder = Recorder(run_dir, True)
-        trainer.register_hooks(default_hooks(cfg, run_dir))
+        # the built-in hooks as a run has them; the block below stays inside one epoch (no validation, no save)
+        saver = Checkpointer(run_dir, to_container(cfg), keep_last=1, is_main=True)
+        trainer.register_hooks(default_hooks(cfg, run_dir, validate=dict, checkpointer=saver, panels=None))
         with contextlib.redirect_stderr(io.StringIO()):
             trainer.call_hooks("before_train")
         model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler

@@ -134,7 +134,7 @@ def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
     """``cfg`` with model/dataset taken from the checkpoint named by ``ckpt=``, and the loaded file."""
     if not cfg.ckpt:
         raise ConfigError(f"segtrain.{tool} needs ckpt=PATH (a checkpoint or a state dict file)")
-    from segtrain.models.weights import read_checkpoint
+    from segtrain.checkpoint.io import read_checkpoint
 
     blob = read_checkpoint(cfg.ckpt, trust=cfg.trust_checkpoint, what="ckpt")
     stored = blob.get("config") if isinstance(blob, dict) and isinstance(blob.get("config"), dict) else None

@@ -20,6 +20,10 @@ class UserError(Exception):
     """Mixed into the error classes whose message tells the user what to change."""
 
 
+class NonFiniteError(UserError, FloatingPointError):
+    """A loss or gradient became NaN/inf; the weights of the previous step are intact."""
+
+
 class Preempted(Exception):
     """SIGTERM/SIGUSR1 arrived; ``last.pt`` holds the position, ``resume=auto`` continues exactly."""
 

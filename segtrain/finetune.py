@@ -20,8 +20,8 @@ log = logging.getLogger("segtrain.finetune")
 
 def job(cfg: DictConfig, output_dir: str) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
+    from segtrain.engine.build import fit
     from segtrain.engine.session import session
-    from segtrain.engine.trainer import fit
     cfg, blob = checkpoint_config(cfg, "finetune")
     with session(cfg, output_dir, "train.log") as (dist, run_dir):
         fit(cfg, run_dir, dist, init_weights=blob, classes=class_change(blob, cfg))

@@ -9,8 +9,8 @@ from segtrain.entry import run_entry
 
 def job(cfg: DictConfig, output_dir: str) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
+    from segtrain.engine.build import fit
     from segtrain.engine.session import session
-    from segtrain.engine.trainer import fit
     with session(cfg, output_dir, "train.log") as (dist, run_dir):
         fit(cfg, run_dir, dist)
 

@@ -17,11 +17,11 @@ import pytest
 import torch
 from proc_utils import child_env, run_module
 
+from segtrain.checkpoint.io import CheckpointError, atomic_save, read_checkpoint
+from segtrain.checkpoint.state import load_checkpoint_weights, load_weights
 from segtrain.config import compose
-from segtrain.engine.checkpoint import CheckpointError, atomic_save
 from segtrain.engine.freeze import apply_freeze, freeze_report
 from segtrain.models import build_model
-from segtrain.models.weights import load_checkpoint_weights, load_weights, read_checkpoint
 
 SMOKE = ["experiment=cpu_smoke", "trainer.deterministic=true"]
 # 3 epochs of 4 steps, a mid-epoch checkpoint every 3 steps: a kill can land anywhere.
@@ -40,7 +40,7 @@ def states_equal(a: dict, b: dict) -> list[str]:
 # --------------------------------------------------------------------------- atomic writes
 KILL_MID_WRITE = r"""
 import sys, time, torch
-import segtrain.engine.checkpoint as ck
+import segtrain.checkpoint.io as ck
 real_save = torch.save
 def slow_save(obj, f, *a, **k):
     f.write(b"PK\x03\x04 half a checkpoint")  # a torn write in progress...

@@ -14,10 +14,11 @@ import pytest
 import torch
 from proc_utils import run_module
 
+from segtrain.checkpoint.io import CheckpointError, read_checkpoint
+from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.config import compose, to_container
 from segtrain.errors import EXIT_USER_ERROR, UserError
 from segtrain.models import build_model
-from segtrain.models.weights import CheckpointError, load_checkpoint_weights, read_checkpoint
 
 SMOKE = ["experiment=cpu_smoke", "trainer.deterministic=true"]
 THREE = "dataset.classes=[background,cat,dog]"
@@ -198,7 +199,7 @@ def test_no_line_without_a_stored_config_or_when_it_matches(tmp_path, caplog):
         load_checkpoint_weights(build_model(cfg.model), blob, "same.pt", asked=cfg)
     assert str(e.value).startswith("same.pt does not fit the model:")
     ck = training_checkpoint(tmp_path / "best.pt")
-    with caplog.at_level(logging.WARNING, logger="segtrain.models.weights"):
+    with caplog.at_level(logging.WARNING, logger="segtrain.checkpoint.state"):
         load_checkpoint_weights(
             build_model(tiny_cfg(THREE).model), read_checkpoint(ck), str(ck), strict=False, asked=tiny_cfg(THREE)
         )

@@ -12,11 +12,11 @@ from proc_utils import run_module
 from segtrain.config import compose
 from segtrain.data import StageTimer, build_dataset, collate
 from segtrain.data.image_io import read_encoded
+from segtrain.engine.build import step_trainer
 from segtrain.engine.distributed import DistInfo
 from segtrain.engine.doctor import ADVICE, diagnose, format_report, stage_times, verdict, warm_rasteriser
 from segtrain.engine.hooks import MetricsLogger
 from segtrain.engine.recorder import Recorder
-from segtrain.engine.trainer import step_trainer
 
 DIST = DistInfo()
 

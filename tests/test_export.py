@@ -13,6 +13,7 @@ import pytest
 import torch
 from proc_utils import REPO, child_env, run_module
 
+from segtrain.checkpoint.io import read_checkpoint
 from segtrain.config import ConfigError, compose, to_container
 from segtrain.engine.export import (
     ExportDependencyError,
@@ -25,7 +26,6 @@ from segtrain.engine.export import (
 from segtrain.export import expand_aliases
 from segtrain.models import build_model
 from segtrain.models.postprocess import panoptic_segmentation
-from segtrain.models.weights import read_checkpoint
 
 SMOKE = ["experiment=cpu_smoke"]
 TOLERANCE = 1e-4  # max |exported - PyTorch| on the cpu_smoke model's outputs (each of magnitude ~1)

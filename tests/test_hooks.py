@@ -8,7 +8,8 @@ import logging
 import pytest
 import torch
 
-from segtrain.config import ConfigError, compose
+from segtrain.checkpoint.state import Checkpointer
+from segtrain.config import ConfigError, compose, to_container
 from segtrain.engine.distributed import DistInfo
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.hooks import (
@@ -23,7 +24,8 @@ from segtrain.engine.hooks import (
     default_hooks,
 )
 from segtrain.engine.recorder import FILE_ONLY, Recorder, setup_logging
-from segtrain.engine.trainer import step_trainer
+from segtrain.engine.trainer import StepSettings, Trainer
+from segtrain.models import build_model
 
 DIST = DistInfo()
 
@@ -38,24 +40,86 @@ class Calls(HookBase):
         return object.__getattribute__(self, name)
 
 
-def trainer_for(cfg, batches, run_dir, epochs: int, hooks, metrics=None):
-    """A real Trainer over in-memory batches; ``metrics`` scripts what validation returns."""
-    cfg.trainer.epochs = epochs
-    t = step_trainer(cfg, DIST, total_steps=len(batches) * epochs)
-    t.train_loader = batches
-    t.steps_per_epoch = len(batches)
-    t.run_dir = run_dir
-    t.recorder = Recorder(run_dir, True)
-    values = iter(metrics or [])
-    t.validate = lambda: {"miou": next(values)}
-    t.register_hooks(hooks)
-    return t
+class Saves:
+    """A checkpointer that records what it was asked to save."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[list[str], bool]] = []
+
+    def save(self, trainer, tags, epoch_done=False) -> None:
+        self.saved.append((list(tags), epoch_done))
+
+
+def validation(val_every: int, metrics, epochs: int) -> Validation:
+    """Validation whose ``validate`` returns the scripted ``metrics``, one per call."""
+    values = iter(metrics)
+    return Validation(val_every, "miou", "max", validate=lambda: {"miou": next(values)}, epochs=epochs)
+
+
+def trainer_for(cfg, batches, run_dir, epochs: int, hooks):
+    """A real Trainer over in-memory batches, built from objects (no config inside the Trainer)."""
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return Trainer(
+        model,
+        optimizer,
+        None,
+        None,
+        batches,
+        hooks=hooks,
+        settings=StepSettings(loss=cfg.trainer.loss),
+        total_steps=len(batches) * epochs,
+        recorder=Recorder(run_dir, True),
+    )
+
+
+def test_trainer_from_plain_objects_runs_steps_and_a_hook(tmp_path):
+    """No config anywhere: a two-layer model, a list of batches, an optimiser, a hook that reads the events."""
+
+    class Net(torch.nn.Module):
+        instance_aware = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.head = torch.nn.Conv2d(4, 2, 1)
+
+        def forward(self, x):
+            return {"semantic": self.head(torch.relu(self.backbone(x)))}
+
+    class Losses(HookBase):
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, float, int]] = []
+
+        def after_step(self) -> None:
+            ev = self.trainer.events.step
+            self.seen.append((self.trainer.state.step, float(ev.losses["total"]), ev.images))
+
+    torch.manual_seed(0)
+    batches = [
+        {
+            "image": torch.rand(2, 3, 8, 8),
+            "semantic": torch.randint(0, 2, (2, 8, 8)),
+            "semantic_weight": torch.ones(2, 8, 8),
+        }
+        for _ in range(3)
+    ]
+    model = Net()
+    before = model.head.weight.detach().clone()
+    hook = Losses()
+    t = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.5), None, None, batches, hooks=[hook], total_steps=5)
+    t.train()
+    assert [s for s, _, _ in hook.seen] == [1, 2, 3, 4, 5] and all(n == 2 for _, _, n in hook.seen)
+    assert all(loss > 0 for _, loss, _ in hook.seen)
+    assert (t.state.epoch, t.state.step, t.state.step_in_epoch) == (1, 5, 2)
+    assert not torch.equal(before, model.head.weight)
 
 
 def test_call_points_in_loop_order(smoke_batches, tmp_path):
     cfg, batches = smoke_batches
     calls = Calls()
-    trainer_for(cfg.copy(), batches[:2], tmp_path, 2, [calls]).fit()
+    trainer_for(cfg.copy(), batches[:2], tmp_path, 2, [calls]).train()
     assert calls.seen == [
         "before_train",
         *(["before_epoch", *(["before_step", "after_step"] * 2), "after_epoch"] * 2),
@@ -66,11 +130,11 @@ def test_call_points_in_loop_order(smoke_batches, tmp_path):
 def test_validation_cadence_best_and_checkpoints(smoke_batches, tmp_path):
     cfg, batches = smoke_batches
     cfg = cfg.copy()
-    saved: list[tuple[list[str], bool]] = []
-    hooks = [Validation(val_every=2, metric="miou", mode="max"), EpochCheckpoint()]
-    t = trainer_for(cfg, batches[:1], tmp_path, 5, hooks, metrics=[0.3, 0.2, 0.5])
-    t.save_checkpoint = lambda tags, epoch_done=False: saved.append((list(tags), epoch_done))
-    t.fit()
+    saves = Saves()
+    saved = saves.saved
+    hooks = [validation(2, [0.3, 0.2, 0.5], epochs=5), EpochCheckpoint(saves)]
+    t = trainer_for(cfg, batches[:1], tmp_path, 5, hooks)
+    t.train()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["epoch"], r["miou"]) for r in rows if r["split"] == "val"] == [(1, 0.3), (3, 0.2), (4, 0.5)]
     assert t.state.best_metric == 0.5
@@ -85,20 +149,20 @@ def test_validation_cadence_best_and_checkpoints(smoke_batches, tmp_path):
 
 def test_periodic_checkpoint_only_inside_epochs(smoke_batches, tmp_path):
     cfg, batches = smoke_batches
-    saved: list[list[str]] = []
-    t = trainer_for(cfg.copy(), batches, tmp_path, 2, [PeriodicCheckpoint(every_steps=3)])
-    t.save_checkpoint = lambda tags, epoch_done=False: saved.append(list(tags))
-    t.fit()
+    saves = Saves()
+    t = trainer_for(cfg.copy(), batches, tmp_path, 2, [PeriodicCheckpoint(every_steps=3, checkpointer=saves)])
+    t.train()
+    saved = [tags for tags, _ in saves.saved]
     assert saved == [["last", "step_00000003"], ["last", "step_00000006"]], "step 4 and 8 end epochs"
 
 
 def test_early_stopping_patience_min_delta_and_state(smoke_batches, tmp_path, caplog):
     cfg, batches = smoke_batches
     stop = EarlyStopping(patience=2, min_delta=0.05, metric="miou", mode="max")
-    hooks = [Validation(1, "miou", "max"), stop]
+    hooks = [validation(1, [0.5, 0.53, 0.6, 0.62, 0.64, 0.9], epochs=10), stop]
     caplog.set_level(logging.INFO)
-    t = trainer_for(cfg.copy(), batches[:1], tmp_path, 10, hooks, metrics=[0.5, 0.53, 0.6, 0.62, 0.64, 0.9])
-    t.fit()
+    t = trainer_for(cfg.copy(), batches[:1], tmp_path, 10, hooks)
+    t.train()
     assert t.state.step == 5, "0.62 and 0.64 are within min_delta of 0.6: stop after the 5th validation"
     assert t.stop_reason == "early stopping" and "early stopping after epoch 4" in caplog.text
     assert stop.state_dict() == {"best": 0.6, "bad": 2}
@@ -119,7 +183,7 @@ def test_metrics_logger_every_n_steps_and_file_only_lines(smoke_batches, tmp_pat
     cfg, batches = smoke_batches
     setup_logging(tmp_path, 0, "train.log")
     t = trainer_for(cfg.copy(), batches, tmp_path, 2, [TerminalLogger(log_every=3, warn_above=0.1, progress=True)])
-    t.fit()
+    t.train()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [3, 6, 8], "every 3 steps and the last"
     assert all({"loss/total", "lr", "perf/data_wait_frac"} <= set(r) for r in rows)
@@ -135,7 +199,7 @@ def test_profiler_shorter_run_still_writes_a_trace(smoke_batches, tmp_path, capl
     hook = ProfilerHook(prof_cfg.trainer.profile, tmp_path / "profile")
     caplog.set_level(logging.WARNING)
     t = trainer_for(cfg.copy(), batches[:3], tmp_path, 1, [hook])
-    t.fit()
+    t.train()
     assert "the schedule needs 12 steps" in caplog.text
     trace = tmp_path / "profile" / "trace_rank0.json"
     assert trace.is_file() and json.loads(trace.read_text())["traceEvents"]
@@ -148,7 +212,7 @@ def test_user_hooks_by_name_with_arguments(smoke_cache, tmp_path):
             self.every = every
 
     cfg = compose(["experiment=cpu_smoke", "+trainer.hooks=[{name: count_steps, every: 3}]"])
-    hooks = default_hooks(cfg, tmp_path)
+    hooks = default_hooks(cfg, tmp_path, validate=dict, checkpointer=Saves(), panels=None)
     assert isinstance(hooks[-1], CountSteps) and hooks[-1].every == 3
     names = [type(h).__name__ for h in hooks]
     assert names.index("Validation") < names.index("EpochCheckpoint") < names.index("CountSteps")
@@ -183,10 +247,10 @@ def test_trainer_evaluates_and_saves_the_ema(smoke_batches, tmp_path):
     cfg.trainer.ema.warmup_steps = 0
     t = trainer_for(cfg, batches[:2], tmp_path, 1, [])
     t.ema = ModelEMA(t.model, 0.5, 0)
-    t.fit()
+    t.train()
     assert t.eval_model() is t.ema.module and t.ema.updates == 2
     t.state.best_metric = 0.1
-    t.save_checkpoint(["last", "best"], epoch_done=True)
+    Checkpointer(tmp_path, to_container(cfg), keep_last=1, is_main=True).save(t, ["last", "best"], epoch_done=True)
     blob = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert blob["ema_updates"] == 2 and set(blob["ema"]) == set(blob["model"])
     assert any(not torch.equal(blob["ema"][k], blob["model"][k]) for k in blob["model"])

@@ -15,6 +15,8 @@ import torchvision
 from torch import nn
 from torchvision.models._api import WeightsEnum
 
+from segtrain.checkpoint.io import CheckpointError
+from segtrain.checkpoint.state import load_weights
 from segtrain.config import compose
 from segtrain.models import (
     SUPPORTED_BACKBONES,
@@ -25,7 +27,6 @@ from segtrain.models import (
     register_model,
 )
 from segtrain.models import registry as registry_module
-from segtrain.models.weights import CheckpointError, load_weights
 
 H, W = 65, 73  # odd, not multiples of 32
 PRESETS = ["tiny", "panoptic_r18", "panoptic_r50", "panoptic_mobilenet", "deeplabv3", "fcn", "lraspp"]
@@ -219,7 +220,7 @@ def test_backbone_checkpoint_loads_into_backbone(tmp_path, caplog):
     reference = torchvision.models.resnet18(weights=None).state_dict()
     path = tmp_path / "resnet18.pth"
     torch.save(reference, path)
-    with caplog.at_level(logging.INFO, logger="segtrain.models.weights"):
+    with caplog.at_level(logging.INFO, logger="segtrain.checkpoint.state"):
         model = build_model(model_cfg("model=panoptic_r18", f"model.pretrained={path}"))
     loaded = model.backbone.state_dict()
     for key, value in loaded.items():
@@ -288,7 +289,7 @@ def fake_download(monkeypatch):
 
 
 def test_torchvision_weights_names_resolve_for_the_backbone(fake_download, caplog):
-    with caplog.at_level(logging.INFO, logger="segtrain.models.weights"):
+    with caplog.at_level(logging.INFO, logger="segtrain.checkpoint.state"):
         build_model(spec(pretrained="IMAGENET1K_V1"))
         build_model(spec(pretrained="ResNet18_Weights.DEFAULT"))
     assert fake_download == ["ResNet18_Weights.IMAGENET1K_V1"] * 2

@@ -72,23 +72,25 @@ def test_titled_row_enlarges_tiles_too_narrow_for_their_titles():
 def test_validation_panel_from_the_hook_has_every_title_in_order(smoke_cache):
     """The real TensorBoardImages hook on the cpu_smoke validation items and an untrained model."""
     from segtrain.data import build_dataset
+    from segtrain.engine.build import step_trainer
     from segtrain.engine.distributed import DistInfo
     from segtrain.engine.hooks import TensorBoardImages
-    from segtrain.engine.trainer import step_trainer
 
     cfg = compose(["experiment=cpu_smoke"])
+    from segtrain.engine.evaluation import PanopticSpec
+
     t = step_trainer(cfg, DistInfo())
-    t.panel_set = build_dataset(cfg, "val")
-    t.val_metrics = {"miou": 0.5}
+    panels = build_dataset(cfg, "val")
+    t.events.epoch.val_metrics = {"miou": 0.5}
     shown: dict[str, np.ndarray] = {}
     t.recorder = types.SimpleNamespace(images=lambda tag, step, images: shown.update({tag: images[0]}))
-    hook = TensorBoardImages(2)
+    hook = TensorBoardImages(2, panels, PanopticSpec.from_config(cfg), cfg.dataset.classes)
     hook.trainer = t
     hook.after_epoch()
     assert sorted(shown) == ["val/sample_0", "val/sample_1"]
     for i, panel in shown.items():
         tiles = assert_titles_in_order(panel, PANEL_TITLES)
-        item = t.panel_set[int(i[-1])]
+        item = panels[int(i[-1])]
         image = to_uint8_image(item["image"].float() / 255 if item["image"].dtype == torch.uint8 else item["image"])
         f = tiles[0].shape[1] // image.shape[1]
         assert np.array_equal(tiles[0], np.repeat(np.repeat(image, f, 0), f, 1)), "first tile: the input"

@@ -179,7 +179,7 @@ def test_corrupt_last_falls_back_and_leftover_temporaries_go(base):
 def test_full_disk_names_the_path_and_keeps_the_old_file(tmp_path, monkeypatch):
     import errno
 
-    import segtrain.engine.checkpoint as ck
+    import segtrain.checkpoint.io as ck
 
     path = tmp_path / "last.pt"
     ck.atomic_save({"step": 1}, path)

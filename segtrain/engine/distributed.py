@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from segtrain.config import ConfigError
 from segtrain.launch_env import env_rank  # noqa: F401 - re-exported: engine code asks distributed
@@ -114,19 +113,3 @@ def all_gather_object(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's model under any stack of DDP / torch.compile wrappers.
-
-    Engine code reaches the model only through this, so ``model.freeze_part()`` or
-    ``model.backbone`` mean the same wrapped or not, and state dicts carry no
-    ``module.`` / ``_orig_mod.`` prefixes.
-    """
-    while True:
-        if isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        else:
-            return model

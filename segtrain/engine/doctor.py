@@ -23,9 +23,9 @@ from torch.utils.data import DataLoader, Dataset
 from segtrain.data import StageTimer, build_dataset, collate
 from segtrain.data.rasterise import rasterise
 from segtrain.data.records import Instance
+from segtrain.engine.build import step_trainer
 from segtrain.engine.distributed import DistInfo
 from segtrain.engine.loaders import per_rank_batch, worker_init
-from segtrain.engine.trainer import step_trainer
 
 log = logging.getLogger("segtrain.doctor")
 

@@ -17,13 +17,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from segtrain.engine.distributed import unwrap
+from segtrain.checkpoint.state import unwrap
+from segtrain.config import ConfigError
 
 
 class ModelEMA:
     def __init__(self, model: nn.Module, decay: float, warmup_steps: int = 2000) -> None:
         if not 0.0 < decay < 1.0:
-            raise ValueError(f"trainer.ema.decay must be in (0, 1), got {decay}")
+            raise ConfigError(
+                f"trainer.ema.decay={decay} must be in (0, 1), e.g. trainer.ema.decay=0.999 (0 turns EMA off)"
+            )
         self.module = copy.deepcopy(unwrap(model)).eval().requires_grad_(False)
         self.decay = float(decay)
         self.warmup_steps = max(int(warmup_steps), 0)

@@ -41,9 +41,9 @@ import torch
 from torch import Tensor, nn
 
 import segtrain
+from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.config import ConfigError, to_container
 from segtrain.models import build_model
-from segtrain.models.weights import load_checkpoint_weights
 
 log = logging.getLogger("segtrain.export")
 

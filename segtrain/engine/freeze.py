@@ -15,8 +15,8 @@ from typing import Any
 
 from torch import nn
 
+from segtrain.checkpoint.state import unwrap
 from segtrain.config import ConfigError
-from segtrain.engine.distributed import unwrap
 
 
 def parse_patterns(freeze: Any) -> list[str]:
@@ -28,7 +28,10 @@ def parse_patterns(freeze: Any) -> list[str]:
     elif isinstance(freeze, Sequence) or hasattr(freeze, "__iter__"):
         items = [str(s) for s in freeze]
     else:
-        raise ValueError(f"freeze={freeze!r}: expected a name, a list of names or glob patterns")
+        raise ConfigError(
+            f"freeze={freeze!r}: expected a module name, a comma-separated list or a list of names or glob "
+            "patterns, e.g. freeze=backbone or freeze=[backbone.layer1,backbone.layer2] (null: freeze nothing)"
+        )
     return [s.strip() for s in items if s and s.strip()]
 
 

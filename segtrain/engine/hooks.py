@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from segtrain.config import ConfigError
+from segtrain.checkpoint import io
+from segtrain.config import VALIDATION_METRICS, ConfigError
 from segtrain.data import collate
 from segtrain.engine.evaluation import PanopticSpec
 from segtrain.engine.profiling import DataWaitMeter, torch_profiler
@@ -35,6 +36,7 @@ from segtrain.engine.visualize import PANEL_TITLES, overlay_heatmap, overlay_pan
 from segtrain.registry import Registry
 
 if TYPE_CHECKING:
+    from segtrain.checkpoint.state import Checkpointer
     from segtrain.engine.trainer import Trainer
 
 log = logging.getLogger("segtrain.trainer")
@@ -94,8 +96,9 @@ class MetricsLogger(HookBase):
 
     def after_step(self) -> None:
         t = self.trainer
-        self.meter.add(t.data_wait_s, t.images_per_step)
-        for k, v in t.step_losses.items():
+        step = t.events.step
+        self.meter.add(step.data_wait_s, step.images)
+        for k, v in step.losses.items():
             self.sums[k] = self.sums.get(k, 0.0) + v
         self.bar.update(1)
         if t.state.step % self.log_every and t.state.step != t.total_steps:
@@ -103,8 +106,8 @@ class MetricsLogger(HookBase):
         values = {f"loss/{k}": float(v) / max(self.meter.steps, 1) for k, v in self.sums.items()}
         values["lr"] = t.optimizer.param_groups[0]["lr"]
         values.update(self.meter.lap())
-        if t.nonfinite_skipped:
-            values["nonfinite_skipped"] = t.nonfinite_skipped
+        if t.state.nonfinite_skipped:
+            values["nonfinite_skipped"] = t.state.nonfinite_skipped
         self.sums.clear()
         t.recorder.log("train", t.state.epoch, t.state.step, values)
         self.bar.set_postfix(loss=f"{values['loss/total']:.3f}", wait=f"{values['perf/data_wait_frac']:.0%}")
@@ -185,45 +188,49 @@ class ProfilerHook(HookBase):
 class PeriodicCheckpoint(HookBase):
     """``trainer.checkpoint.every_steps``: ``last.pt`` and ``step_<N>.pt`` in the middle of epochs."""
 
-    def __init__(self, every_steps: int) -> None:
+    def __init__(self, every_steps: int, checkpointer: Checkpointer) -> None:
         self.every = int(every_steps)
+        self.checkpointer = checkpointer
 
     def after_step(self) -> None:
         t = self.trainer
         if self.every and t.state.step % self.every == 0 and t.state.step_in_epoch < t.steps_per_epoch:
-            t.save_checkpoint(["last", f"step_{t.state.step:08d}"])
+            self.checkpointer.save(t, [io.LAST, io.step_tag(t.state.step)])
 
 
 class Validation(HookBase):
     """Validate every ``trainer.val_every`` epochs and at the end; track the best checkpoint metric."""
 
-    def __init__(self, val_every: int, metric: str, mode: str) -> None:
+    def __init__(
+        self, val_every: int, metric: str, mode: str, validate: Callable[[], dict[str, Any]], epochs: int
+    ) -> None:
+        """``validate()``: the metrics of the whole validation split (build.py: the evaluators of the config);
+        ``epochs``: the run's length, whose last epoch always validates."""
         self.val_every = int(val_every)
         self.metric = metric
         self.mode = mode
-
-    def before_epoch(self) -> None:
-        self.trainer.val_metrics = None
-        self.trainer.improved = False
+        self.validate = validate
+        self.epochs = int(epochs)
 
     def after_epoch(self) -> None:
         t = self.trainer
-        last = t.state.step >= t.total_steps or t.state.epoch + 1 >= t.cfg.trainer.epochs
-        if not (t.epoch_done and (t.state.epoch + 1) % self.val_every == 0) and not last:
+        s, epoch = t.state, t.events.epoch
+        last = s.step >= t.total_steps or s.epoch + 1 >= self.epochs
+        if not (epoch.complete and (s.epoch + 1) % self.val_every == 0) and not last:
             return
-        metrics = t.validate()
-        t.val_metrics = metrics
-        t.recorder.log("val", t.state.epoch, t.state.step, metrics)
+        metrics = self.validate()
+        epoch.val_metrics = metrics
+        t.recorder.log("val", s.epoch, s.step, metrics)
         value = metrics.get(self.metric)
-        log.info("epoch %d step %d val %s", t.state.epoch, t.state.step, summary(metrics, self.metric))
-        if value is not None and math.isfinite(value) and is_better(value, t.state.best_metric, self.mode):
-            t.state.best_metric = float(value)
-            t.best_at = (t.state.epoch, t.state.step)
-            t.improved = True
+        log.info("epoch %d step %d val %s", s.epoch, s.step, summary(metrics, self.metric))
+        if value is not None and math.isfinite(value) and is_better(value, s.best_metric, self.mode):
+            s.best_metric = float(value)
+            s.best_at = [s.epoch, s.step]
+            epoch.improved = True
 
 
 def summary(metrics: Mapping[str, Any], key: str) -> str:
-    names = [key] + [k for k in ("miou", "pixel_acc", "pq", "sq", "rq", "ap", "ap50") if k != key]
+    names = [key] + [k for k in VALIDATION_METRICS if k != key]
     parts = [f"{k} {metrics[k]:.4f}" for k in names if isinstance(metrics.get(k), float | int)]
     extra = " (EMA weights)" if metrics.get("weights") == "ema" else ""
     return ", ".join(parts) + extra
@@ -240,14 +247,19 @@ class TensorBoardImages(HookBase):
     instance-aware models the panoptic ground truth / panoptic prediction (each instance its own
     colour, stuff by class) / centre heatmap; each tile under its title (``PANEL_TITLES``)."""
 
-    def __init__(self, num_images: int) -> None:
+    def __init__(self, num_images: int, panels: Any, spec: PanopticSpec | None, class_names: Sequence[str]) -> None:
+        """``panels``: input-size validation items; ``spec``: the panoptic post-processing (instance-aware
+        models); ``class_names``: the legend's."""
         self.num_images = int(num_images)
+        self.panels = panels
+        self.spec = spec
+        self.class_names = [str(c) for c in class_names]
 
     @torch.no_grad()
     def after_epoch(self) -> None:
         t = self.trainer
-        dataset = t.panel_set
-        if t.val_metrics is None or not t.dist.is_main or self.num_images <= 0 or dataset is None:
+        dataset = self.panels
+        if t.events.epoch.val_metrics is None or not t.dist.is_main or self.num_images <= 0 or dataset is None:
             return
         n = min(self.num_images, len(dataset))
         items = [it for it in (dataset[i] for i in range(n)) if "image" in it]
@@ -262,8 +274,8 @@ class TensorBoardImages(HookBase):
         finally:
             net.train(was_training)
         pred = out["semantic"].argmax(1)
-        spec = PanopticSpec.from_config(t.cfg) if "center" in out else None
-        names = list(spec.class_names) if spec is not None else [str(c) for c in t.cfg.dataset.classes]
+        spec = self.spec if "center" in out else None
+        names = list(spec.class_names) if spec is not None else self.class_names
         skip = (0,) if spec is None or spec.background_class == 0 else ()
         divisor = spec.label_divisor if spec is not None else 1000
 
@@ -311,9 +323,13 @@ def segments_to_panoptic(id_map: np.ndarray, segments: list[dict[str, Any]], lab
 class EpochCheckpoint(HookBase):
     """At the end of every epoch (and of the run): ``last.pt``; ``best.pt`` + ``best_weights.pt`` on improvement."""
 
+    def __init__(self, checkpointer: Checkpointer) -> None:
+        self.checkpointer = checkpointer
+
     def after_epoch(self) -> None:
         t = self.trainer
-        t.save_checkpoint(["last", "best"] if t.improved else ["last"], epoch_done=t.epoch_done)
+        epoch = t.events.epoch
+        self.checkpointer.save(t, [io.LAST, io.BEST] if epoch.improved else [io.LAST], epoch_done=epoch.complete)
 
 
 class EarlyStopping(HookBase):
@@ -329,7 +345,7 @@ class EarlyStopping(HookBase):
 
     def after_epoch(self) -> None:
         t = self.trainer
-        value = (t.val_metrics or {}).get(self.metric)
+        value = (t.events.epoch.val_metrics or {}).get(self.metric)
         if value is None:
             return
         if is_better(value, self.best, self.mode, self.min_delta):
@@ -364,18 +380,33 @@ class EarlyStopping(HookBase):
 
 
 # --------------------------------------------------------------------------- assembly
-def default_hooks(cfg: Any, run_dir: Path) -> list[HookBase]:
-    """The built-in hooks, in the order they run at each call point."""
+def default_hooks(
+    cfg: Any, run_dir: Path, *, validate: Callable[[], dict[str, Any]], checkpointer: Checkpointer, panels: Any
+) -> list[HookBase]:
+    """The built-in hooks, in the order they run at each call point, then the user's (``trainer.hooks``).
+
+    The order is the data flow between them, through ``trainer.events``:
+
+    1. ``MetricsLogger`` first: it reads the step's losses and data wait before anything else costs time.
+    2. ``ProfilerHook``: steps the profiler after the step's logging, so the trace holds whole steps.
+    3. ``PeriodicCheckpoint``: mid-epoch ``last.pt``/``step_N.pt``; independent of validation.
+    4. ``Validation`` before everything that uses its result: it sets ``events.epoch.val_metrics`` and
+       ``improved`` and moves ``state.best_metric``/``best_at``.
+    5. ``TensorBoardImages``: draws panels only after a validation (reads ``val_metrics``).
+    6. ``EpochCheckpoint``: writes ``best.pt`` when ``improved``, so it must follow Validation, and the
+       file then holds the updated ``best_metric``.
+    7. ``EarlyStopping`` last: its stop takes effect after this epoch's checkpoint is on disk.
+    """
     tr = cfg.trainer
     ck = tr.checkpoint
     hooks: list[HookBase] = [MetricsLogger(tr.log_every, tr.data_wait_warn, tr.progress, " ".join(sys.argv[1:]))]
     if tr.profile.mode == "torch":
         hooks.append(ProfilerHook(tr.profile, run_dir / "profile"))
     hooks += [
-        PeriodicCheckpoint(ck.every_steps),
-        Validation(tr.val_every, ck.metric, ck.mode),
-        TensorBoardImages(tr.num_log_images),
-        EpochCheckpoint(),
+        PeriodicCheckpoint(ck.every_steps, checkpointer),
+        Validation(tr.val_every, ck.metric, ck.mode, validate, tr.epochs),
+        TensorBoardImages(tr.num_log_images, panels, PanopticSpec.from_config(cfg), cfg.dataset.classes),
+        EpochCheckpoint(checkpointer),
     ]
     if tr.early_stop.patience > 0:
         hooks.append(EarlyStopping(tr.early_stop.patience, tr.early_stop.min_delta, ck.metric, ck.mode))

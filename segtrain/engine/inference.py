@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.data.mappers import inference_size, prepare_input
 from segtrain.engine.runtime import autocast
 from segtrain.models import build_model
-from segtrain.models.weights import load_checkpoint_weights
 
 log = logging.getLogger("segtrain.inference")
 

@@ -1,7 +1,7 @@
 """From config to a model ready to train on this rank: build, load weights, freeze, place, wrap.
 
 Everything that must happen to the *unwrapped* model (weights, SyncBN, freezing) happens here
-before DDP wraps it; the wrapped model is reached through ``distributed.unwrap`` afterwards.
+before DDP wraps it; the wrapped model is reached through ``segtrain.checkpoint.state.unwrap`` afterwards.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.data.dataset import collate
 from segtrain.engine.distributed import DistInfo, all_reduce_
 from segtrain.engine.freeze import apply_freeze, freeze_report
@@ -21,7 +22,6 @@ from segtrain.engine.losses import compute_losses
 from segtrain.engine.runtime import autocast, to_device
 from segtrain.engine.sync_bn import convert_sync_batchnorm
 from segtrain.models import build_model
-from segtrain.models.weights import load_checkpoint_weights
 
 log = logging.getLogger("segtrain.model")
 

@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from segtrain.checkpoint import io
 from segtrain.config import ConfigError
 
 log = logging.getLogger("segtrain.run_dir")
 
 LOCK_NAME = ".lock"
 #: What a run writes; removed by trainer.overwrite=true.
-RUN_OUTPUTS = ("checkpoints", "tb", "metrics.jsonl", "profile")
+RUN_OUTPUTS = (io.FOLDER, "tb", "metrics.jsonl", "profile")
 
 
 class RunDirLock:
@@ -71,7 +72,7 @@ class RunDirLock:
 
 def check_fresh(run_dir: Path, resume: Any, overwrite: bool) -> None:
     """A fresh run (no ``resume=``) must not silently mix with another run's checkpoints."""
-    folder = Path(run_dir) / "checkpoints"
+    folder = io.folder_of(run_dir)
     existing = sorted(p.name for p in folder.glob("*.pt")) if folder.is_dir() else []
     if not existing or resume:
         return

@@ -3,11 +3,12 @@
 Importing this package registers the built-in models: tiny_panoptic, panoptic_deeplab, deeplabv3, fcn, lraspp.
 """
 
+from segtrain.checkpoint.io import CheckpointError
+from segtrain.checkpoint.state import LoadReport, load_pretrained, load_weights
 from segtrain.models import panoptic_deeplab, tiny, torchvision_models  # noqa: F401 - register the models
 from segtrain.models.backbones import SUPPORTED_BACKBONES
 from segtrain.models.heads import SegmentationModel
 from segtrain.models.registry import MODELS, ModelSpec, build_model, list_models, model_spec, register_model
-from segtrain.models.weights import CheckpointError, LoadReport, load_pretrained, load_weights
 
 __all__ = [
     "MODELS",

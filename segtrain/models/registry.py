@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from omegaconf.errors import MissingMandatoryValue
 from torch import nn
 
-from segtrain.config import ModelConfig
+from segtrain.config import ConfigError, ModelConfig
 from segtrain.registry import Registry
 
 Builder = Callable[["ModelSpec"], nn.Module]
@@ -47,7 +47,7 @@ def _read(cfg: Any, key: str) -> Any:
     if value is _MISSING:
         value = _DEFAULTS.get(key, _MISSING)
     if value is _MISSING:
-        raise ValueError(f"model.{key} is not set")
+        raise ConfigError(f"model.{key} is not set; give it, e.g. model.{key}=... on the command line")
     return value
 
 
@@ -66,9 +66,9 @@ def model_spec(cfg: Any) -> ModelSpec:
             try:
                 value = int(value)
             except (TypeError, ValueError):
-                raise ValueError(f"model.{f.name} must be an integer, got {value!r}") from None
+                raise ConfigError(f"model.{f.name} must be an integer, got {value!r}") from None
             if value < 1:
-                raise ValueError(f"model.{f.name} must be >= 1, got {value}")
+                raise ConfigError(f"model.{f.name}={value} must be >= 1")
         values[f.name] = value
     return ModelSpec(**values)
 
@@ -90,7 +90,7 @@ def build_model(cfg: Any, trust: bool = False) -> nn.Module:
     model = MODELS.get(spec.name)(spec)
     _check_contract(model, spec.name)
     if spec.pretrained is not None:
-        from segtrain.models.weights import load_pretrained
+        from segtrain.checkpoint.state import load_pretrained
 
         load_pretrained(model, spec.pretrained, trust=trust)
     return model

@@ -1,0 +1,279 @@
+"""Where checkpoints live and how they are written and read: names, atomic writes, safe reads.
+
+A run's checkpoints are ``<run>/checkpoints/``: ``last.pt`` (every epoch end, every
+``trainer.checkpoint.every_steps``, on preemption), ``best.pt`` + ``best_weights.pt`` (the best
+validation), ``step_<8 digits>.pt`` (periodic, the newest ``keep_last`` kept). Each file is a plain dict
+that ``torch.load(path, weights_only=True)`` loads (executing nothing); :mod:`segtrain.checkpoint.state`
+says what it holds. Writes go to a temporary file, fsync, rename: a kill leaves the old file or the new
+one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import pickle
+import re
+import tempfile
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from segtrain.errors import UserError
+from segtrain.fileio import UnsafeFileError, open_regular
+
+log = logging.getLogger(__name__)
+
+#: The layout of a run's checkpoints (the one place these names are spelled).
+FOLDER = "checkpoints"
+LAST = "last"
+BEST = "best"
+BEST_WEIGHTS = "best_weights.pt"
+_STEP = re.compile(r"^step_(\d{8})\.pt$")  # what pruning may delete: only files it wrote
+
+
+def folder_of(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / FOLDER
+
+
+def path_of(run_dir: str | os.PathLike, tag: str) -> Path:
+    """``<run>/checkpoints/<tag>.pt`` for a tag such as ``last``, ``best`` or :func:`step_tag`'s."""
+    return folder_of(run_dir) / f"{tag}.pt"
+
+
+def step_tag(step: int) -> str:
+    return f"step_{int(step):08d}"
+
+
+def periodic_checkpoints(folder: Path) -> list[Path]:
+    """``step_<8 digits>.pt`` in ``folder``, oldest first; files of other names (an export such as
+    ``step_00000006.torchscript.pt``) are never among them."""
+    if not Path(folder).is_dir():
+        return []
+    return sorted(p for p in Path(folder).iterdir() if _STEP.match(p.name))
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint cannot be read or does not fit the model; the message says which file and why."""
+
+
+# --------------------------------------------------------------------------- writing
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``.
+
+    A kill at any instant leaves either the old file or the new one, never a torn one; a full disk
+    raises :class:`CheckpointError` saying so, with the old file intact.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _atomic_save(obj, path)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            kept = f"; the previous {path.name} is intact" if path.exists() else ""
+            raise CheckpointError(
+                f"no space left on device while writing {path}{kept}. Free space (or move the run) and continue "
+                "with resume=auto"
+            ) from None
+        raise
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Temp files of saves that were killed mid-write (``.<name>.<random>.tmp``); the run directory's
+    lock guarantees no other writer, so all of them are leftovers."""
+    stale = sorted(Path(folder).glob(".*.tmp")) if Path(folder).is_dir() else []
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide checkpoints from the rest of a team
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def write_checkpoints(folder: Path, blob: Mapping[str, Any], tags: Sequence[str], keep_last: int) -> None:
+    """Rank 0's part of a save: ``<tag>.pt`` for each tag, ``best_weights.pt`` with ``best`` (the best weights,
+    EMA when enabled, and the config: a fraction of ``best.pt``'s size), then the periodic files pruned to the
+    newest ``keep_last``."""
+    for stale in remove_stale_temporaries(folder):
+        log.info("removed %s, left by an interrupted save", stale.name)
+    for tag in tags:
+        atomic_save(blob, folder / f"{tag}.pt")
+    if BEST in tags:
+        weights = blob["ema"] if blob.get("ema") else blob["model"]
+        light = {
+            "model": weights,
+            "weights": "ema" if blob.get("ema") else "model",
+            "config": blob["config"],
+            "epoch": blob["epoch"],
+            "step": blob["step"],
+            "best_metric": blob["best_metric"],
+            "version": blob["version"],
+        }
+        atomic_save(light, folder / BEST_WEIGHTS)
+    periodic = periodic_checkpoints(folder)
+    for old in periodic[: max(len(periodic) - int(keep_last), 0)]:
+        old.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- reading
+def read_checkpoint(path: str | os.PathLike, trust: bool = False, what: str = "checkpoint") -> Any:
+    """The loaded file, mapped to the CPU. Executes nothing unless ``trust`` (``trust_checkpoint=true``).
+
+    An exported model is refused by content before ``torch.load`` sees it, trusted or not: torch would
+    otherwise ask for ``trust_checkpoint=true`` and then fail with a traceback (ONNX) or hand back a
+    ScriptModule with no training state (TorchScript)."""
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{what} {str(path)!r} is a directory; pass a checkpoint file (e.g. .../best.pt)")
+    if not path.exists():
+        raise CheckpointError(f"{what} {str(path)!r} does not exist")
+    try:
+        fd = open_regular(path, what)
+    except UnsafeFileError as e:
+        raise CheckpointError(str(e)) from None
+    with os.fdopen(fd, "rb") as f:
+        exported = exported_model_kind(f)
+        if exported is not None:
+            raise CheckpointError(_exported_message(what, path, *exported))
+        start = f.read(2)
+        f.seek(0)
+        torch_file = start == b"PK" or start[:1] == b"\x80"  # torch.save writes a zip, or (legacy) a pickle
+        not_torch = CheckpointError(
+            f"cannot read {what} {path}: not a torch.save file (it starts with neither a zip nor a pickle header); "
+            "pass a checkpoint (.pt) such as checkpoints/best.pt"
+        )
+        if trust:
+            log.warning("trust_checkpoint=true: unpickling %s with full pickle (runs code inside the file)", path)
+            try:
+                return torch.load(f, map_location="cpu", weights_only=False)
+            except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+                if not torch_file:
+                    raise not_torch from None
+                raise CheckpointError(f"cannot read {what} {path}: {e} (truncated or not a torch file?)") from None
+        try:
+            return torch.load(f, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            found = re.search(r"GLOBAL ([\w.]+)", str(e))
+            if found is None and not torch_file:
+                raise not_torch from None
+            holds = f" It holds a {found.group(1)} object." if found else ""
+            raise CheckpointError(
+                f"refused to load {path}: it is not a plain tensor checkpoint and loading it would execute code from "
+                f"the file.{holds} If you trust its origin, pass trust_checkpoint=true; nothing was executed."
+            ) from None
+        except (RuntimeError, EOFError, OSError, ValueError) as e:
+            raise CheckpointError(f"cannot read {what} {path}: {e} (truncated or not a torch file?)") from None
+
+
+# ModelProto fields that may follow ir_version (field 1, tag 0x08): producer_name ... opset_import, metadata_props.
+_ONNX_SECOND_TAGS = frozenset({0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72})
+_EXPORT_METADATA = "segtrain"  # segtrain.export's ONNX metadata key / TorchScript extra file stem
+
+
+def exported_model_kind(f: IO[bytes]) -> tuple[str, str | None] | None:
+    """(kind, checkpoint it was exported from if recorded) when ``f`` is an exported model, not a checkpoint.
+
+    By content, not by name: TorchScript is a zip with ``code/`` or ``constants.pkl`` (torch.save
+    zips have neither), a torch.export program a zip with ``archive_format`` and no ``data.pkl``,
+    ONNX a protobuf ModelProto (ir_version first). ``f`` is left at its start."""
+    head = f.read(65536)
+    f.seek(0)
+    try:
+        if head.startswith(b"PK"):
+            return _exported_zip_kind(f)
+        return _onnx_kind(head, f)
+    finally:
+        f.seek(0)
+
+
+def _exported_zip_kind(f: IO[bytes]) -> tuple[str, str | None] | None:
+    try:
+        with zipfile.ZipFile(f) as z:
+            names = z.namelist()
+            inner = {n.split("/", 1)[1] for n in names if "/" in n}
+            if "constants.pkl" in inner or any(n.startswith("code/") for n in inner):
+                extra = next((n for n in names if n.endswith(f"/extra/{_EXPORT_METADATA}.json")), None)
+                return "torchscript", _recorded_source(z.read(extra)) if extra else None
+            if "archive_format" in inner and "data.pkl" not in inner:
+                return "pt2", None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        pass  # a torn torch.save zip: torch.load says what is wrong with it
+    return None
+
+
+def _onnx_kind(head: bytes, f: IO[bytes]) -> tuple[str, str | None] | None:
+    """A protobuf ModelProto: checked with ``onnx`` when installed, else by its first bytes and strings."""
+    if not (len(head) >= 3 and head[0] == 0x08 and 0 < head[1] < 0x80 and head[2] in _ONNX_SECOND_TAGS):
+        return None
+    try:
+        import onnx
+    except ImportError:
+        onnx = None
+    if onnx is not None:
+        try:
+            model = onnx.load_model_from_string(f.read())
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError, or a file past protobuf's 2 GiB: judge by bytes
+            model = None
+        if model is not None:
+            if not (len(model.opset_import) > 0 and model.HasField("graph")):
+                return None  # another protobuf
+            meta = next((p.value for p in model.metadata_props if p.key == _EXPORT_METADATA), None)
+            return "onnx", _recorded_source(meta.encode()) if meta else None
+    # producer_name next, or an ai.onnx domain; the metadata cannot be read without onnx
+    return ("onnx", None) if head[2] == 0x12 or b"onnx" in head.lower() else None
+
+
+def _recorded_source(raw: bytes) -> str | None:
+    try:
+        source = json.loads(raw).get("checkpoint")
+    except (ValueError, AttributeError):
+        return None
+    return source if isinstance(source, str) and 0 < len(source) < 400 else None
+
+
+_EXPORTED = {
+    "torchscript": ("a TorchScript archive (torch.jit.save / segtrain.export format=torchscript)", "torch.jit.load"),
+    "onnx": ("an ONNX model (segtrain.export format=onnx / torch.onnx.export)", "onnxruntime"),
+    "pt2": ("a torch.export program (torch.export.save, .pt2)", "torch.export.load"),
+}
+
+
+def _exported_message(what: str, path: Path, kind: str, source: str | None) -> str:
+    named = f"{what}={path}" if what != "checkpoint" else str(path)
+    described, runner = _EXPORTED[kind]
+    origin = f" (it was exported from {source})" if source else ""
+    return (
+        f"{named} is {described}, not a training checkpoint{origin}: pass the .pt checkpoint from the run's "
+        f"checkpoints/ folder (best.pt, last.pt) instead; an exported model is for deployment ({runner}), and "
+        "trust_checkpoint=true does not change this"
+    )
+
+
+def is_training_checkpoint(obj: Any) -> bool:
+    """A segtrain checkpoint (resumable), as opposed to a bare state dict or someone else's file."""
+    return isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping) and "optimizer" in obj and "step" in obj
+
+

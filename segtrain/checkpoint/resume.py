@@ -1,0 +1,175 @@
+"""``resume=auto|PATH``: find an intact checkpoint, check it belongs to this run, restore it exactly.
+
+``resume=auto`` takes ``checkpoints/last.pt`` of the run directory; when that file is unreadable
+(a disk filled up, a copy was cut short) it falls back to the newest intact ``step_*.pt`` or
+``best.pt`` and says which. A checkpoint that cannot continue this run (another model, another
+optimiser, added freezing, weights only) is refused with one line saying what differs and what
+to do instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from segtrain.checkpoint import io
+from segtrain.checkpoint.io import CheckpointError, is_training_checkpoint, read_checkpoint
+from segtrain.checkpoint.state import load_weights, restore_rng
+from segtrain.config import ConfigError, to_container
+
+if TYPE_CHECKING:
+    from segtrain.engine.trainer import Trainer
+
+log = logging.getLogger("segtrain.resume")
+
+#: Model settings that do not change the network (pretrained weights are overwritten by the checkpoint).
+_MODEL_KEYS_IGNORED = ("pretrained",)
+#: ... and those a model's builder ignores (the tiny model's encoder is built in; its checkpoints from before
+#: the preset said ``backbone: builtin`` hold the schema's ``resnet18``).
+_MODEL_KEYS_UNUSED = {"tiny_panoptic": ("backbone", "output_stride")}
+
+
+def find_resume_checkpoint(cfg: Any, run_dir: Path) -> tuple[Path, Any] | None:
+    """(path, loaded file) to resume from, or None for a fresh start."""
+    if not cfg.resume:
+        return None
+    if str(cfg.resume) != "auto":
+        path = Path(str(cfg.resume))
+        if path.is_dir():
+            hint = io.path_of(path, io.LAST) if io.folder_of(path).is_dir() else path / f"{io.LAST}.pt"
+            raise CheckpointError(
+                f"resume={cfg.resume} is a directory; pass a checkpoint file (e.g. resume={hint}), or continue a run "
+                f"in place with resume=auto hydra.run.dir={path}"
+            )
+        return path, read_checkpoint(path, trust=bool(cfg.trust_checkpoint), what="resume")
+    folder = io.folder_of(run_dir)
+    last = io.path_of(run_dir, io.LAST)
+    candidates = [last, *reversed(io.periodic_checkpoints(folder)), io.path_of(run_dir, io.BEST)]
+    broken: list[str] = []
+    found = []
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            blob = read_checkpoint(path, trust=bool(cfg.trust_checkpoint), what="resume")
+        except CheckpointError as e:
+            broken.append(f"{path.name} ({str(e).split(': ', 1)[-1][:120]})")
+            continue
+        found.append((int(blob.get("step", -1)) if isinstance(blob, dict) else -1, path, blob))
+        if path == last:
+            break  # the newest by construction
+    if not found:
+        if broken:
+            raise CheckpointError(
+                f"resume=auto: no intact checkpoint in {folder}: {'; '.join(broken)}. Restore one, or start "
+                "afresh in another directory"
+            )
+        log.info("resume=auto: no checkpoint in %s, starting fresh", folder)
+        return None
+    step, path, blob = max(found, key=lambda t: t[0])
+    if broken:
+        log.warning("resume=auto: %s unreadable; resuming from %s (step %d) instead", ", ".join(broken), path, step)
+    return path, blob
+
+
+def _differences(stored: dict, current: dict, prefix: str, ignore: tuple[str, ...] = ()) -> list[str]:
+    out = []
+    for key in sorted(stored):  # keys a checkpoint of an older version lacks are not differences
+        if key in ignore:
+            continue
+        a, b = stored.get(key), current.get(key)
+        if a != b:
+            out.append(f"{prefix}.{key}: {a!r} in the checkpoint, {b!r} now")
+    return out
+
+
+def check_resumable(blob: Any, cfg: Any, path: Path) -> None:
+    """One line saying why ``blob`` cannot continue this run, and what to do instead."""
+    if not is_training_checkpoint(blob):
+        raise CheckpointError(
+            f"resume={path}: the file holds model weights only, not a training state (optimiser, step, RNG). "
+            f"To start from its weights, fine-tune: python -m segtrain.finetune ckpt={path}"
+        )
+    stored = blob.get("config") or {}
+    now = to_container(cfg)
+    finetune = f"start from its weights with python -m segtrain.finetune ckpt={path}"
+    unused = _MODEL_KEYS_UNUSED.get(str(now["model"].get("name")), ())
+    diffs = _differences(stored.get("model") or {}, now["model"], "model", _MODEL_KEYS_IGNORED + unused)
+    if diffs:
+        raise ConfigError(
+            f"resume={path}: another model than the checkpoint's ({'; '.join(diffs[:4])}). Resume with the "
+            f"checkpoint's model settings (drop those overrides), or {finetune}"
+        )
+    classes = _differences(stored.get("dataset") or {}, now["dataset"], "dataset")
+    classes = [d for d in classes if d.startswith(("dataset.classes", "dataset.stuff_classes"))]
+    if classes:
+        raise ConfigError(f"resume={path}: other classes than the checkpoint's ({'; '.join(classes)}); {finetune}")
+    so, no = (stored.get("optim") or {}).get("name"), now["optim"]["name"]
+    if so is not None and so != no:
+        raise ConfigError(
+            f"resume={path}: the checkpoint was trained with optim.name={so}, this run uses optim.name={no}; the "
+            f"optimiser state cannot carry over. Resume with optim={so}, or {finetune} optim={no}"
+        )
+    sf, nf = stored.get("freeze"), now.get("freeze")
+    if _freeze_key(sf) != _freeze_key(nf):
+        raise ConfigError(
+            f"resume={path}: the checkpoint trained with freeze={sf!r}, this run has freeze={nf!r}; the optimiser "
+            f"state covers other parameters. Resume with the same freeze, or {finetune} freeze={nf or 'null'}"
+        )
+
+
+def _freeze_key(freeze: Any) -> list[str]:
+    if freeze is None or freeze is False:
+        return []
+    items = re.split(r"[,;]", freeze) if isinstance(freeze, str) else [str(x) for x in freeze]
+    return sorted(s.strip() for s in items if s.strip())
+
+
+def restore_training_state(trainer: Trainer, found: tuple[Path, Any], cfg: Any) -> None:
+    """Model, EMA, optimiser, scheduler, scaler, hooks, RNG and the TrainState, exactly as saved (the stop
+    reason excepted: it is kept in the file for the record, and a resumed run decides afresh)."""
+    path, blob = found
+    check_resumable(blob, cfg, path)
+    load_weights(trainer.model, blob["model"], str(path), strict=True, weights="model")
+    if trainer.ema is not None:
+        if blob.get("ema"):
+            trainer.ema.load_state_dict(blob["ema"], int(blob.get("ema_updates", 0)))
+        else:
+            log.warning("resume: %s has no EMA weights; the average starts from the resumed model", path)
+            trainer.ema.load_state_dict(blob["model"], 0)
+    try:
+        trainer.optimizer.load_state_dict(blob["optimizer"])
+    except (ValueError, KeyError) as e:
+        raise ConfigError(
+            f"resume={path}: the optimiser state does not fit this run's parameters ({e}); did the trainable "
+            f"parameters change? Fine-tune instead: python -m segtrain.finetune ckpt={path}"
+        ) from None
+    if blob.get("scheduler") is not None:
+        trainer.scheduler.load_state_dict(blob["scheduler"])
+    if blob.get("scaler") is not None and trainer.scaler is not None:
+        trainer.scaler.load_state_dict(blob["scaler"])
+    hook_states = blob.get("hooks") or {}
+    for hook in trainer.hooks:
+        state = hook_states.get(type(hook).__name__)
+        if state:
+            hook.load_state_dict(state)
+    dist = trainer.dist
+    rngs = blob.get("rng") or []
+    if rngs:
+        restore_rng(rngs[dist.rank] if dist.rank < len(rngs) else rngs[0])
+    old_world = int(blob.get("world_size", dist.world_size))
+    if old_world != dist.world_size:
+        log.warning(
+            "resuming a run saved with world_size=%d on world_size=%d: the global batch stays %s, the per-rank "
+            "batch changes, and RNG states of ranks >= %d start from rank 0's",
+            old_world,
+            dist.world_size,
+            cfg.trainer.batch_size,
+            old_world,
+        )
+    s = trainer.state
+    s.load(blob)
+    s.stop_reason = None
+    log.info("resumed from %s: epoch %d, step %d (+%d in epoch)", path, s.epoch, s.step, s.step_in_epoch)

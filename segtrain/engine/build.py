@@ -1,0 +1,248 @@
+"""From a config to a running Trainer: data, model, optimiser, hooks, resume; and the run's start and summary.
+
+The Trainer (trainer.py) knows nothing of configs. :func:`build_trainer` reads ``cfg`` once and hands it
+typed parts; :func:`fit` is what ``segtrain.train`` and ``segtrain.finetune`` run; :func:`step_trainer`
+is the same step without data or files, for the doctor and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from segtrain.checkpoint import io
+from segtrain.checkpoint.resume import find_resume_checkpoint, restore_training_state
+from segtrain.checkpoint.state import Checkpointer
+from segtrain.config import ConfigError, to_container
+from segtrain.data import PolygonDataset, build_dataset, build_mapper
+from segtrain.data.formats import check_paths
+from segtrain.engine.distributed import DistInfo, broadcast_object
+from segtrain.engine.ema import ModelEMA
+from segtrain.engine.evaluation import evaluate, evaluators_for
+from segtrain.engine.hooks import default_hooks
+from segtrain.engine.inference import native_forward
+from segtrain.engine.loaders import build_loader, fit_batch_to_data, per_rank_batch
+from segtrain.engine.model_setup import prepare_model, probe_batch, wrap_model
+from segtrain.engine.optim import build_optimizer, build_scheduler
+from segtrain.engine.recorder import Recorder
+from segtrain.engine.run_dir import RunDirLock, check_fresh
+from segtrain.engine.runtime import configure_determinism, effective_precision, progress_bar
+from segtrain.engine.session import write_effective_config
+from segtrain.engine.trainer import StepSettings, Trainer
+
+log = logging.getLogger("segtrain.trainer")
+
+
+def build_trainer(
+    cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, classes: tuple[int, int] | None = None
+) -> tuple[Trainer, RunDirLock | None]:
+    """Everything ``cfg`` describes, restored from ``resume=`` when given, and the run directory's lock;
+    ``init_weights``: a loaded ``ckpt=`` file (fine-tuning: weights only, never its optimiser state)."""
+    check_paths(cfg.dataset)  # both splits, every missing path at once, before anything is built
+    lock = claim_run_dir(cfg, run_dir, dist)
+    try:
+        return _build(cfg, run_dir, dist, init_weights, classes), lock
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _build(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: tuple[int, int] | None) -> Trainer:
+    tr = cfg.trainer
+    configure_determinism(tr)
+    precision = effective_precision(tr.precision, dist.device)
+    native = tr.val_resolution == "native"
+    train_set = build_dataset(cfg, "train", device=dist.device)
+    val_set = build_dataset(cfg, "val", native=native)
+    # input-size items of the same records: TensorBoard panels and the unused-parameter probe
+    panel_set = (
+        val_set
+        if not native
+        else PolygonDataset(val_set.records, build_mapper(cfg, train=False), classes=val_set.classes, name=val_set.name)
+    )
+    batch_step = train_set.mapper.batch_transform(dist.device, int(tr.seed), dist.rank)
+    if cfg.augment.device != "cpu":
+        log.info("augment.device=%s: augmentation and targets run on %s", cfg.augment.device, dist.device)
+    elif batch_step is not None:
+        log.info("dataset.targets.where=%s: targets are built on %s", cfg.dataset.targets.where, dist.device)
+    if fit_batch_to_data(tr, len(train_set), dist.world_size, dist.is_main) is not None and dist.is_main:
+        write_effective_config(cfg, run_dir)
+    per_rank = per_rank_batch(int(tr.batch_size), dist.world_size)
+    if per_rank % int(tr.accumulate):
+        raise ConfigError(
+            f"trainer.batch_size={tr.batch_size} gives {per_rank} images per rank on {dist.world_size} "
+            f"process(es), which do not split into trainer.accumulate={tr.accumulate} equal micro-batches"
+        )
+    train_loader = build_loader(train_set, dist, tr, train=True)
+    val_loader = build_loader(val_set, dist, tr, train=False, batch_size=1 if native else None)
+    model = prepare_model(cfg, dist, init_weights, classes)
+    check_metric_available(cfg, model)
+    optimizer = build_optimizer(model, cfg.optim)
+    total_steps = len(train_loader) * int(tr.epochs)
+    if tr.max_steps is not None:
+        total_steps = min(total_steps, int(tr.max_steps))
+    checkpointer = Checkpointer(run_dir, to_container(cfg), int(tr.checkpoint.keep_last), dist.is_main)
+    trainer = Trainer(
+        model,
+        optimizer,
+        build_scheduler(optimizer, cfg.schedule, total_steps),
+        torch.amp.GradScaler(dist.device.type, enabled=(precision == "fp16")),
+        train_loader,
+        batch_step=batch_step,
+        settings=StepSettings.from_config(tr, precision),
+        dist=dist,
+        ema=ModelEMA(model, tr.ema.decay, tr.ema.warmup_steps) if tr.ema.decay > 0 else None,
+        total_steps=total_steps,
+        recorder=Recorder(run_dir, dist.is_main),
+        on_preempt=lambda t: checkpointer.save(t, [io.LAST]),
+    )
+
+    def validate() -> dict[str, Any]:
+        """Metrics on the whole validation split (every rank's shard, reduced once)."""
+        t0 = time.perf_counter()
+        net = trainer.eval_model()
+        metrics = evaluate(
+            net,
+            val_loader,
+            evaluators_for(cfg, net, dist.device, panoptic=bool(tr.val_panoptic)),
+            dist.device,
+            precision,
+            progress_bar(dist.is_main, tr.progress),
+            forward=native_forward(cfg) if native else None,
+        )
+        metrics["val_time_s"] = round(time.perf_counter() - t0, 3)
+        if trainer.ema is not None:
+            metrics["weights"] = "ema"
+        return metrics
+
+    trainer.register_hooks(default_hooks(cfg, run_dir, validate=validate, checkpointer=checkpointer, panels=panel_set))
+    found = find_resume_checkpoint(cfg, run_dir)
+    if found is not None:
+        restore_training_state(trainer, found, cfg)
+    trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(panel_set), precision)
+    return trainer
+
+
+def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwargs: Any) -> dict[str, Any]:
+    """Build the trainer ``cfg`` describes and train; returns the last validation metrics."""
+    trainer, lock = build_trainer(cfg, run_dir, dist, init_weights, **kwargs)
+    started = time.perf_counter()
+    try:
+        log_start(cfg, trainer)
+        metrics = trainer.train()
+    finally:
+        if lock is not None:
+            lock.release()
+    log_summary(cfg, trainer, run_dir, time.perf_counter() - started)
+    return metrics
+
+
+def log_start(cfg: Any, trainer: Trainer) -> None:
+    tr, dist, s = cfg.trainer, trainer.dist, trainer.state
+    per_rank = per_rank_batch(int(tr.batch_size), dist.world_size)
+    log.info(
+        "training %s on %s x%d: %d images, %d steps/epoch, global batch %d (%d per rank%s), %d epochs, %d steps%s",
+        cfg.model.name,
+        trainer.device,
+        dist.world_size,
+        len(getattr(trainer.loader, "dataset", ())),
+        trainer.steps_per_epoch,
+        tr.batch_size,
+        per_rank,
+        f" in {trainer.accumulate} micro-batches" if trainer.accumulate > 1 else "",
+        tr.epochs,
+        trainer.total_steps,
+        f", from step {s.step}" if s.step else "",
+    )
+    if tr.val_resolution == "native":
+        log.info("validation scores at the annotations' own resolution (inference.mode=%s)", cfg.inference.mode)
+    else:
+        log.info(
+            "validation scores at dataset.input_size %s (segtrain.evaluate, or trainer.val_resolution=native, "
+            "scores at the annotations' own resolution)",
+            list(cfg.dataset.input_size),
+        )
+    if s.step >= trainer.total_steps:
+        log.warning(
+            "nothing to train: the run is at step %d of %d (trainer.epochs=%s, trainer.max_steps=%s)",
+            s.step,
+            trainer.total_steps,
+            tr.epochs,
+            tr.max_steps,
+        )
+
+
+def log_summary(cfg: Any, trainer: Trainer, run_dir: Path, seconds: float) -> None:
+    """What a user wants at the end: the best result, where it is, how long it took, how to look at it."""
+    if not trainer.dist.is_main:
+        return
+    s = trainer.state
+    minutes, secs = divmod(int(round(seconds)), 60)
+    why = f" ({s.stop_reason})" if s.stop_reason else ""
+    lines = [f"run finished after {s.step} steps in {minutes}m{secs:02d}s{why}"]
+    if s.best_metric is not None:
+        where = f"epoch {s.best_at[0]}, step {s.best_at[1]}" if s.best_at else "from a previous part of the run"
+        lines.append(
+            f"best {cfg.trainer.checkpoint.metric} {s.best_metric:.4f} ({where}): {io.path_of(run_dir, io.BEST)}"
+        )
+    lines.append(f"last checkpoint: {io.path_of(run_dir, io.LAST)}")
+    lines.append(f"look at it: tensorboard --logdir {run_dir / 'tb'}")
+    log.info("\n  ".join(lines))
+
+
+def claim_run_dir(cfg: Any, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
+    """Rank 0 locks the run directory and refuses to mix a fresh run with another's checkpoints; every
+    rank learns the outcome, so all fail together with rank 0's message."""
+    lock, problem = None, None
+    if dist.is_main:
+        try:
+            lock = RunDirLock(run_dir).acquire()
+            check_fresh(run_dir, cfg.resume, bool(cfg.trainer.overwrite))
+        except ConfigError as e:
+            if lock is not None:
+                lock.release()
+            problem = str(e)
+    problem = broadcast_object(problem)
+    if problem:
+        raise ConfigError(problem)
+    return lock
+
+
+def check_metric_available(cfg: Any, model: nn.Module) -> None:
+    """A panoptic checkpoint metric needs an instance-aware model and panoptic validation."""
+    from segtrain.config import PANOPTIC_METRICS
+
+    metric = cfg.trainer.checkpoint.metric
+    if metric in PANOPTIC_METRICS:
+        if not getattr(model, "instance_aware", False):
+            raise ConfigError(
+                f"trainer.checkpoint.metric={metric}: model {cfg.model.name} is semantic-only, so validation reports "
+                "miou and pixel_acc only; use trainer.checkpoint.metric=miou"
+            )
+        if not cfg.trainer.val_panoptic:
+            raise ConfigError(f"trainer.checkpoint.metric={metric} needs trainer.val_panoptic=true")
+
+
+def step_trainer(cfg: Any, dist: DistInfo, batch_step: Any = None, total_steps: int = 10**9) -> Trainer:
+    """A trainer for measuring the step (doctor, benchmarks): the configured model, optimiser and
+    schedule on this rank's device, no data, no files, no hooks."""
+    model = prepare_model(cfg, dist)
+    optimizer = build_optimizer(model, cfg.optim)
+    precision = effective_precision(cfg.trainer.precision, dist.device)
+    return Trainer(
+        model.train(),
+        optimizer,
+        build_scheduler(optimizer, cfg.schedule, total_steps),
+        torch.amp.GradScaler(dist.device.type, enabled=(precision == "fp16")),
+        [],
+        batch_step=batch_step,
+        settings=StepSettings.from_config(cfg.trainer, precision),
+        dist=dist,
+        total_steps=total_steps,
+    )
