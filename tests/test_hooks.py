@@ -258,3 +258,29 @@ def test_trainer_evaluates_and_saves_the_ema(smoke_batches, tmp_path):
     assert light["weights"] == "ema" and all(torch.equal(light["model"][k], blob["ema"][k]) for k in blob["ema"])
     full = (tmp_path / "checkpoints" / "last.pt").stat().st_size
     assert (tmp_path / "checkpoints" / "best_weights.pt").stat().st_size < 0.5 * full
+
+
+def test_train_state_is_saved_and_restored_whole(smoke_batches, tmp_path):
+    """best_at, the non-finite counters and the position go into every checkpoint and come back on resume."""
+    from segtrain.checkpoint.resume import restore_training_state
+    from segtrain.engine.trainer import TrainState
+
+    cfg, batches = smoke_batches
+    cfg = cfg.copy()
+    t = trainer_for(cfg, batches[:2], tmp_path, 1, [])
+    t.train()
+    t.state.best_metric, t.state.best_at = 0.25, [0, 2]
+    t.state.nonfinite_skipped, t.state.nonfinite_streak = 3, 1
+    t.state.stop_reason = "early stopping"
+    Checkpointer(tmp_path, to_container(cfg), keep_last=1, is_main=True).save(t, ["last"], epoch_done=True)
+    blob = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert (blob["epoch"], blob["step"], blob["step_in_epoch"]) == (2, 2, 0), "epoch_done: the next epoch's start"
+    assert blob["best_at"] == [0, 2] and blob["nonfinite_skipped"] == 3 and blob["stop_reason"] == "early stopping"
+    fresh = trainer_for(cfg, batches[:2], tmp_path, 1, [])
+    restore_training_state(fresh, (tmp_path / "checkpoints" / "last.pt", blob), cfg)
+    expected = TrainState(2, 2, 0, 0.25, [0, 2], None, 3, 1)  # a resumed run decides its stop afresh
+    assert fresh.state == expected
+    old = {k: v for k, v in blob.items() if k not in ("best_at", "nonfinite_skipped", "nonfinite_streak")}
+    older = TrainState()
+    older.load(old)  # a checkpoint of an older version: the fields it lacks keep their defaults
+    assert older.best_at is None and older.nonfinite_skipped == 0 and older.step == 2
