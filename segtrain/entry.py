@@ -91,9 +91,22 @@ def _user_error(err: BaseException, debug: bool) -> None:
     if rank != 0 and not is_running():
         time.sleep(RANK0_GRACE_S)
     prefix = f"[rank {rank}] " if rank else ""
-    print(f"{prefix}error: {err}", file=sys.stderr, flush=True)
-    _write_error_file(f"user error (exit status {EXIT_USER_ERROR}, the line above): {err}")
+    message = user_message(err)
+    print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
+    _write_error_file(f"user error (exit status {EXIT_USER_ERROR}, the line above): {message}")
     sys.exit(EXIT_USER_ERROR)
+
+
+def user_message(err: BaseException) -> str:
+    """The error's own message. A DataLoader worker's error is re-raised in the main process as the same type
+    with the worker's whole traceback as its message ("Caught X in DataLoader worker process N. Original
+    Traceback ... X: message"): its last line holds the message."""
+    text = str(err)
+    if text.startswith("Caught ") and "Original Traceback" in text:
+        head, sep, rest = text.rstrip().splitlines()[-1].partition(": ")
+        if sep and head.rsplit(".", 1)[-1] == type(err).__name__:
+            return rest
+    return text
 
 
 def _write_error_file(message: str) -> None:

@@ -173,3 +173,21 @@ def test_entry_point_prints_one_error_line(smoke_cache, tmp_path: Path):
     assert len(errors) == 1 and lines[-1] == errors[0], proc.stderr
     assert "evaluate.export=coco_panoptic" in errors[0] and "evaluate.panoptic=true" in errors[0]
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_loader_workers_user_error_keeps_its_one_line():
+    """torch re-raises a worker's exception with the worker's traceback as its message; the line is its own."""
+    from torch._utils import ExceptionWrapper
+
+    from segtrain.data.image_io import ImageReadError
+    from segtrain.entry import user_message
+
+    try:
+        raise ImageReadError("/data/a.jpg: JPEG is truncated. Fix: replace the file")
+    except ImageReadError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(ImageReadError) as caught:
+        wrapped.reraise()
+    assert "Original Traceback" in str(caught.value)
+    assert user_message(caught.value) == "/data/a.jpg: JPEG is truncated. Fix: replace the file"
+    assert user_message(ValueError("plain")) == "plain"
