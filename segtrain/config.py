@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
@@ -465,12 +465,12 @@ def check_missing(cfg: DictConfig) -> None:
                     missing.add(f"dataset.{split}.{k}")
                 elif "${dataset.root}" in str(raw) and cfg.dataset.root is None:
                     missing.add("dataset.root")
-    missing = sorted(missing)
-    if missing:
+    names = sorted(missing)
+    if names:
         exp = OmegaConf.select(cfg, "experiment", default=None)
         which = f"experiment={exp}" if exp else "this config"
-        lines = "\n".join(f"  {k}=..." for k in missing)
-        raise ConfigError(f"{which} needs values for: {', '.join(missing)}. Set them on the command line:\n{lines}")
+        lines = "\n".join(f"  {k}=..." for k in names)
+        raise ConfigError(f"{which} needs values for: {', '.join(names)}. Set them on the command line:\n{lines}")
 
 
 # Fixed sets of values. Sets that grow (models, data formats, augmentation pipelines, optimisers,
@@ -680,7 +680,7 @@ def config_from_checkpoint(cli_cfg: DictConfig, stored: dict | None, overrides: 
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     base = OmegaConf.structured(SegtrainConfig)
-    cfg = OmegaConf.merge(base, cli_cfg)
+    cfg = cast(DictConfig, OmegaConf.merge(base, cli_cfg))  # merging into a structured config gives a DictConfig
     parsed = OverridesParser.create().parse_overrides(overrides)
     groups = {o.key_or_group for o in parsed if "." not in o.key_or_group}
     for section in CHECKPOINT_SECTIONS:

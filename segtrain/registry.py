@@ -12,7 +12,7 @@ import difflib
 import importlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, overload
 
 from segtrain.errors import UserError
 
@@ -65,6 +65,10 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
         _ALL[key] = self
 
+    @overload
+    def register(self, name: str) -> Callable[[T], T]: ...
+    @overload
+    def register(self, name: str, obj: T) -> T: ...
     def register(self, name: str, obj: T | None = None) -> Callable[[T], T] | T:
         """``@REG.register("name")`` on a function or class, or ``REG.register("name", obj)``."""
 

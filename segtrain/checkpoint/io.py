@@ -20,6 +20,7 @@ import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
 import torch
@@ -228,6 +229,7 @@ def _onnx_kind(head: bytes, f: IO[bytes]) -> tuple[str, str | None] | None:
     """A protobuf ModelProto: checked with ``onnx`` when installed, else by its first bytes and strings."""
     if not (len(head) >= 3 and head[0] == 0x08 and 0 < head[1] < 0x80 and head[2] in _ONNX_SECOND_TAGS):
         return None
+    onnx: ModuleType | None
     try:
         import onnx
     except ImportError:

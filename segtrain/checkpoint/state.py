@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -81,7 +81,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def capture_rng() -> dict[str, Any]:
     """This process's RNG states as tensors and plain containers (weights_only-loadable)."""
-    np_state = np.random.get_state()
+    # legacy=True (the default) gives the tuple; numpy's stubs pick the dict overload for a bare call
+    np_state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     py_version, py_state, py_gauss = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
@@ -348,6 +349,7 @@ def load_weights(
     if not report.clean:
         log.warning("%s%s: loading the matching tensors only:\n%s", first, source, report.table())
     elif report.reinitialised:
+        assert classes is not None  # only classes=(old, new) re-initialises layers
         log.warning(
             "%s: class-dependent layers re-initialised (classes %s -> %s):\n%s", source, *classes, report.table()
         )

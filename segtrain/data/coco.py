@@ -173,6 +173,7 @@ def _loads_chunk(text: bytes) -> Any:
 
 def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) -> RecordIndex:
     src = str(path)
+    raw: bytes | None  # None once converted (freed)
     raw = holder[0]
     if split:
         structure = Structure(raw)
@@ -181,7 +182,7 @@ def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) 
             raise NotSplittable("no top-level 'images' array")
         top = _loads_chunk(skeleton(raw, list(spans.values())))  # everything else, checked too
         img_span = spans["images"]
-        images = [
+        images: list[Any] | None = [
             im
             for part in iter_chunks(raw, img_span, structure.element_starts(img_span), CHUNK_BYTES, _loads_chunk)
             for im in part
@@ -259,7 +260,9 @@ def _id_codec(ids: list) -> str:
 
 
 def _categories(cats: list, src: str) -> tuple[list[str], list, dict]:
-    labels, ids, code = [], [], {}
+    labels: list[str] = []
+    ids: list = []
+    code: dict = {}
     for c in cats:
         if not isinstance(c, dict) or "id" not in c or "name" not in c:
             raise AnnotationError(f"{src}: category entry {_show(c)} needs 'id' and 'name'")
@@ -399,7 +402,7 @@ def _segment_sums(values: np.ndarray, lens: np.ndarray) -> np.ndarray:
 
 
 _ID_TYPES = frozenset({int, str})
-_SEG_KIND = {list: 1, dict: 2}
+_SEG_KIND: dict[type, int] = {list: 1, dict: 2}
 _get_seg = methodcaller("get", "segmentation")
 _get_image = methodcaller("get", "image_id")
 _get_cat = methodcaller("get", "category_id")

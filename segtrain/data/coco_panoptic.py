@@ -302,6 +302,7 @@ def load_coco_panoptic(
     if check_files:
         for im_id, rec in list(records.items()):
             for what, path in (("image", rec.path), ("panoptic PNG", rec.panoptic_png)):
+                assert path is not None  # both are set above for every record
                 if not is_regular_file(path):
                     del records[im_id]
                     col.image(f"{src}: image id {im_id}: {what} file not found: {path}; restore it, {_FIX_SKIP}")
@@ -354,6 +355,7 @@ def _instances(
             col.annotation(f"{src}: image id {rec.image_id} ({png_name}), segment id {sid}: {problem}")
             out.append(Instance(f"{png_name}#{sid}", "__ignore__", IGNORE_LABEL, [], segment_id=sid))
             continue
+        assert cid is not None  # no problem: _segment_problem found category_id in categories
         label = categories[cid]["name"]
         cls = classes_of[cid]
         crowd = bool(seg.get("iscrowd", 0))

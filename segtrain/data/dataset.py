@@ -58,7 +58,7 @@ class PolygonDataset(Dataset):
     def __init__(
         self,
         records: Sequence[ImageRecord],
-        mapper: CpuMapper | DeviceMapper,
+        mapper: CpuMapper | DeviceMapper | NativeMapper,
         *,
         classes: Sequence[str],
         seed: int = 0,

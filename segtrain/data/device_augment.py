@@ -48,7 +48,7 @@ output pixels get id 0 (as ``transforms.apply_transforms``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -85,7 +85,10 @@ def _colour_constants(device: torch.device) -> tuple[Tensor, Tensor, Tensor, Ten
         ti = torch.linalg.inv(t)
         rot = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=torch.float64)
         luma = torch.tensor(_LUMA, dtype=torch.float64)
-        c = tuple(x.to(device) for x in (luma, ti[:, :1] @ t[:1], ti[:, 1:] @ t[1:], ti[:, 1:] @ rot @ t[1:]))
+        c = cast(
+            "tuple[Tensor, Tensor, Tensor, Tensor]",
+            tuple(x.to(device) for x in (luma, ti[:, :1] @ t[:1], ti[:, 1:] @ t[1:], ti[:, 1:] @ rot @ t[1:])),
+        )
         _CONST_CACHE[key] = c
     return c
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import cv2
 import numpy as np
@@ -270,7 +270,8 @@ def _decode_checked(
         size = oriented_size(header.width, header.height, orientation)
         _check_size(what, size, expected, header, convention)
         _check_pixels(header.width, header.height, max_image_pixels, f"{what} is")
-        if header.data_bytes is not None and header.data_bytes * DEFLATE_MAX_RATIO < header.raw_bytes:
+        # raw_bytes is set together with data_bytes (PNG)
+        if header.data_bytes is not None and header.data_bytes * DEFLATE_MAX_RATIO < cast(int, header.raw_bytes):
             raise _corrupt(
                 what,
                 f"{header.format} image data is {header.data_bytes:,} bytes, too little for {header.width}x"

@@ -271,7 +271,7 @@ class RecordIndex(Sequence[ImageRecord]):
         for i in range(len(self)):
             yield self[i]
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
         n = len(self)
@@ -332,7 +332,7 @@ class RecordIndex(Sequence[ImageRecord]):
             return []
         label = self._label[a:b]
         bound = not self._stored_classes and self.class_lut is not None
-        cls = self.class_lut[label].tolist() if bound else [-1] * (b - a)
+        cls = self.class_lut[label].tolist() if bound and self.class_lut is not None else [-1] * (b - a)
         keep = [k for k in range(b - a) if cls[k] >= 0] if bound else range(b - a)
         names = self.meta["labels"]
         labels = label.tolist()
@@ -447,7 +447,9 @@ class RecordIndex(Sequence[ImageRecord]):
             [_rle_bytes(inst.rle, r) for r in records for inst in r.instances]
         )
         columns: dict[str, dict] = {"img": {}, "inst": {}}
-        img_values = {name: ([getattr(r, name) for r in records], codecs.get(name)) for name in img_fields}
+        img_values: dict[str, tuple[Sequence[Any], str | None]] = {
+            name: ([getattr(r, name) for r in records], codecs.get(name)) for name in img_fields
+        }
         img_values.update(extra_columns or {})
         for name, (values, codec) in img_values.items():
             spec, arrs = encode_column(f"img/{name}", values, codec)
@@ -600,7 +602,7 @@ def save_arrays(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta:
         a = np.ascontiguousarray(a)
         table[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "offset": offset}
         offset += _pad(a.nbytes)
-        crc = zlib.crc32(memoryview(a).cast("B"), crc) if a.nbytes else crc
+        crc = zlib.crc32(a.data.cast("B"), crc) if a.nbytes else crc
     header = json.dumps(
         {"version": FORMAT_VERSION, "key": key, "meta": dict(meta, _key=key), "arrays": table, "crc32": crc},
         separators=(",", ":"),
@@ -614,7 +616,7 @@ def save_arrays(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta:
             for a in arrays.values():
                 a = np.ascontiguousarray(a)
                 if a.nbytes:
-                    f.write(memoryview(a).cast("B"))
+                    f.write(a.data.cast("B"))
                 f.write(b"\0" * (_pad(a.nbytes) - a.nbytes))
             f.flush()
             os.fsync(f.fileno())
@@ -666,6 +668,7 @@ def load_arrays(
             arrays[name] = np.zeros(shape, dtype)
             continue
         o = start + int(t["offset"])
+        assert mm is not None  # end == size and nbytes > 0, so the file holds data after the header
         a = mm[o : o + nbytes].view(dtype).reshape(shape)
         if verify:
             crc = zlib.crc32(a.data.cast("B") if a.flags.c_contiguous else a.tobytes(), crc)

@@ -94,7 +94,9 @@ def iter_chunks(
     """The elements of the array at ``span`` as lists, each parsed from about ``chunk_bytes`` of
     text (a parser's scratch memory grows with its input: yyjson's is ~15x the text)."""
     targets = np.arange(span[0] + chunk_bytes, span[1], chunk_bytes)
-    inner = np.unique(starts[np.minimum(np.searchsorted(starts, targets), len(starts) - 1)]) if len(starts) else []
+    inner: np.ndarray | list[int] = (
+        np.unique(starts[np.minimum(np.searchsorted(starts, targets), len(starts) - 1)]) if len(starts) else []
+    )
     cuts = [span[0] + 1, *(int(c) for c in inner if span[0] + 1 < c < span[1]), span[1]]
     for a, b in zip(cuts[:-1], cuts[1:], strict=True):
         piece = raw[a:b].rstrip()

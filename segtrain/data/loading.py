@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from segtrain.data.index import RecordIndex
 from segtrain.data.records import ON_ERROR, AnnotationError, ClassMap, LoadReport
 from segtrain.fileio import UnsafeFileError, read_bytes
 
+orjson: ModuleType | None
 try:  # ~3x faster than json and lighter on memory; json is the fallback (and reads NaN / Infinity)
     import orjson
 except ImportError:  # pragma: no cover - orjson is a dependency, but never a hard one
@@ -84,6 +86,7 @@ def finish(
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     bound, unknown = index.bind(class_map)
     lut = bound.class_lut
+    assert lut is not None  # bind sets it
     unknown_set = set(unknown)
     problems: list[tuple[str, str, int]] = []
     for kind, code, msg in index.meta.get("errors", []):
@@ -95,7 +98,9 @@ def finish(
     unknown_used = [c for c in unknown if counts[c] > 0]
     unknown_msgs = []
     for c in unknown_used:
-        j, t = bound.first_instance_of(c)
+        first = bound.first_instance_of(c)
+        assert first is not None  # counts[c] > 0: the view holds an instance of c
+        j, t = first
         n = int(counts[c])
         unknown_msgs.append(
             (

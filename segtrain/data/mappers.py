@@ -160,7 +160,7 @@ class _Mapper:
         inst, inst_classes = self._rasterise(rec)
         return image, inst, inst_classes
 
-    def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment | None:
+    def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment | BatchTargets | None:
         """The step the trainer applies to each batch on the device (None: items are final)."""
         return None
 
@@ -286,6 +286,7 @@ class DeviceMapper(_Mapper):
             content = (rec.height, rec.width)
         else:  # fitted into the input size, content top-left, padding 0 (ids: background)
             img, inst = warp(image, fit, cv2.INTER_LINEAR, 0, f), warp(ids, fit, cv2.INTER_NEAREST_EXACT, 0)
+            assert inst.box is not None  # the fit does not rotate: the content is a rectangle
             image, ids, content = img.array, inst.array, (inst.box[1], inst.box[3])
         item = {
             "image": torch.from_numpy(image).permute(2, 0, 1),

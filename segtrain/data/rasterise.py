@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import cv2
@@ -50,6 +51,7 @@ from pycocotools import mask as mask_utils
 
 from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
 
+_kernels: ModuleType | None
 try:
     from segtrain.data import rasterise_kernels as _kernels
 except ImportError as _exc:  # numba missing or built for another NumPy: the (bit-identical) NumPy path
@@ -211,7 +213,8 @@ class _Boxes:
     def batches(self, order: Sequence[int]):
         """Split box indices ``order`` into consecutive batches of at most ~_ATLAS_PIXELS box pixels."""
         size = (self.rows * self.cols).tolist()
-        batch, total = [], 0
+        batch: list[int] = []
+        total = 0
         for j in order:
             if batch and total + size[j] > _ATLAS_PIXELS:
                 yield batch
@@ -327,12 +330,14 @@ def rasterise(
     else:
         ptr, area = np.zeros(n + 1, np.int64), np.zeros(n, np.int64)
         col = y0 = y1 = np.zeros(0, np.int64)
-    rle_masks = {}
+    rle_masks: dict[int, tuple[int, int, np.ndarray]] = {}
     for k in with_rle:  # rare (COCO crowd, LabelMe masks): decoded in Python
-        m = rle_mask(instances[k].rle, height, width)
-        if m is not None:
+        rle = instances[k].rle
+        assert rle is not None  # with_rle holds the instances with an RLE
+        box = rle_mask(rle, height, width)
+        if box is not None:
             area[k] += int(mask_utils.area(instances[k].rle))  # as _rasterise_numpy: polygon area + RLE area
-            rle_masks[k] = m
+            rle_masks[k] = box
     ids = np.arange(n)
     # "area": ignore regions first, then big first, ties by id; "file": list order
     order = np.lexsort((ids, -area, classes[1:] != IGNORE_INDEX)) if paint_order == "area" else ids
@@ -385,10 +390,10 @@ def _rasterise_numpy(
         todo.append((k, r, c, None, j))
     for k, inst in enumerate(instances, start=1):
         if inst.rle is not None:
-            m = rle_mask(inst.rle, height, width)
-            if m is not None:
+            box = rle_mask(inst.rle, height, width)
+            if box is not None:
                 area[k] += int(mask_utils.area(inst.rle))
-                todo.append((k, m[0], m[1], m[2].view(np.uint8), -1))
+                todo.append((k, box[0], box[1], box[2].view(np.uint8), -1))
     if paint_order == "area":
         todo.sort(key=lambda t: (cls[t[0] - 1] != IGNORE_INDEX, -area[t[0]], t[0]))  # ignore first, big first
     else:

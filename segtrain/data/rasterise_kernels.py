@@ -25,7 +25,7 @@ _SCALE = 5.0  # pycocotools' sub-pixel grid
 _BOUND = 1e12  # absurd coordinates are bounded before truncation, as in rasterise._runs
 
 
-_warned = []
+_warned: list[RuntimeError] = []
 
 
 def _jit(fn):

@@ -42,7 +42,7 @@ def ensure_synthetic(
     seed: int,
 ) -> Path:
     """Return the folder holding ``{train,val}/`` images and ``{train,val}.json``, writing it if absent."""
-    params = {
+    params: dict[str, Any] = {
         "num_train": int(num_train),
         "num_val": int(num_val),
         "image_size": [int(image_size[0]), int(image_size[1])],
@@ -72,7 +72,8 @@ def ensure_synthetic(
 def _write_split(root: Path, split: str, count: int, size: list[int], max_instances: int, seed: int) -> None:
     (root / split).mkdir(parents=True)
     rng = np.random.default_rng(seed)
-    images, annotations = [], []
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
     for i in range(count):
         image, shapes = _draw_image(rng, size[0], size[1], max_instances)
         name = f"{split}_{i:05d}.jpg"
@@ -155,7 +156,8 @@ def _draw_image(
         cv2.fillPoly(probe, [pts], 1, lineType=cv2.LINE_8, shift=4)
         if probe.sum() < 30 or (probe & occupied).any():
             continue
-        occupied |= cv2.dilate(probe, np.ones((5, 5), np.uint8))
+        grown: np.ndarray = cv2.dilate(probe, np.ones((5, 5), np.uint8))
+        occupied |= grown
         colour = _class_colour(rng, cls)
         cv2.fillPoly(image, [pts], colour, lineType=cv2.LINE_AA, shift=4)
         shapes.append((cls, poly))

@@ -39,7 +39,7 @@ def _gaussian_kernel(sigma: float) -> np.ndarray:
     r = gaussian_radius(sigma)
     # Same expression and evaluation order as Panoptic-DeepLab's PanopticTargetGenerator (float64), so
     # the float32 heatmap matches it bit for bit.
-    x = np.arange(0, 2 * r + 1, 1, float)
+    x = np.arange(0, 2 * r + 1, 1, dtype=float)
     y = x[:, np.newaxis]
     g = np.exp(-((x - r) ** 2 + (y - r) ** 2) / (2 * sigma**2)).astype(np.float32)
     g.setflags(write=False)

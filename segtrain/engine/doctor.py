@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import psutil
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from segtrain.data import StageTimer, build_dataset, collate
+from segtrain.data import PolygonDataset, StageTimer, build_dataset, collate
 from segtrain.data.rasterise import rasterise
 from segtrain.data.records import Instance
 from segtrain.engine.build import step_trainer
@@ -73,7 +73,7 @@ def stage_times(dataset: Any, num_images: int, warmup: int = WARMUP_ITEMS) -> di
         torch.set_num_threads(threads)
 
 
-def collate_ms(dataset: Dataset, batch_size: int) -> float:
+def collate_ms(dataset: PolygonDataset, batch_size: int) -> float:
     """Milliseconds per image of :func:`collate` on one batch (after one untimed call)."""
     items = [dataset[(0, i % len(dataset))] for i in range(batch_size)]
     collate(items)
@@ -131,14 +131,16 @@ class ProcessSampler:
         return {"computing": running / total, "io_wait": io / total, "idle": 1 - (running + io) / total}
 
 
-def loader_throughput(dataset: Dataset, batch_size: int, workers: int, batches: int, pin: bool) -> dict[str, Any]:
+def loader_throughput(
+    dataset: PolygonDataset, batch_size: int, workers: int, batches: int, pin: bool
+) -> dict[str, Any]:
     """Images/s of a DataLoader with ``workers`` processes (first batch excluded: worker start-up)."""
     with warnings.catch_warnings():  # more workers than cores is the point of the sweep
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
         return _throughput(dataset, batch_size, workers, batches, pin)
 
 
-def _throughput(dataset: Dataset, batch_size: int, workers: int, batches: int, pin: bool) -> dict[str, Any]:
+def _throughput(dataset: PolygonDataset, batch_size: int, workers: int, batches: int, pin: bool) -> dict[str, Any]:
     sampler = [(0, i % len(dataset)) for i in range(batch_size * (batches + 1))]
     loader = DataLoader(
         dataset,
@@ -281,7 +283,7 @@ def verdict(report: dict[str, Any], configured_workers: int, cfg: Any) -> dict[s
     best_w, best = max(((w, r["images_per_s"]) for w, r in loader.items()), key=lambda x: x[1])
     model = report["model_step"]["images_per_s"]
     stages = {k: v for k, v in report["stage_ms_per_image"].items()}
-    dominant = max(stages, key=stages.get)
+    dominant = max(stages, key=stages.__getitem__)
     share = stages[dominant] / max(sum(stages.values()), 1e-9)
     cuda = on_cuda(report)
     advice: list[str] = []

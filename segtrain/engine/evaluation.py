@@ -169,6 +169,7 @@ class PanopticEvaluator:
             self.pq.update(pred_map, pred_segments, gt_map, gt_segments)
             index = int(batch["index"][i]) if "index" in batch else len(self.ap.images if self.ap else [])
             if self.ap is not None:
+                assert prob is not None  # computed whenever self.ap is set
                 pred = instances_from_panoptic(panoptic, instances, prob[i], self.spec.label_divisor)
                 gt = instances_from_segments(gt_map, gt_segments, self.spec.thing_ids)
                 self.ap.update(gt, pred, gt_map.shape[0], gt_map.shape[1], image_id=index)

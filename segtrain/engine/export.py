@@ -204,6 +204,7 @@ def _export_onnx(
         raise ExportError(
             f"torch.onnx.export failed for {type(model).__name__} ({type(e).__name__}: {e}); {hint}"
         ) from e
+    assert program is not None  # dynamo=True returns an ONNXProgram (None is the TorchScript exporter's)
     program.model.metadata_props[METADATA_KEY] = metadata
     program.save(str(tmp), external_data=False)
 

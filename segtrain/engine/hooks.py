@@ -153,6 +153,7 @@ class ProfilerHook(HookBase):
                 remaining,
             )
         self.profiler = torch_profiler(self.cfg, self.out_dir, t.dist.rank)
+        assert self.profiler is not None  # the hook is installed with trainer.profile.mode=torch only
         self.profiler.start()
         self.first_step = t.state.step
 
@@ -171,6 +172,7 @@ class ProfilerHook(HookBase):
 
     def _finish(self) -> None:
         prof, self.profiler = self.profiler, None
+        assert prof is not None  # callers check self.profiler
         try:
             prof.stop()
         except Exception as e:  # noqa: BLE001 - a profiler failure must not hide the run's own result

@@ -244,7 +244,8 @@ class InstanceAP:
         if cats is None:
             cats = sorted({a["category_id"] for im in images for a in im["gt"] + im["pred"]})
         info = [{"id": im["id"], "height": im["height"], "width": im["width"]} for im in images]
-        gt_anns, dt_anns = [], []
+        gt_anns: list[dict[str, Any]] = []
+        dt_anns: list[dict[str, Any]] = []
         for im in images:
             for kind, out in (("gt", gt_anns), ("pred", dt_anns)):
                 items = im[kind]

@@ -17,10 +17,10 @@ from typing import Any
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from segtrain.config import ConfigError
-from segtrain.data.dataset import collate
+from segtrain.data.dataset import PolygonDataset, collate
 from segtrain.engine.distributed import DistInfo, env_rank
 from segtrain.engine.preemption import ignore_in_workers
 
@@ -140,7 +140,7 @@ def worker_init(worker_id: int) -> None:
 
 
 def build_loader(
-    dataset: Dataset, dist: DistInfo, trainer: Any, train: bool, batch_size: int | None = None
+    dataset: PolygonDataset, dist: DistInfo, trainer: Any, train: bool, batch_size: int | None = None
 ) -> DataLoader:
     """``trainer`` is ``cfg.trainer``; batch sizes there are global. ``batch_size`` (evaluation only) is
     per rank and overrides them (native-resolution items differ in size: 1)."""
@@ -156,7 +156,7 @@ def build_loader(
         common["prefetch_factor"] = int(trainer.prefetch_factor)
     if train:
         bs = per_rank_batch(int(trainer.batch_size), dist.world_size)
-        sampler: Sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed))
+        sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed))
         if len(sampler) < bs:
             raise ConfigError(
                 f"the training set has {len(dataset)} images: {len(sampler)} per rank, fewer than the per-rank "

@@ -61,14 +61,14 @@ _LUT_IDS = 1 << 22
 def _as_id_map(name: str, a: np.ndarray | torch.Tensor) -> np.ndarray:
     if isinstance(a, torch.Tensor):
         a = a.detach().cpu().numpy()
-    a = np.asarray(a)
-    if a.ndim == 3 and a.shape[0] == 1:
-        a = a[0]
-    if a.ndim != 2:
-        raise ValueError(f"{name} must be an (H, W) id map, got shape {a.shape}")
-    if a.dtype.kind not in "iu":
-        raise ValueError(f"{name} must hold integer segment ids, got {a.dtype}")
-    return a
+    ids = np.asarray(a)
+    if ids.ndim == 3 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must be an (H, W) id map, got shape {ids.shape}")
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold integer segment ids, got {ids.dtype}")
+    return ids
 
 
 def _segment_table(name: str, segments: Iterable[Mapping[str, Any]], with_crowd: bool) -> tuple[np.ndarray, ...]:
@@ -249,9 +249,9 @@ class PanopticQuality:
             nccl = dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl"
             device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         packed = torch.from_numpy(np.stack((self.tp, self.fp, self.fn, self.iou), 1).astype(np.float64))
-        packed = all_reduce_(packed.to(device)).cpu().numpy()
-        self.tp, self.fp, self.fn = (np.rint(packed[:, i]).astype(np.int64) for i in range(3))
-        self.iou = packed[:, 3].copy()
+        summed = all_reduce_(packed.to(device)).cpu().numpy()
+        self.tp, self.fp, self.fn = (np.rint(summed[:, i]).astype(np.int64) for i in range(3))
+        self.iou = summed[:, 3].copy()
         return self
 
     # -------------------------------------------------------------------------------- results

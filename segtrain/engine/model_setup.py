@@ -96,7 +96,7 @@ def wrap_model(
             static_graph=bool(tr.ddp.static_graph),
         )
     if tr.compile:
-        model = torch.compile(model)
+        model = torch.compile(model)  # type: ignore[assignment]  # a module compiles to an OptimizedModule (nn.Module)
     return model
 
 

@@ -25,7 +25,8 @@ SCHEDULES: Registry[Schedule] = Registry("schedule.name", "LR schedule")
 
 def param_groups(model: nn.Module, weight_decay: float, no_decay_norm_bias: bool) -> list[dict[str, Any]]:
     """Trainable parameters only (frozen ones never enter the optimiser); no decay on norms and biases."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for module in model.modules():
         is_norm = isinstance(module, nn.modules.batchnorm._NormBase | nn.GroupNorm | nn.LayerNorm)
         for name, p in module.named_parameters(recurse=False):

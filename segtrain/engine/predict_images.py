@@ -143,7 +143,7 @@ def describe(
         )
         scores = dict(zip(instances["id"].tolist(), s.tolist(), strict=True))
     # panoptic id of each segment id (segments are in ascending panoptic-id order)
-    pan_ids = np.unique(panoptic[id_map > 0]) if segments else []
+    pan_ids: np.ndarray | list[int] = np.unique(panoptic[id_map > 0]) if segments else []
     rows = []
     for seg, pid in zip(with_boxes(id_map, segments), pan_ids, strict=True):
         cls = int(seg["category_id"])

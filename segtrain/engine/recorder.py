@@ -99,6 +99,7 @@ class Recorder:
     def log(self, split: str, epoch: int, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        assert self.jsonl is not None and self.writer is not None  # enabled: both are open
         record = {"split": split, "epoch": epoch, "step": step, "time": round(time.time(), 3)}
         record.update({k: _plain(v) for k, v in values.items()})
         self.jsonl.write(json.dumps(record) + "\n")
@@ -110,10 +111,12 @@ class Recorder:
     def images(self, tag: str, step: int, images: list[np.ndarray]) -> None:
         """images: list of (H,W,3) uint8."""
         if self.enabled and images:
+            assert self.writer is not None  # enabled: open
             self.writer.add_images(tag, np.stack(images), step, dataformats="NHWC")
 
     def close(self) -> None:
         if self.enabled:
+            assert self.jsonl is not None and self.writer is not None  # enabled: both are open
             self.writer.close()
             self.jsonl.close()
             self.enabled = False

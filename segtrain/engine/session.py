@@ -23,7 +23,7 @@ log = logging.getLogger("segtrain")
 
 
 @contextlib.contextmanager
-def session(cfg: Any, output_dir: str | None, log_name: str = "train.log") -> Iterator[tuple[DistInfo, Path]]:
+def session(cfg: Any, output_dir: str, log_name: str = "train.log") -> Iterator[tuple[DistInfo, Path]]:
     """Rank 0's ``output_dir`` becomes everyone's run directory (Hydra resolves ``${now:...}`` per
     process, so only rank 0's value is trusted; the others were told by the entry point to
     create nothing)."""

@@ -32,6 +32,9 @@ class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         mean = stats[:c] / n
         var = (stats[c : 2 * c] / n - mean * mean).clamp(min=0)
         if self.track_running_stats:
+            # track_running_stats: _NormBase registers the three buffers
+            assert self.num_batches_tracked is not None
+            assert self.running_mean is not None and self.running_var is not None
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
                 m = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -233,7 +233,8 @@ class Trainer:
         totals: dict[str, torch.Tensor] = {}
         for i, mb in enumerate(micro):
             sync = i == len(micro) - 1 or not isinstance(self.model, nn.parallel.DistributedDataParallel)
-            with contextlib.nullcontext() if sync else self.model.no_sync():
+            # not sync: the model is a DistributedDataParallel
+            with contextlib.nullcontext() if sync else cast(nn.parallel.DistributedDataParallel, self.model).no_sync():
                 with nvtx("forward"), autocast(self.device, st.precision):
                     outputs = self.model(mb["image"])
                 with nvtx("loss"):
@@ -306,7 +307,7 @@ class Trainer:
         try:
             self.call_hooks("before_train")
             while s.step < self.total_steps and s.stop_reason is None:
-                sampler = getattr(self.loader, "sampler", None)
+                sampler: Any = getattr(self.loader, "sampler", None)
                 if hasattr(sampler, "set_epoch"):  # skip what a mid-epoch checkpoint already trained on
                     sampler.set_epoch(s.epoch, skip=s.step_in_epoch * self.loader.batch_size)  # type: ignore[attr-defined]
                 self.events.epoch = EpochEvents()

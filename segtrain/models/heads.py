@@ -33,6 +33,8 @@ class SegmentationModel(nn.Module, abc.ABC):
     # torchvision architecture the backbone comes from (resolves weights names like "IMAGENET1K_V2")
     backbone_name: str | None = None
     backbone: nn.Module
+    pixel_mean: Tensor  # buffers, registered in __init__
+    pixel_std: Tensor
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,13 +85,15 @@ class PredictionHead(nn.Sequential):
         self, cin: int, head_channels: int, cout: int, k: int = 5, separable: bool = True, start_near_zero: bool = False
     ):
         block = SeparableConvBNReLU(cin, head_channels, k) if separable else ConvBNReLU(cin, head_channels, k)
-        super().__init__(block, nn.Conv2d(head_channels, cout, 1))
+        proj = nn.Conv2d(head_channels, cout, 1)
+        super().__init__(block, proj)
         init_weights(block)
         if start_near_zero:
             # Regression heads: centres start near 0 (most of a heatmap is 0), offsets near 0 px. Not for the
             # semantic logits: with Adam's bounded steps, tiny weights take hundreds of steps to grow.
-            nn.init.normal_(self[-1].weight, std=0.01)
-            nn.init.zeros_(self[-1].bias)
+            nn.init.normal_(proj.weight, std=0.01)
+            assert proj.bias is not None  # Conv2d's bias=True
+            nn.init.zeros_(proj.bias)
 
 
 class PanopticHeads(nn.Module):

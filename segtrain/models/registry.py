@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from omegaconf.errors import MissingMandatoryValue
 from torch import nn
@@ -75,7 +75,7 @@ def model_spec(cfg: Any) -> ModelSpec:
 
 def register_model(name: str) -> Callable[[B], B]:
     """Decorator: ``@register_model("my_net")`` on ``fn(spec) -> nn.Module`` enables ``model.name=my_net``."""
-    return MODELS.register(name)
+    return cast("Callable[[B], B]", MODELS.register(name))  # register returns its argument unchanged
 
 
 def list_models() -> list[str]:

@@ -32,8 +32,9 @@ class TorchvisionSegmentation(SegmentationModel):
     torchvision's own (``backbone.layer1...``, ``classifier.0...``)."""
 
     instance_aware = False
+    classifier: nn.Module
 
-    def __init__(self, net: nn.Module, backbone_name: str):
+    def __init__(self, net: tvseg.FCN | tvseg.DeepLabV3 | tvseg.LRASPP, backbone_name: str):
         super().__init__()
         self.backbone_name = backbone_name
         self.backbone = net.backbone
