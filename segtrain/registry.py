@@ -104,7 +104,7 @@ class Registry(Generic[T]):
         raise UnknownChoiceError(self.unknown(name))
 
     def _import(self, path: str) -> T:
-        module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+        module_name, attr = _split_import_path(path)
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:
@@ -130,10 +130,15 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
+def _split_import_path(name: str) -> tuple[str, str]:
+    """(module, attribute) of ``pkg.module:Name`` or ``pkg.module.Name``; ("", "") when it is neither."""
+    head, sep, tail = name.partition(":") if ":" in name else name.rpartition(".")
+    return (head, tail) if sep and head and tail else ("", "")
+
+
 def is_import_path(name: str) -> bool:
     """``pkg.module:Name`` or ``pkg.module.Name`` (registered names hold neither ``:`` nor ``.``)."""
-    head, sep, tail = name.partition(":") if ":" in name else name.rpartition(".")
-    return bool(sep and head and tail)
+    return _split_import_path(name) != ("", "")
 
 
 def _origin(obj: object) -> str:

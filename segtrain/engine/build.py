@@ -155,7 +155,7 @@ def log_start(cfg: Any, trainer: Trainer) -> None:
         trainer.steps_per_epoch,
         tr.batch_size,
         per_rank,
-        f" in {trainer.accumulate} micro-batches" if trainer.accumulate > 1 else "",
+        f" in {trainer.settings.accumulate} micro-batches" if trainer.settings.accumulate > 1 else "",
         tr.epochs,
         trainer.total_steps,
         f", from step {s.step}" if s.step else "",

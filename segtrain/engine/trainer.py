@@ -184,7 +184,6 @@ class Trainer:
         self.state = TrainState()
         self.events = Events()
         self.hooks: list[HookBase] = []
-        self.accumulate = self.settings.accumulate
         self.terms = loss_terms(unwrap(model))
         self.params = [p for p in unwrap(model).parameters() if p.requires_grad]
         self.buffers = list(unwrap(model).buffers())
@@ -221,7 +220,7 @@ class Trainer:
         if self.batch_step is not None:
             with nvtx("augment"):
                 batch = self.batch_step(batch, self.state.epoch, self.state.step_in_epoch)
-        micro = split_batch(batch, self.accumulate)
+        micro = split_batch(batch, st.accumulate)
         local = torch.stack([loss_denominators(mb, st.loss, self.terms) for mb in micro]).sum(0)
         packed = torch.cat([local, local.new_tensor([1.0 if self.signals.pending else 0.0])])
         if is_dist():
