@@ -28,12 +28,12 @@ from segtrain.checkpoint.state import Checkpointer  # noqa: E402
 from segtrain.config import compose, to_container  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
 from segtrain.data.dataset import collate  # noqa: E402
+from segtrain.device import to_device  # noqa: E402
+from segtrain.distributed import DistInfo  # noqa: E402
 from segtrain.engine.build import step_trainer  # noqa: E402
-from segtrain.engine.distributed import DistInfo  # noqa: E402
 from segtrain.engine.hooks import default_hooks  # noqa: E402
 from segtrain.engine.losses import compute_losses  # noqa: E402
 from segtrain.engine.recorder import Recorder, setup_logging  # noqa: E402
-from segtrain.engine.runtime import to_device  # noqa: E402
 
 
 def main() -> None:

@@ -373,10 +373,10 @@ def resolve_auto_classes(cfg: DictConfig) -> None:
         if isinstance(classes, str):
             raise ConfigError(f"dataset.classes={classes!r}: give a list (dataset.classes=[background,person]) or auto")
         return
-    from segtrain.data.formats import discover_classes
+    from segtrain.registry import load
 
     ds = OmegaConf.create(OmegaConf.to_container(cfg.dataset, resolve=True))
-    found = discover_classes(ds)
+    found = load("dataset.format").get(str(ds.format)).auto_classes(ds)
     cfg.dataset.classes = found.classes
     counts = found.counts
     shown = ", ".join(f"{c} ({n})" for c, n in counts[:40]) + (", ..." if len(counts) > 40 else "")
@@ -452,7 +452,9 @@ class ConfigError(UserError, ValueError):
 
 
 def check_missing(cfg: DictConfig) -> None:
-    from segtrain.data.formats import FORMATS as formats  # noqa: N811 - torch-free: data formats parse files only
+    from segtrain.registry import load
+
+    formats = load("dataset.format")  # torch-free: data formats parse files only
 
     missing = set(OmegaConf.missing_keys(cfg))
     if cfg.dataset.format in formats:
@@ -613,10 +615,10 @@ BACKGROUND_NAMES = ("background", "_background_", "__background__", "bg", "void"
 def check_classes(cfg: DictConfig) -> None:
     """The class list fits the data format: where unannotated pixels are background (COCO, LabelMe),
     class 0 must be the background; where they are ignore regions (Cityscapes), any list works."""
-    from segtrain.data.formats import FORMATS
+    from segtrain.registry import load
 
     classes = [str(c) for c in cfg.dataset.classes]
-    fmt = FORMATS.get(str(cfg.dataset.format))
+    fmt = load("dataset.format").get(str(cfg.dataset.format))
     if fmt.unlabeled == "background":
         if len(classes) < 2 or classes[0].lower() not in BACKGROUND_NAMES:
             raise ConfigError(

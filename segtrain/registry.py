@@ -152,6 +152,15 @@ def all_registries() -> dict[str, Registry]:
     return dict(_ALL)
 
 
+def load(key: str) -> Registry:
+    """``key``'s registry with its built-ins registered (imports the declared module). The config check uses
+    what a data format declares (split keys, unlabeled pixels, class discovery) through this, so ``config``
+    never imports ``segtrain.data``: the format registers itself, as every other choice does."""
+    if key not in _ALL:
+        importlib.import_module(DECLARED[key].module)
+    return _ALL[key]
+
+
 def check_name(key: str, name: object) -> None:
     """Raises :class:`UnknownChoiceError` unless ``name`` is a built-in or registered entry of ``key``'s
     registry (or, where the registry takes them, an importable path), without importing the built-ins.

@@ -26,7 +26,7 @@ from segtrain.data.formats import FORMATS, class_map_of
 from segtrain.data.image_io import ImageReadError
 from segtrain.data.panoptic_gt import panoptic_categories
 from segtrain.data.records import AnnotationError
-from segtrain.engine.metrics import PanopticQuality
+from segtrain.evaluation.metrics import PanopticQuality
 
 SAMPLE = "panopticapi_sample"
 

@@ -579,7 +579,7 @@ def panoptic_ground_truth_from_png(
     The rule is :func:`~segtrain.data.panoptic_gt.panoptic_ground_truth`'s (the one for polygon records):
     each thing segment is a segment, the segments of one stuff class are united into one, crowd segments
     of one class form one ``iscrowd`` segment, VOID / ignored / dropped pixels are VOID. Segment ids are
-    renumbered 1..S. Score it with :class:`segtrain.engine.metrics.PanopticQuality` and
+    renumbered 1..S. Score it with :class:`segtrain.evaluation.metrics.PanopticQuality` and
     :func:`~segtrain.data.panoptic_gt.panoptic_categories`.
     """
     inst, classes = rasterise_panoptic(record, read_segment_ids(record, max_image_pixels))

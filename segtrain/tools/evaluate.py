@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from segtrain.config import ConfigError
+from segtrain.console import progress_bar
 from segtrain.data import build_dataset
-from segtrain.engine.distributed import DistInfo
-from segtrain.engine.evaluation import PanopticSpec, evaluate, evaluators_for
-from segtrain.engine.inference import model_from_checkpoint, native_forward
-from segtrain.engine.loaders import build_loader
-from segtrain.engine.panoptic_export import CocoPanopticExport
-from segtrain.engine.runtime import effective_precision, progress_bar
+from segtrain.data.loaders import build_loader
+from segtrain.device import effective_precision
+from segtrain.distributed import DistInfo
+from segtrain.evaluation.evaluator import PanopticSpec, evaluate, evaluators_for
+from segtrain.evaluation.inference import model_from_checkpoint, native_forward
+from segtrain.evaluation.panoptic_export import CocoPanopticExport
 
 log = logging.getLogger("segtrain.evaluate")
 
