@@ -111,6 +111,11 @@ class DatasetConfig:
     on_error: str = "raise"  # raise | skip
     # Labels neither in `classes` nor in `class_map`: error | drop (background) | ignore (loss-ignore region)
     unlisted: str = "error"
+    # Crowd regions (COCO / COCO panoptic iscrowd, Cityscapes cargroup, persongroup, ...) in the semantic
+    # target and the semantic ground truth: true carries their class, as cityscapesScripts' label images and
+    # Panoptic-DeepLab's reference targets do (centre and offset weights stay 0, no centre); false ignores
+    # them (255). PQ and AP keep them as crowd either way.
+    crowd_in_semantic: bool = True
     # Stat every image file when the annotations load (all missing files in one error); false: an
     # image is checked when it is read (dataset.on_error=skip then skips it)
     check_files: bool = False
