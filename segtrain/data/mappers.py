@@ -186,8 +186,8 @@ class CpuMapper(_Mapper):
 
     With ``targets_on_device`` (``dataset.targets.where=device``, the default when training on CUDA) the
     worker stops after augmenting: items are ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16 with the
-    id ``outside`` on invented pixels, ``instance_classes`` and ``outside`` (), 5 bytes a pixel instead of
-    32, and :meth:`batch_transform` builds the targets on the device
+    id ``outside`` on invented pixels, ``instance_classes``, ``crowd_classes`` (with
+    ``dataset.crowd_in_semantic``) and ``outside`` (), 5 bytes a pixel instead of 32, and :meth:`batch_transform` builds the targets on the device
     (:class:`~segtrain.data.device_targets.BatchTargets`).
     """
 
@@ -261,7 +261,8 @@ class DeviceMapper(_Mapper):
     """Read, decode and rasterise in the worker; fit, augment and build targets on the device.
 
     Items: ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16, ``content`` (2,) int64 = the rows and
-    columns of image content at the top-left (the rest is padding), ``instance_classes`` (N+1,) int64.
+    columns of image content at the top-left (the rest is padding), ``instance_classes`` (N+1,) int64
+    (and ``crowd_classes`` with ``dataset.crowd_in_semantic``).
     An image the fit shrinks by less than 2x is shipped as decoded (its native size, at most 2x the input
     size per side): the device fits and augments it in one resample, and the worker makes no pass over its
     pixels. A larger one is decoded smaller (JPEG) and fitted here, content top-left. :func:`collate` pads
