@@ -283,7 +283,9 @@ class InferenceConfig:
 @dataclass
 class EvaluateConfig:
     resolution: str = "native"  # native: score at the annotation's size; input: at dataset.input_size
-    export: str | None = None  # coco_panoptic: also write predictions as COCO panoptic PNGs + JSON
+    # coco_panoptic: also write predictions as COCO panoptic PNGs + JSON; cityscapes: in the official
+    # Cityscapes result formats (labelIds PNGs, instance masks + txt, panoptic PNG + JSON)
+    export: str | None = None
     panoptic: bool = True  # PQ/SQ/RQ and AP for instance-aware models
 
 
@@ -498,7 +500,7 @@ _CHOICES = {
     "dataset.panoptic.background": ("void", "stuff"),
     "inference.mode": ("fit", "pad", "sliding"),
     "evaluate.resolution": ("native", "input"),
-    "evaluate.export": (None, "coco_panoptic"),
+    "evaluate.export": (None, "coco_panoptic", "cityscapes"),
     "export.format": ("onnx", "torchscript"),
 }
 

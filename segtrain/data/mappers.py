@@ -187,8 +187,8 @@ class CpuMapper(_Mapper):
     With ``targets_on_device`` (``dataset.targets.where=device``, the default when training on CUDA) the
     worker stops after augmenting: items are ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16 with the
     id ``outside`` on invented pixels, ``instance_classes``, ``crowd_classes`` (with
-    ``dataset.crowd_in_semantic``) and ``outside`` (), 5 bytes a pixel instead of 32, and :meth:`batch_transform` builds the targets on the device
-    (:class:`~segtrain.data.device_targets.BatchTargets`).
+    ``dataset.crowd_in_semantic``) and ``outside`` (), 5 bytes a pixel instead of 32, and
+    :meth:`batch_transform` builds the targets on the device (:class:`~segtrain.data.device_targets.BatchTargets`).
     """
 
     def __init__(
