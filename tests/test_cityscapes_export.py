@@ -253,3 +253,21 @@ def test_cityscapes_export_scored_by_cityscapes_scripts(tmp_path, shapes):
         f"Cityscapes AP {inst['allAp']:.4f}, AP50 {inst['allAp50%']:.4f} "
         f"(segtrain's COCO-style mask AP {ours.get('ap', float('nan')):.4f}, AP50 {ours.get('ap50', float('nan')):.4f})"
     )
+
+
+def test_export_mistakes_are_one_line_config_errors():
+    from types import SimpleNamespace
+
+    from segtrain.config import ConfigError
+    from segtrain.data.cityscapes import TRAIN_CLASSES
+    from segtrain.evaluation.cityscapes_export import CityscapesExport, cityscapes_label_ids
+
+    ids = cityscapes_label_ids(list(TRAIN_CLASSES))
+    assert ids.tolist() == [7, 8, 11, 12, 13, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 31, 32, 33]
+    with pytest.raises(ConfigError, match="class 'circle' of dataset.classes is not a label"):
+        cityscapes_label_ids(["road", "circle"])
+    with pytest.raises(ConfigError, match="class 'cargroup'"):  # a group is not a class
+        cityscapes_label_ids(["cargroup"])
+    records = [SimpleNamespace(image_id="aachen_000000_000019"), SimpleNamespace(image_id="img_0001")]
+    with pytest.raises(ConfigError, match=r"image 'img_0001' \(1 in all\) is not named <city>_<sequence>_<frame>"):
+        CityscapesExport(Path("unused"), SimpleNamespace(records=records), ["road"], None, True)
