@@ -111,6 +111,11 @@ class DatasetConfig:
     on_error: str = "raise"  # raise | skip
     # Labels neither in `classes` nor in `class_map`: error | drop (background) | ignore (loss-ignore region)
     unlisted: str = "error"
+    # Crowd regions (COCO / COCO panoptic iscrowd, Cityscapes cargroup, persongroup, ...) in the semantic
+    # target and the semantic ground truth: true carries their class, as cityscapesScripts' label images and
+    # Panoptic-DeepLab's reference targets do (centre and offset weights stay 0, no centre); false ignores
+    # them (255). PQ and AP keep them as crowd either way.
+    crowd_in_semantic: bool = True
     # Stat every image file when the annotations load (all missing files in one error); false: an
     # image is checked when it is read (dataset.on_error=skip then skips it)
     check_files: bool = False
@@ -278,7 +283,9 @@ class InferenceConfig:
 @dataclass
 class EvaluateConfig:
     resolution: str = "native"  # native: score at the annotation's size; input: at dataset.input_size
-    export: str | None = None  # coco_panoptic: also write predictions as COCO panoptic PNGs + JSON
+    # coco_panoptic: also write predictions as COCO panoptic PNGs + JSON; cityscapes: in the official
+    # Cityscapes result formats (labelIds PNGs, instance masks + txt, panoptic PNG + JSON)
+    export: str | None = None
     panoptic: bool = True  # PQ/SQ/RQ and AP for instance-aware models
 
 
@@ -493,7 +500,7 @@ _CHOICES = {
     "dataset.panoptic.background": ("void", "stuff"),
     "inference.mode": ("fit", "pad", "sliding"),
     "evaluate.resolution": ("native", "input"),
-    "evaluate.export": (None, "coco_panoptic"),
+    "evaluate.export": (None, "coco_panoptic", "cityscapes"),
     "export.format": ("onnx", "torchscript"),
 }
 

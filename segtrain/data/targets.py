@@ -78,6 +78,7 @@ def make_targets(
     valid: np.ndarray | None = None,
     small_instance_area: int = 0,
     small_instance_weight: float = 1.0,
+    crowd_classes: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Semantic, centre-heatmap and offset targets (plus loss weights) for one image.
 
@@ -96,11 +97,18 @@ def make_targets(
             in ``semantic_weight`` (Panoptic-DeepLab up-weights small instances so they are not drowned
             by large ones in the pixel-averaged semantic loss).
         small_instance_weight: see above.
+        crowd_classes: optional (N+1,) own class of each crowd id (an id of class ``ignore_label``), -1
+            for every other id.  Given, crowd pixels carry that class in ``semantic`` with semantic
+            weight 1, as cityscapesScripts' label images and Panoptic-DeepLab's reference generator
+            (``IGNORE_CROWD_IN_SEMANTIC = False``) do; their centre and offset weights stay 0 and they
+            get no centre.  None: crowd pixels are ``ignore_label`` like every ignore region
+            (``dataset.crowd_in_semantic=false``).
 
     Returns:
         dict of C-contiguous NumPy arrays:
 
-        - ``semantic`` (H, W) uint8: class of each pixel; ``ignore_label`` on crowd/ignore and invalid.
+        - ``semantic`` (H, W) uint8: class of each pixel; ``ignore_label`` on ignore regions and invalid
+          pixels, and on crowd regions unless ``crowd_classes`` gives their class.
         - ``center`` (1, H, W) float32: per thing instance, a Gaussian
           ``exp(-(dx^2+dy^2) / (2 sigma^2))`` truncated to a (2r+1)^2 window (r = ceil(3 sigma) + 1,
           i.e. Panoptic-DeepLab's 6 sigma + 3 for integer sigma), clipped at the border, peaking at
@@ -111,7 +119,7 @@ def make_targets(
           (unrounded) centre of mass of the instance's valid pixels, i.e. the vector a pixel votes with
           at inference; computed in float64 and rounded once to float32.  0 elsewhere.
         - ``semantic_weight`` (H, W) float32: 1, ``small_instance_weight`` on small things, 0 on
-          crowd/ignore/invalid.
+          ignore/invalid (and crowd without ``crowd_classes``).
         - ``center_weight`` (H, W) float32: 1, 0 on crowd/ignore/invalid: a crowd contains
           unannotated centres, so penalising the heatmap there would teach the net to miss real ones.
         - ``offset_weight`` (H, W) float32: 1 on valid non-crowd thing pixels, 0 elsewhere (offsets are
@@ -160,6 +168,16 @@ def make_targets(
         if valid.dtype.kind not in "biu":
             raise ValueError(f"valid must be bool or integer (nonzero = valid), got {valid.dtype}")
         vflat = np.ascontiguousarray(valid, dtype=bool).reshape(-1)
+    crowd = None
+    if crowd_classes is not None:
+        crowd = _as_int_array("crowd_classes", crowd_classes, 1)
+        if crowd.shape != classes.shape:
+            raise ValueError(f"crowd_classes must have instance_classes' shape {classes.shape}, got {crowd.shape}")
+        if crowd.size and (crowd.min() < -1 or crowd.max() > 255):
+            raise ValueError(
+                f"crowd_classes must be -1 (not a crowd) or a class in [0, 255], got values in "
+                f"[{crowd.min()}, {crowd.max()}]"
+            )
 
     # ---------------------------------------------------------------- row runs
     # A strided mask (e.g. an augmented window) is copied once: the flat comparison below runs 2-3x
@@ -219,9 +237,20 @@ def make_targets(
     cy = np.where(thing, sum_y / area_or_1, 0.0)
     cx = np.where(thing, sum_x / area_or_1, 0.0)
 
+    # Crowd ids (ignored for centres and offsets) may carry their own class in the semantic target.
+    sem_cls = cls
+    labelled = ~ignored
+    if crowd is not None:
+        own = np.full(n_lut, -1, np.intp)
+        own[:n_ids] = crowd
+        is_crowd = ignored & (own >= 0) & (own != ignore_label)
+        sem_cls = np.where(is_crowd, own, cls)
+        labelled = labelled | is_crowd
+
     # Per-id float32 values of the weight planes: semantic, centre, offset.
     lut = np.empty((3, n_lut), np.float32)
-    lut[0] = lut[1] = ~ignored
+    lut[0] = labelled
+    lut[1] = ~ignored
     lut[0, thing & (area < small_instance_area)] = small_instance_weight
     lut[2] = thing
 
@@ -235,7 +264,7 @@ def make_targets(
     vals[3:] = 0.0
     np.subtract(cy[labels], rows, out=vals[3], where=run_thing, casting="same_kind")
     planes = np.repeat(vals, lengths, axis=1).reshape(5, height, width)
-    semantic = np.repeat(cls.astype(np.uint8)[labels], lengths).reshape(height, width)
+    semantic = np.repeat(sem_cls.astype(np.uint8)[labels], lengths).reshape(height, width)
     semantic_weight, center_weight, offset_weight = planes[0], planes[1], planes[2]
     offset = planes[3:]
 
