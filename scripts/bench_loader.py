@@ -49,12 +49,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from segtrain.config import compose  # noqa: E402
-from segtrain.data.augmentations import build_pipeline  # noqa: E402
 from segtrain.data.coco import load_coco  # noqa: E402
 from segtrain.data.dataset import PolygonDataset  # noqa: E402
 from segtrain.data.image_io import decode_image, read_encoded  # noqa: E402
 from segtrain.data.labelme import load_labelme  # noqa: E402
-from segtrain.data.mappers import CpuMapper, DeviceMapper, StageTimer, TargetSpec  # noqa: E402
+from segtrain.data.mappers import StageTimer  # noqa: E402
+from segtrain.data.pipeline import plan_pipeline  # noqa: E402
 from segtrain.data.records import ClassMap  # noqa: E402
 from segtrain.data.synthetic import CLASSES, ensure_synthetic  # noqa: E402
 from segtrain.engine.loaders import keep_freed_memory  # noqa: E402
@@ -85,18 +85,17 @@ def real_records() -> list:
 def make_dataset(
     records: list, classes: list[str], input_size: tuple[int, int], device: bool = False, worker_targets: bool = False
 ) -> PolygonDataset:
-    """The training pipeline as loader workers run it (uint8 images), with a stage timer: CPU
-    augmentation with the targets built on the training device (what training on CUDA runs), or with
-    ``worker_targets`` in the worker (training on CPU, ``dataset.targets.where=worker``), or with ``device``
-    the worker part of device augmentation."""
-    cfg = compose([])
-    targets = TargetSpec(sigma=float(cfg.dataset.targets.sigma))
+    """The training pipeline as loader workers run it (uint8 images), with a stage timer, as
+    :func:`~segtrain.data.pipeline.plan_pipeline` builds it for training on CUDA: CPU augmentation with
+    the targets built on the device, or with ``worker_targets`` in the worker (training on CPU,
+    ``dataset.targets.where=worker``), or with ``device`` the worker part of device augmentation."""
+    over = [f"dataset.input_size=[{input_size[0]},{input_size[1]}]"]
     if device:
-        mapper = DeviceMapper(input_size, cfg.augment, targets, timer=StageTimer())
-    else:
-        pipeline = build_pipeline(cfg.augment, input_size, train=True)
-        mapper = CpuMapper(pipeline, targets, targets_on_device=not worker_targets, timer=StageTimer())
-    return PolygonDataset(records, mapper, classes=classes)
+        over.append("augment.device=cuda")
+    if worker_targets:
+        over.append("dataset.targets.where=worker")
+    plan = plan_pipeline(compose(over), "cuda")
+    return PolygonDataset(records, plan.mapper(timer=StageTimer()), classes=classes)
 
 
 def _timed(fn: Callable[..., object], *args: object) -> tuple[float, float]:

@@ -73,7 +73,7 @@ class TargetsConfig:
     # Where the dense target planes (semantic, heatmap, offsets, weights: 25 bytes a pixel) are built with
     # augment.device=cpu. worker: in the loader workers. device: on the training device from the augmented ids
     # (items then carry 5 bytes a pixel: image + uint16 ids). auto: device when training on CUDA, else worker.
-    # With augment.device=cuda|auto they are always built on the device.
+    # With augment.device=cuda|auto they are always built on the device (segtrain.data.pipeline decides).
     where: str = "auto"
 
 
@@ -520,11 +520,9 @@ def validate(cfg: DictConfig) -> None:
     check_registered(cfg)
     check_ranges(cfg)
     check_classes(cfg)
-    if cfg.dataset.targets.where == "worker" and cfg.augment.device != "cpu":
-        raise ConfigError(
-            f"dataset.targets.where=worker needs augment.device=cpu: with augment.device={cfg.augment.device} the "
-            "batch is augmented on the device, so its targets can only be built there (use dataset.targets.where=auto)"
-        )
+    from segtrain.data import pipeline  # torch-free: where each input stage runs is decided there, once
+
+    pipeline.check(cfg)
     if len(cfg.dataset.input_size) != 2 or min(cfg.dataset.input_size) < 8:
         raise ConfigError(f"dataset.input_size must be [H, W] with H, W >= 8, got {list(cfg.dataset.input_size)}")
     metric = cfg.trainer.checkpoint.metric

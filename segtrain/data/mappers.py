@@ -7,8 +7,11 @@ when the data set is built, never switched afterwards:
 
 - :class:`CpuMapper`: everything in the loader worker (``augment.device=cpu``).
 - :class:`DeviceMapper`: the worker only reads, decodes, rasterises and fits the image into the
-  input size; :meth:`DeviceMapper.batch_transform` gives the step that augments the collated batch
-  and builds its targets on the training device (``augment.device=cuda|auto``).
+  input size; the collated batch is augmented and its targets built on the training device
+  (``augment.device=cuda|auto``).
+
+Which mapper runs, and the batch step that finishes its items on the device, is decided in one place:
+:func:`segtrain.data.pipeline.plan_pipeline`.
 
 Both draw the item's geometry from the annotation's size before decoding, so that a JPEG the
 geometry shrinks 2x or more is decoded at 1/2, 1/4 or 1/8 of its size (training only; see
@@ -29,10 +32,8 @@ import numpy as np
 import torch
 
 from segtrain.config import IGNORE_LABEL, ConfigError
-from segtrain.data.augmentations import DEVICE_PIPELINES, build_pipeline, evaluation_pipeline
+from segtrain.data.augmentations import DEVICE_PIPELINES, evaluation_pipeline
 from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
-from segtrain.data.device_augment import DeviceBatchAugment
-from segtrain.data.device_targets import BatchTargets
 from segtrain.data.image_io import decode_image, read_encoded
 from segtrain.data.rasterise import rasterise
 from segtrain.data.records import AnnotationError, ImageRecord, crowd_classes
@@ -160,10 +161,6 @@ class _Mapper:
         inst, inst_classes = self._rasterise(rec)
         return image, inst, inst_classes
 
-    def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment | BatchTargets | None:
-        """The step the trainer applies to each batch on the device (None: items are final)."""
-        return None
-
 
 class CpuMapper(_Mapper):
     """Read, decode, rasterise, augment and build targets in the loader worker.
@@ -178,7 +175,7 @@ class CpuMapper(_Mapper):
     With ``targets_on_device`` (``dataset.targets.where=device``, the default when training on CUDA) the
     worker stops after augmenting: items are ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16 with the
     id ``outside`` on invented pixels, ``instance_classes`` and ``outside`` (), 5 bytes a pixel instead of
-    32, and :meth:`batch_transform` builds the targets on the device
+    32, and the batch step builds the targets on the device
     (:class:`~segtrain.data.device_targets.BatchTargets`).
     """
 
@@ -240,10 +237,6 @@ class CpuMapper(_Mapper):
         self._clock.lap("to_tensor")
         return item
 
-    def batch_transform(self, device: torch.device, seed: int, rank: int) -> BatchTargets | None:
-        """With ``targets_on_device``: the targets of the batch, on ``device``."""
-        return BatchTargets(self.targets) if self.targets_on_device else None
-
 
 class DeviceMapper(_Mapper):
     """Read, decode and rasterise in the worker; fit, augment and build targets on the device.
@@ -296,10 +289,6 @@ class DeviceMapper(_Mapper):
         }
         self._clock.lap("fit")
         return item
-
-    def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment:
-        """Augmentation and targets of the batch, on ``device``."""
-        return DeviceBatchAugment(self.augment, self.input_size, self.targets, device, seed, rank)
 
 
 class NativeMapper(_Mapper):
@@ -409,15 +398,6 @@ def to_tensors(
     }
 
 
-def targets_on_device(cfg: Any, device: torch.device | None) -> bool:
-    """Are training targets built on the training ``device`` (None: not known, e.g. a data tool)?
-    ``dataset.targets.where``: auto = on CUDA devices; always with device augmentation."""
-    where = str(cfg.dataset.targets.where)
-    if str(cfg.augment.device) != "cpu" or where == "device":
-        return True
-    return where == "auto" and device is not None and device.type == "cuda"
-
-
 def build_mapper(
     cfg: Any,
     train: bool,
@@ -426,21 +406,8 @@ def build_mapper(
     timer: StageTimer | None = None,
     reader: Reader | None = None,
 ) -> CpuMapper | DeviceMapper:
-    """The mapper ``cfg`` asks for: device augmentation for training with ``augment.device != cpu``;
-    ``device`` (the training device) settles ``dataset.targets.where=auto``."""
-    size = (int(cfg.dataset.input_size[0]), int(cfg.dataset.input_size[1]))
-    targets = TargetSpec.from_config(cfg.dataset)
-    cap = int(cfg.dataset.max_image_pixels)
-    if train and str(cfg.augment.device) != "cpu":
-        return DeviceMapper(size, cfg.augment, targets, timer=timer, reader=reader, max_image_pixels=cap)
-    pipeline = build_pipeline(cfg.augment if train else None, size, train)
-    on_device = train and targets_on_device(cfg, device)
-    return CpuMapper(
-        pipeline,
-        targets,
-        eval_info=not train,
-        targets_on_device=on_device,
-        timer=timer,
-        reader=reader,
-        max_image_pixels=cap,
-    )
+    """The mapper ``cfg`` asks for when training on ``device`` (None: not known), as
+    :func:`~segtrain.data.pipeline.plan_pipeline` decides."""
+    from segtrain.data.pipeline import plan_pipeline
+
+    return plan_pipeline(cfg, device, train=train).mapper(timer=timer, reader=reader)

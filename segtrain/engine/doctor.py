@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from segtrain.data import PolygonDataset, StageTimer, build_dataset, collate
+from segtrain.data.pipeline import DEVICE, plan_pipeline
 from segtrain.data.rasterise import rasterise
 from segtrain.data.records import Instance
 from segtrain.engine.build import step_trainer
@@ -261,9 +262,10 @@ def diagnose(cfg: Any, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
     workers = sorted({int(w) for w in cfg.doctor.workers} | {int(tr.num_workers)})
     report["loader"] = [loader_throughput(dataset, bs, w, batches, pin) for w in workers]
     sample = collate([dataset[(0, i % len(dataset))] for i in range(bs)])
-    transform = dataset.mapper.batch_transform(dist.device, int(tr.seed), dist.rank)
-    report["augment_device"] = str(dist.device) if cfg.augment.device != "cpu" else "cpu (loader workers)"
-    report["targets_device"] = str(dist.device) if transform is not None else "cpu (loader workers)"
+    plan = plan_pipeline(cfg, dist.device)
+    transform = plan.batch_step(int(tr.seed), dist.rank)
+    for stage in ("decode", "augment", "targets"):
+        report[f"{stage}_device"] = str(dist.device) if getattr(plan, stage) == DEVICE else "cpu (loader workers)"
     report["model_step"] = model_throughput(cfg, sample, dist, int(cfg.doctor.steps), transform)
     report.update(verdict(report, int(tr.num_workers), cfg))
     return report
