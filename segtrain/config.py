@@ -117,6 +117,10 @@ class DatasetConfig:
     # Largest image (height x width) read, checked from the annotation when it loads and from the file
     # header before any decoding: a hostile or broken file cannot make a worker allocate gigabytes.
     max_image_pixels: int = 2**28
+    # Where training JPEGs are decoded, with augment.device=cuda|auto: cpu (loader workers) | device (the
+    # workers read and check the bytes and rasterise; the batch is decoded on the training device, nvjpeg on
+    # CUDA; other files and JPEGs 2x larger than the input stay on the CPU) | auto (device when training on CUDA)
+    decode: str = "auto"
     # Synthetic data and the annotation index cache (<cache_dir>/index) live here
     cache_dir: str = "${oc.env:SEGTRAIN_CACHE,'~/.cache/segtrain'}"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
@@ -480,6 +484,7 @@ _CHOICES = {
     "dataset.unlisted": ("error", "drop", "ignore"),
     "augment.device": ("cpu", "cuda", "auto"),
     "dataset.targets.where": ("auto", "worker", "device"),
+    "dataset.decode": ("auto", "cpu", "device"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.precision": ("fp32", "fp16", "bf16"),
     "trainer.ddp.backend": ("auto", "nccl", "gloo"),

@@ -296,6 +296,23 @@ def test_targets_where_follows_the_training_device():
         (["dataset.targets.where=worker"], "cuda", True, ("worker", "worker", "worker"), "CpuMapper", "identity"),
         (["augment.device=auto"], "cpu", True, ("worker", "device", "device"), "DeviceMapper", "DeviceBatchAugment"),
         (["augment.device=cuda"], "cpu", False, ("worker", "worker", "worker"), "CpuMapper", "identity"),
+        (["augment.device=cuda"], "cuda", True, ("device", "device", "device"), "DeviceMapper", "DeviceDecode"),
+        (
+            ["augment.device=auto", "dataset.decode=cpu"],
+            "cuda",
+            True,
+            ("worker", "device", "device"),
+            "DeviceMapper",
+            None,
+        ),
+        (
+            ["augment.device=auto", "dataset.decode=device"],
+            "cpu",
+            True,
+            ("device", "device", "device"),
+            "DeviceMapper",
+            "DeviceDecode",
+        ),
     ],
 )
 def test_one_plan_decides_the_mapper_and_the_batch_step(overrides, device, train, where, mapper, step):
@@ -312,6 +329,10 @@ def test_one_plan_decides_the_mapper_and_the_batch_step(overrides, device, train
     assert type(build_mapper(cfg, train, device=None if device is None else torch.device(device))) is type(built)
     if mapper == "CpuMapper":
         assert built.targets_on_device == (where[2] == "device")
+    else:
+        assert built.decode_on_device == (where[0] == "device")
+    if step is None or (device or "").startswith("cuda") and step != "BatchTargets" and not torch.cuda.is_available():
+        return  # a device generator needs the device
     got = plan.batch_step(0, 0)
     assert (got.__name__ if got is identity else type(got).__name__) == step
 

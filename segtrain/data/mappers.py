@@ -34,7 +34,7 @@ import torch
 from segtrain.config import IGNORE_LABEL, ConfigError
 from segtrain.data.augmentations import DEVICE_PIPELINES, evaluation_pipeline
 from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
-from segtrain.data.image_io import decode_image, read_encoded
+from segtrain.data.image_io import decode_image, device_jpeg_orientation, read_encoded
 from segtrain.data.rasterise import rasterise
 from segtrain.data.records import AnnotationError, ImageRecord, crowd_classes
 from segtrain.data.targets import make_targets
@@ -247,6 +247,13 @@ class DeviceMapper(_Mapper):
     size per side): the device fits and augments it in one resample, and the worker makes no pass over its
     pixels. A larger one is decoded smaller (JPEG) and fitted here, content top-left. :func:`collate` pads
     a batch to its largest item.
+
+    With ``decode_on_device`` (``dataset.decode=device``) a JPEG shipped as decoded is not decoded here: the
+    item carries its checked file bytes, ``jpeg`` (L,) uint8, and ``orientation`` () (EXIF, 1-8, under the
+    record's convention), ``image`` is (3,0,0), and ``instance``/``content`` are at the native size;
+    :class:`~segtrain.data.device_decode.DeviceDecode` decodes the batch on the device. Every other image
+    (not a JPEG the device decodes, or one the fit shrinks 2x or more) is decoded here as above, with an empty
+    ``jpeg`` and ``orientation`` 1. :func:`collate` pads ``jpeg`` and records ``jpeg_length``.
     """
 
     def __init__(
@@ -255,6 +262,7 @@ class DeviceMapper(_Mapper):
         augment: Any,
         targets: TargetSpec,
         *,
+        decode_on_device: bool = False,
         timer: StageTimer | None = None,
         reader: Reader | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
@@ -268,11 +276,37 @@ class DeviceMapper(_Mapper):
         self.input_size = (int(input_size[0]), int(input_size[1]))
         self.augment = augment
         self.targets = targets
+        self.decode_on_device = decode_on_device
 
     def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
         data, what = self._read_timed(rec)
         fit = self.pipeline.transforms[0].sample(None, rec.height, rec.width)  # not random: no stream
         reduce = reduction(fit.k)
+        if self.decode_on_device:
+            # A JPEG shipped as decoded is shipped encoded instead; a larger one is still decoded smaller
+            # here (DCT scaling: a fraction of a full decode, and GPU memory stays bounded by 2x the input).
+            orientation = device_jpeg_orientation(rec, data, what, self.max_image_pixels) if reduce == 1 else None
+            self._clock.lap("read")  # reading includes the header checks
+            if orientation is not None:
+                ids, inst_classes = self._rasterise(rec)
+                item = {
+                    "jpeg": torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                    "orientation": torch.tensor(orientation),
+                    "image": torch.empty((3, 0, 0), dtype=torch.uint8),
+                    "instance": torch.from_numpy(ids),
+                    "content": torch.tensor((rec.height, rec.width)),
+                    "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
+                }
+                self._clock.lap("to_tensor")
+                return item
+        item = self._decoded(rec, data, what, fit, reduce)
+        if self.decode_on_device:  # decoded here: nothing for the device to decode
+            item["jpeg"] = torch.empty(0, dtype=torch.uint8)
+            item["orientation"] = torch.tensor(1)
+        self._clock.lap("fit")
+        return item
+
+    def _decoded(self, rec: ImageRecord, data: bytes, what: str, fit: Any, reduce: int) -> dict[str, torch.Tensor]:
         image, f = self._decode(rec, data, what, reduce)  # a JPEG shrunk 2x or more: decoded smaller
         ids, inst_classes = self._rasterise(rec)
         if reduce == 1:  # shipped as it is
@@ -281,14 +315,12 @@ class DeviceMapper(_Mapper):
             img, inst = warp(image, fit, cv2.INTER_LINEAR, 0, f), warp(ids, fit, cv2.INTER_NEAREST_EXACT, 0)
             assert inst.box is not None  # the fit does not rotate: the content is a rectangle
             image, ids, content = img.array, inst.array, (inst.box[1], inst.box[3])
-        item = {
+        return {
             "image": torch.from_numpy(image).permute(2, 0, 1),
             "instance": torch.from_numpy(ids),
             "content": torch.tensor(content),
             "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
         }
-        self._clock.lap("fit")
-        return item
 
 
 class NativeMapper(_Mapper):

@@ -19,6 +19,8 @@ augment.device=cpu,           worker    worker     device    CpuMapper(targets_o
 targets.where=device (or                                     -> BatchTargets
 auto on CUDA)
 augment.device=cuda|auto      worker    device     device    DeviceMapper -> DeviceBatchAugment
+... and dataset.decode=       device    device     device    DeviceMapper(decode_on_device)
+device (or auto on CUDA)                                     -> DeviceDecode, then DeviceBatchAugment
 ============================  ========  =========  ========  ======================================
 
 This module imports neither torch nor the mappers at import time: the config check runs before
@@ -41,6 +43,10 @@ if TYPE_CHECKING:
 WORKER = "worker"
 DEVICE = "device"
 
+#: Batch entries that stay on the host when the batch moves to the device (``engine.runtime.to_device``): the
+#: encoded JPEG bytes (``dataset.decode=device``), which the GPU decoder reads from host memory.
+HOST_KEYS = ("jpeg", "jpeg_length", "orientation")
+
 #: What the trainer applies to each collated batch on the device: ``step(batch, epoch, step_in_epoch)``.
 BatchStep = Callable[[dict[str, Any], int, int], dict[str, Any]]
 
@@ -60,7 +66,7 @@ def _decide(cfg: Any, device_type: str | None, train: bool) -> tuple[str, str, s
     that cannot run."""
     aug_device = str(cfg.augment.device)
     where = str(cfg.dataset.targets.where)
-    decode = "cpu"
+    decode = str(cfg.dataset.decode)
     if where == "worker" and aug_device != "cpu":
         raise ConfigError(
             f"dataset.targets.where=worker needs augment.device=cpu: with augment.device={aug_device} the "
@@ -104,8 +110,8 @@ class PipelinePlan:
         if not self.on_device:
             return "decoding, augmentation and targets run in the loader workers"
         on = [name for name, where in (("decoding", self.decode), ("augmentation", self.augment)) if where == DEVICE]
-        on.append("targets")
-        return f"{', '.join(on)} run on {self.device or 'the training device'}"
+        names = ", ".join(on) + " and targets" if on else "targets"
+        return f"{names} run on {self.device or 'the training device'}"
 
     def mapper(self, *, timer: StageTimer | None = None, reader: Reader | None = None) -> CpuMapper | DeviceMapper:
         """What a loader worker does to one record (``timer``: per-stage seconds; ``reader``: image bytes)."""
@@ -121,6 +127,7 @@ class PipelinePlan:
                 size,
                 cfg.augment,
                 targets,
+                decode_on_device=self.decode == DEVICE,
                 timer=timer,
                 reader=reader,
                 max_image_pixels=cap,
@@ -152,6 +159,10 @@ class PipelinePlan:
             device = torch.device(self.device or "cpu")
             seed = int(self.cfg.trainer.seed) if seed is None else int(seed)
             augment = DeviceBatchAugment(self.cfg.augment, size, targets, device, seed, rank)
+            if self.decode == DEVICE:
+                from segtrain.data.device_decode import DeviceDecode
+
+                return DeviceDecode(augment, device, on_error=str(self.cfg.dataset.on_error))
             return augment
         from segtrain.data.device_targets import BatchTargets
 

@@ -205,8 +205,8 @@ def model_throughput(
 ADVICE = {
     "read": "reading files dominates: copy the data set to local SSD/NVMe (or page cache) instead of a NAS, "
     "or cache decoded images in memory when the set fits",
-    "decode": "JPEG decoding dominates: store images at the training resolution, cache decoded images, "
-    "or use more loader workers",
+    "decode": "JPEG decoding dominates: decode on the GPU (augment.device=cuda, with dataset.decode=auto|device), "
+    "store images at the training resolution, cache decoded images, or use more loader workers",
     "rasterise": "polygon rasterisation dominates: simplify very dense polygons or use more loader workers",
     "augment": "CPU augmentation dominates: set augment.device=cuda to augment on the GPU, or use more loader workers",
     "targets": "target building dominates: dataset.targets.where=device (the default on CUDA) builds heatmaps/offsets "
@@ -216,6 +216,8 @@ ADVICE = {
     "(uint8 images cross to the GPU)",
 }
 CPU_ADVICE = {
+    "decode": "JPEG decoding dominates: store images at the training resolution, cache decoded images, "
+    "or use more loader workers if cores are free",
     "augment": "augmentation dominates: lighter augmentation (augment=none, or lower augment.rotate_p, "
     "augment.noise_p, augment.shadow_p, augment.scale_max), a smaller dataset.input_size, "
     "or more loader workers if cores are free",
