@@ -87,10 +87,12 @@ def check_encoded(data: bytes) -> str | None:
     if len(data) == 0:
         return "the file is empty"
     if data[:3] == b"\xff\xd8\xff":
-        sos = data.rfind(b"\xff\xda")
-        if sos < 0:
+        if data.find(b"\xff\xda") < 0:
             return "JPEG without image data (no start-of-scan marker): the file is truncated or corrupt"
-        if data.find(b"\xff\xd9", sos) < 0:
+        # "an FFD9 after the last start of scan", searched from the end: the last FFD9, then no FFDA
+        # after it. Scanning the entropy-coded data itself (frequent FF bytes) cost 4 ms per MB.
+        eoi = data.rfind(b"\xff\xd9")
+        if eoi < 0 or data.find(b"\xff\xda", eoi) >= 0:
             return "JPEG is truncated (no end-of-image marker FFD9 after the image data)"
         return None
     if data[:8] == b"\x89PNG\r\n\x1a\n":
