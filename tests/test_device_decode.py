@@ -172,7 +172,13 @@ def test_training_run_decodes_on_the_device(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_module(
         "segtrain.train",
-        ["experiment=cpu_smoke", "augment.device=auto", "dataset.decode=device", f"hydra.run.dir={run_dir}"],
+        [
+            "experiment=cpu_smoke",
+            "augment.device=auto",
+            "dataset.decode=device",
+            "trainer.num_workers=2",
+            f"hydra.run.dir={run_dir}",
+        ],
         tmp_path,
         tmp_path / "cache",
     )
