@@ -15,7 +15,7 @@ from typing import Any, cast
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from segtrain.errors import UserError
+from segtrain.errors import ConfigError
 
 VERSION_BASE = "1.3"
 IGNORE_LABEL = 255
@@ -73,7 +73,7 @@ class TargetsConfig:
     # Where the dense target planes (semantic, heatmap, offsets, weights: 25 bytes a pixel) are built with
     # augment.device=cpu. worker: in the loader workers. device: on the training device from the augmented ids
     # (items then carry 5 bytes a pixel: image + uint16 ids). auto: device when training on CUDA, else worker.
-    # With augment.device=cuda|auto they are always built on the device.
+    # With augment.device=cuda|auto they are always built on the device (segtrain.placement decides).
     where: str = "auto"
 
 
@@ -122,6 +122,10 @@ class DatasetConfig:
     # Largest image (height x width) read, checked from the annotation when it loads and from the file
     # header before any decoding: a hostile or broken file cannot make a worker allocate gigabytes.
     max_image_pixels: int = 2**28
+    # Where training JPEGs are decoded, with augment.device=cuda|auto: cpu (loader workers) | device (the
+    # workers read and check the bytes and rasterise; the batch is decoded on the training device, nvjpeg on
+    # CUDA; other files and JPEGs 2x larger than the input stay on the CPU) | auto (device when training on CUDA)
+    decode: str = "auto"
     # Synthetic data and the annotation index cache (<cache_dir>/index) live here
     cache_dir: str = "${oc.env:SEGTRAIN_CACHE,'~/.cache/segtrain'}"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
@@ -454,10 +458,6 @@ def _is_free_form(parent: str) -> bool:
     return parent == "dataset.class_map" or parent.startswith("dataset.class_map.")
 
 
-class ConfigError(UserError, ValueError):
-    """A config value is missing or invalid; the message names the key and the fix."""
-
-
 def check_missing(cfg: DictConfig) -> None:
     from segtrain.registry import load
 
@@ -489,6 +489,7 @@ _CHOICES = {
     "dataset.unlisted": ("error", "drop", "ignore"),
     "augment.device": ("cpu", "cuda", "auto"),
     "dataset.targets.where": ("auto", "worker", "device"),
+    "dataset.decode": ("auto", "cpu", "device"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.precision": ("fp32", "fp16", "bf16"),
     "trainer.ddp.backend": ("auto", "nccl", "gloo"),
@@ -529,11 +530,9 @@ def validate(cfg: DictConfig) -> None:
     check_registered(cfg)
     check_ranges(cfg)
     check_classes(cfg)
-    if cfg.dataset.targets.where == "worker" and cfg.augment.device != "cpu":
-        raise ConfigError(
-            f"dataset.targets.where=worker needs augment.device=cpu: with augment.device={cfg.augment.device} the "
-            "batch is augmented on the device, so its targets can only be built there (use dataset.targets.where=auto)"
-        )
+    from segtrain.placement import check as check_placement  # where each input stage runs: decided there, once
+
+    check_placement(cfg)
     if len(cfg.dataset.input_size) != 2 or min(cfg.dataset.input_size) < 8:
         raise ConfigError(f"dataset.input_size must be [H, W] with H, W >= 8, got {list(cfg.dataset.input_size)}")
     metric = cfg.trainer.checkpoint.metric
