@@ -358,31 +358,36 @@ def main(argv: list[str] | None = None) -> int:
         "all_identical": all(r["identical"] and r["numpy_path_identical"] for r in results),
         "cases": results,
     }
+
+    def flags(t: dict) -> dict:
+        return {
+            "speedup_goal": SPEEDUP_GOAL,
+            "speedup": t["speedup"],
+            "speedup_cpu": t["speedup_cpu"],
+            "ratio_goal": RATIO_GOAL,
+            "ratio_to_bandwidth_bound": t["ratio_to_bandwidth_bound"],
+            "ratio_to_bandwidth_bound_min": t["ratio_to_bandwidth_bound_min"],
+            "ratio_to_bandwidth_bound_cpu": t["ratio_to_bandwidth_bound_cpu"],
+            "speedup_met": t["speedup"] >= SPEEDUP_GOAL,
+            "ratio_met": t["ratio_to_bandwidth_bound"] <= RATIO_GOAL,
+            "met_by_wall_median": t["speedup"] >= SPEEDUP_GOAL and t["ratio_to_bandwidth_bound"] <= RATIO_GOAL,
+            "met_by_cpu_time": t["speedup_cpu"] >= SPEEDUP_GOAL and t["ratio_to_bandwidth_bound_cpu"] <= RATIO_GOAL,
+        }
+
     goal = next((r for r in results if r["shape"] == [1024, 2048] and r["instances"] == 20), None)
     if goal is not None:
-        report["goals_1024x2048_20"] = {
-            mode: {
-                "speedup_goal": SPEEDUP_GOAL,
-                "speedup": t["speedup"],
-                "speedup_cpu": t["speedup_cpu"],
-                "ratio_goal": RATIO_GOAL,
-                "ratio_to_bandwidth_bound": t["ratio_to_bandwidth_bound"],
-                "ratio_to_bandwidth_bound_min": t["ratio_to_bandwidth_bound_min"],
-                "ratio_to_bandwidth_bound_cpu": t["ratio_to_bandwidth_bound_cpu"],
-                "speedup_met": t["speedup"] >= SPEEDUP_GOAL,
-                "ratio_met": t["ratio_to_bandwidth_bound"] <= RATIO_GOAL,
-                "met_by_wall_median": t["speedup"] >= SPEEDUP_GOAL and t["ratio_to_bandwidth_bound"] <= RATIO_GOAL,
-                "met_by_cpu_time": t["speedup_cpu"] >= SPEEDUP_GOAL and t["ratio_to_bandwidth_bound_cpu"] <= RATIO_GOAL,
-            }
-            for mode, t in goal["timings"].items()
-        }
-        # The goal is stated for the loader workers' allocator settings (segtrain's loader workers
-        # apply the same mallopt calls as warm_allocator); without them every call page-faults its
-        # fresh 52 MB of outputs (see the "default" rows).
-        mode = "warm" if "warm" in goal["timings"] else next(iter(goal["timings"]))
-        g = report["goals_1024x2048_20"][mode]
+        report["goals_1024x2048_20"] = {mode: flags(t) for mode, t in goal["timings"].items()}
+    # The goal is stated for the loader workers' allocator settings (segtrain's loader workers apply
+    # the same mallopt calls as warm_allocator); without them every call page-faults its fresh 52 MB
+    # of outputs (see the "default" rows).  A quick run has no 1024x2048 case: its flags are those of
+    # its last case, only to show the format.
+    case = goal if goal is not None else results[-1]
+    if case["timings"]:
+        mode = "warm" if "warm" in case["timings"] else next(iter(case["timings"]))
+        g = flags(case["timings"][mode])
         report["goal"] = {
-            "case": "1024x2048, 20 instances",
+            "case": f"{case['shape'][0]}x{case['shape'][1]}, {case['instances']} instances",
+            "is_the_goal_case": goal is not None,
             "allocator": mode,
             "speedup_vs_reference": g["speedup"],
             "speedup_goal": SPEEDUP_GOAL,
@@ -390,8 +395,12 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_to_bandwidth_floor": g["ratio_to_bandwidth_bound"],
             "ratio_goal": RATIO_GOAL,
             "ratio_met": g["ratio_met"],
-            "by_cpu_time": {"speedup": g["speedup_cpu"], "ratio": g["ratio_to_bandwidth_bound_cpu"]},
             "met": g["met_by_wall_median"],
+            "by_cpu_time": {
+                "speedup": g["speedup_cpu"],
+                "ratio": g["ratio_to_bandwidth_bound_cpu"],
+                "met": g["met_by_cpu_time"],
+            },
         }
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")

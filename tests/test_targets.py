@@ -548,4 +548,11 @@ def test_bench_quick_reports_identical_outputs():
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["all_identical"] is True
-    assert report["cases"] and all(case["identical"] for case in report["cases"])
+    assert report["compiled_kernels"] is True
+    assert report["cases"] and all(case["identical"] and case["numpy_path_identical"] for case in report["cases"])
+    # the goal's figures and flags are printed (their values depend on the machine, not asserted)
+    goal = report["goal"]
+    assert goal["is_the_goal_case"] is False and goal["speedup_goal"] == 40.0 and goal["ratio_goal"] == 2.0
+    for key in ("speedup_met", "ratio_met", "met"):
+        assert isinstance(goal[key], bool), key
+    assert goal["speedup_vs_reference"] > 0 and goal["ratio_to_bandwidth_floor"] > 0
