@@ -324,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = [(h, w, n, False) for h, w in ((512, 512), (1024, 2048)) for n in (5, 20, 60)]
         specs.append((1024, 2048, 20, True))
         repeats, ref_repeats = args.repeats, args.ref_repeats
+    load_before = os.getloadavg()
     cases = [make_case(h, w, n, v, args.seed + i) for i, (h, w, n, v) in enumerate(specs)]
 
     modes = ["default", "warm"] if args.allocator == "both" else [args.allocator]
@@ -348,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         "opencv": cv2.__version__,
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared)",
+        # 1-minute load averages before and after: above the CPU count, wall medians include time the
+        # process waited for a core (the *_cpu figures do not).
+        "load_average_1min": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "repeats": {"make_targets": repeats, "reference": ref_repeats, "bounds": repeats},
         "bound": "t_write_outputs_s: fill a pre-faulted buffer of the outputs' total size (pure write "
         "bandwidth, the strict bound); t_copyto_outputs_s: np.copyto of that size; "
