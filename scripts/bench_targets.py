@@ -157,17 +157,13 @@ def random_instances(h: int, w: int, n: int, seed: int) -> tuple[np.ndarray, np.
     return mask, np.asarray(classes, np.int64), valid.astype(bool)
 
 
-def timings(fn, repeats: int) -> dict:
-    """Median and min wall time, and median CPU time of this thread, over `repeats` calls.
+def interleaved(fns: dict, rounds: int) -> dict:
+    """Median and min wall time, and median CPU time of this thread, of several functions called in
+    turns: ``fns[name] = (fn, repeats)``, each called in ``repeats`` of the ``rounds`` rounds, spread
+    evenly (the slow reference in a few), so a change of load hits them all alike.
 
     The machine is shared: wall medians include time the process was descheduled; the thread CPU
-    time does not (it still includes page faults and memory stalls), so it is reported as well."""
-    return interleaved({"fn": (fn, repeats)}, repeats)["fn"]
-
-
-def interleaved(fns: dict, rounds: int) -> dict:
-    """:func:`timings` of several functions, called in turns: ``fns[name] = (fn, repeats)``, each
-    called in ``repeats`` of the ``rounds`` rounds, spread evenly (the slow reference in a few).
+    time does not (it still includes page faults and memory stalls), so it is reported as well.
 
     Each call starts on a fresh time slice (``sched_yield``): on a busy shared machine a call of a few
     ms was otherwise preempted in most repeats (10 ms wall medians for 2.5 ms of CPU at a load of 10
