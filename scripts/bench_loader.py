@@ -54,10 +54,10 @@ from segtrain.data.coco import load_coco  # noqa: E402
 from segtrain.data.dataset import PolygonDataset  # noqa: E402
 from segtrain.data.image_io import decode_image, read_encoded  # noqa: E402
 from segtrain.data.labelme import load_labelme  # noqa: E402
+from segtrain.data.loaders import keep_freed_memory  # noqa: E402
 from segtrain.data.mappers import CpuMapper, DeviceMapper, StageTimer, TargetSpec  # noqa: E402
 from segtrain.data.records import ClassMap  # noqa: E402
 from segtrain.data.synthetic import CLASSES, ensure_synthetic  # noqa: E402
-from segtrain.engine.loaders import keep_freed_memory  # noqa: E402
 
 FULL_GOAL = 1.8
 DEVICE_GOAL = 1.3
@@ -207,7 +207,7 @@ def main() -> None:
     args = ap.parse_args()
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
-    keep_freed_memory()  # as in every loader worker (segtrain.engine.loaders.worker_init)
+    keep_freed_memory()  # as in every loader worker (segtrain.data.loaders.worker_init)
     rounds = 1 if args.quick else args.rounds
     results: dict = {
         "threads": 1,

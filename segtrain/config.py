@@ -111,6 +111,11 @@ class DatasetConfig:
     on_error: str = "raise"  # raise | skip
     # Labels neither in `classes` nor in `class_map`: error | drop (background) | ignore (loss-ignore region)
     unlisted: str = "error"
+    # Crowd regions (COCO / COCO panoptic iscrowd, Cityscapes cargroup, persongroup, ...) in the semantic
+    # target and the semantic ground truth: true carries their class, as cityscapesScripts' label images and
+    # Panoptic-DeepLab's reference targets do (centre and offset weights stay 0, no centre); false ignores
+    # them (255). PQ and AP keep them as crowd either way.
+    crowd_in_semantic: bool = True
     # Stat every image file when the annotations load (all missing files in one error); false: an
     # image is checked when it is read (dataset.on_error=skip then skips it)
     check_files: bool = False
@@ -278,7 +283,9 @@ class InferenceConfig:
 @dataclass
 class EvaluateConfig:
     resolution: str = "native"  # native: score at the annotation's size; input: at dataset.input_size
-    export: str | None = None  # coco_panoptic: also write predictions as COCO panoptic PNGs + JSON
+    # coco_panoptic: also write predictions as COCO panoptic PNGs + JSON; cityscapes: in the official
+    # Cityscapes result formats (labelIds PNGs, instance masks + txt, panoptic PNG + JSON)
+    export: str | None = None
     panoptic: bool = True  # PQ/SQ/RQ and AP for instance-aware models
 
 
@@ -373,10 +380,10 @@ def resolve_auto_classes(cfg: DictConfig) -> None:
         if isinstance(classes, str):
             raise ConfigError(f"dataset.classes={classes!r}: give a list (dataset.classes=[background,person]) or auto")
         return
-    from segtrain.data.formats import discover_classes
+    from segtrain.registry import load
 
     ds = OmegaConf.create(OmegaConf.to_container(cfg.dataset, resolve=True))
-    found = discover_classes(ds)
+    found = load("dataset.format").get(str(ds.format)).auto_classes(ds)
     cfg.dataset.classes = found.classes
     counts = found.counts
     shown = ", ".join(f"{c} ({n})" for c, n in counts[:40]) + (", ..." if len(counts) > 40 else "")
@@ -452,7 +459,9 @@ class ConfigError(UserError, ValueError):
 
 
 def check_missing(cfg: DictConfig) -> None:
-    from segtrain.data.formats import FORMATS as formats  # noqa: N811 - torch-free: data formats parse files only
+    from segtrain.registry import load
+
+    formats = load("dataset.format")  # torch-free: data formats parse files only
 
     missing = set(OmegaConf.missing_keys(cfg))
     if cfg.dataset.format in formats:
@@ -491,7 +500,7 @@ _CHOICES = {
     "dataset.panoptic.background": ("void", "stuff"),
     "inference.mode": ("fit", "pad", "sliding"),
     "evaluate.resolution": ("native", "input"),
-    "evaluate.export": (None, "coco_panoptic"),
+    "evaluate.export": (None, "coco_panoptic", "cityscapes"),
     "export.format": ("onnx", "torchscript"),
 }
 
@@ -613,10 +622,10 @@ BACKGROUND_NAMES = ("background", "_background_", "__background__", "bg", "void"
 def check_classes(cfg: DictConfig) -> None:
     """The class list fits the data format: where unannotated pixels are background (COCO, LabelMe),
     class 0 must be the background; where they are ignore regions (Cityscapes), any list works."""
-    from segtrain.data.formats import FORMATS
+    from segtrain.registry import load
 
     classes = [str(c) for c in cfg.dataset.classes]
-    fmt = FORMATS.get(str(cfg.dataset.format))
+    fmt = load("dataset.format").get(str(cfg.dataset.format))
     if fmt.unlabeled == "background":
         if len(classes) < 2 or classes[0].lower() not in BACKGROUND_NAMES:
             raise ConfigError(

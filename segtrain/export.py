@@ -1,6 +1,6 @@
 """``python -m segtrain.export ckpt=PATH format=onnx|torchscript [output=FILE]``: the checkpoint's network
 (EMA weights when it has them) as an ONNX or TorchScript file, post-processing left out (see
-:mod:`segtrain.engine.export` and the README's "Export" section).
+:mod:`segtrain.tools.export` and the README's "Export" section).
 
 ``format=`` is short for ``export.format=``; every other ``export.*`` key (``opset``, ``dynamic``,
 ``verify``) is set as usual. The written file's path is printed last, alone on its line.
@@ -29,8 +29,8 @@ def expand_aliases(argv: list[str]) -> list[str]:
 
 def job(cfg: DictConfig, output_dir: str) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
-    from segtrain.engine.export import export_checkpoint
     from segtrain.engine.session import session
+    from segtrain.tools.export import export_checkpoint
     cfg, blob = checkpoint_config(cfg, "export")
     with session(cfg, output_dir, "export.log") as (dist, _run_dir):
         if dist.is_main:

@@ -1,5 +1,5 @@
 """``python -m segtrain.predict ckpt=PATH input=FILE_OR_DIR output=DIR``: panoptic and semantic overlays,
-COCO-panoptic id PNGs and segment JSON for every input image (see engine/predict_images.py)."""
+COCO-panoptic id PNGs and segment JSON for every input image (see tools/predict.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from segtrain.entry import checkpoint_config, run_entry
 
 def job(cfg: DictConfig, output_dir: str) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
-    from segtrain.engine.predict_images import predict
     from segtrain.engine.session import session
+    from segtrain.tools.predict import predict
     cfg, blob = checkpoint_config(cfg, "predict")
     with session(cfg, output_dir, "predict.log") as (dist, _run_dir):
         if dist.is_main:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from segtrain.engine.metrics import ConfusionMatrix
+from segtrain.evaluation.metrics import ConfusionMatrix
 
 
 def test_hand_worked_miou_and_pixel_accuracy():

@@ -12,11 +12,11 @@ from proc_utils import run_module
 from segtrain.config import compose
 from segtrain.data import StageTimer, build_dataset, collate
 from segtrain.data.image_io import read_encoded
+from segtrain.distributed import DistInfo
 from segtrain.engine.build import step_trainer
-from segtrain.engine.distributed import DistInfo
-from segtrain.engine.doctor import ADVICE, diagnose, format_report, stage_times, verdict, warm_rasteriser
 from segtrain.engine.hooks import MetricsLogger
 from segtrain.engine.recorder import Recorder
+from segtrain.tools.doctor import ADVICE, diagnose, format_report, stage_times, verdict, warm_rasteriser
 
 DIST = DistInfo()
 
@@ -146,7 +146,7 @@ def test_stage_times_exclude_the_warm_up(smoke):
 
 
 def test_doctor_slow_first_call_does_not_dominate(smoke, monkeypatch):
-    import segtrain.engine.doctor as doctor
+    import segtrain.tools.doctor as doctor
 
     monkeypatch.setattr(doctor, "model_throughput", lambda *a, **k: {"step_s": 0.004, "images_per_s": 1000.0})
     monkeypatch.setattr(doctor, "collate_ms", lambda *a, **k: 0.5)
@@ -240,7 +240,7 @@ def test_data_wait_warning_names_gpu_remedies_on_cuda():
 
 
 def test_doctor_calls_slow_storage_input_bound(smoke, monkeypatch):
-    import segtrain.engine.doctor as doctor
+    import segtrain.tools.doctor as doctor
 
     # Reads sleep 250 ms (a lower bound on their time, whatever the load); the model is declared fast, so the
     # verdict depends on the measured loader and stages only.
@@ -254,7 +254,7 @@ def test_doctor_calls_slow_storage_input_bound(smoke, monkeypatch):
 
 
 def test_doctor_calls_a_slow_model_compute_bound(smoke, monkeypatch):
-    import segtrain.engine.doctor as doctor
+    import segtrain.tools.doctor as doctor
 
     monkeypatch.setattr(doctor, "model_throughput", lambda *a, **k: {"step_s": 40.0, "images_per_s": 0.1})
     report = diagnose(smoke, DIST)

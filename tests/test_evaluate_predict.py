@@ -11,8 +11,8 @@ import pytest
 import torch
 from proc_utils import run_module
 
-from segtrain.engine.metrics import PanopticQuality
-from segtrain.engine.panoptic_export import decode_ids
+from segtrain.evaluation.metrics import PanopticQuality
+from segtrain.evaluation.panoptic_export import decode_ids
 
 pytestmark = pytest.mark.slow
 

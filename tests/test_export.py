@@ -15,7 +15,10 @@ from proc_utils import REPO, child_env, run_module
 
 from segtrain.checkpoint.io import read_checkpoint
 from segtrain.config import ConfigError, compose, to_container
-from segtrain.engine.export import (
+from segtrain.export import expand_aliases
+from segtrain.models import build_model
+from segtrain.models.postprocess import panoptic_segmentation
+from segtrain.tools.export import (
     ExportDependencyError,
     check_onnx_dependencies,
     default_output,
@@ -23,9 +26,6 @@ from segtrain.engine.export import (
     export_model,
     verify_export,
 )
-from segtrain.export import expand_aliases
-from segtrain.models import build_model
-from segtrain.models.postprocess import panoptic_segmentation
 
 SMOKE = ["experiment=cpu_smoke"]
 TOLERANCE = 1e-4  # max |exported - PyTorch| on the cpu_smoke model's outputs (each of magnitude ~1)

@@ -10,7 +10,7 @@ import torch
 
 from segtrain.checkpoint.state import Checkpointer
 from segtrain.config import ConfigError, compose, to_container
-from segtrain.engine.distributed import DistInfo
+from segtrain.distributed import DistInfo
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.hooks import (
     HOOKS,

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from segtrain.data.mappers import prepare_input
-from segtrain.engine.inference import sliding_window, to_native
+from segtrain.evaluation.inference import sliding_window, to_native
 
 
 class Echo(nn.Module):

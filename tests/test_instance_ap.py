@@ -7,7 +7,7 @@ import pytest
 import torch
 from pycocotools import mask as mask_utils
 
-from segtrain.engine.instance_ap import (
+from segtrain.evaluation.instance_ap import (
     InstanceAP,
     encode_masks,
     instance_scores,

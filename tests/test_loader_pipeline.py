@@ -256,7 +256,7 @@ def test_targets_built_on_the_device_equal_those_built_in_the_worker(test_data):
             keys = [(epoch, i) for i in range(start, min(start + 4, len(recs)))]
             items = [compact[k] for k in keys]
             assert all(it["instance"].dtype == torch.uint16 and it["image"].dtype == torch.uint8 for it in items)
-            assert set(items[0]) == {"image", "instance", "instance_classes", "outside", "index"}
+            assert set(items[0]) == {"image", "instance", "instance_classes", "crowd_classes", "outside", "index"}
             padded += sum(bool((it["instance"] == it["outside"]).any()) for it in items)
             got = transform(collate(items), epoch, 0)
             ref = collate([dense[k] for k in keys])

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from segtrain.device import to_device
 from segtrain.engine.losses import PANOPTIC, SEMANTIC_ONLY, compute_losses, global_denominators, loss_denominators
-from segtrain.engine.runtime import to_device
 from segtrain.engine.trainer import split_batch
 from segtrain.models import build_model
 

@@ -9,7 +9,7 @@ import torch
 
 from segtrain.data.panoptic_gt import panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
 from segtrain.data.targets import make_targets
-from segtrain.engine.metrics import PanopticQuality
+from segtrain.evaluation.metrics import PanopticQuality
 from segtrain.models.postprocess import panoptic_segmentation
 
 IGN = 255

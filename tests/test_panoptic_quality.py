@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from segtrain.engine.metrics import PanopticQuality
+from segtrain.evaluation.metrics import PanopticQuality
 
 THING, STUFF = 1, 2  # category ids used in the hand-worked cases
 CATS = {THING: {"isthing": 1, "name": "thing"}, STUFF: {"isthing": 0, "name": "stuff"}, 3: {"isthing": 1}}

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from segtrain.config import compose
-from segtrain.engine import predict_images
-from segtrain.engine.visualize import PANEL_TITLES, overlay_panoptic, title_strip, titled_row, to_uint8_image
+from segtrain.evaluation.visualize import PANEL_TITLES, overlay_panoptic, title_strip, titled_row, to_uint8_image
+from segtrain.tools import predict as predict_images
 
 SCALES = (0.5, 0.45, 0.4, 0.35, 0.3)  # the font scales titled_row chooses from
 
@@ -72,12 +72,12 @@ def test_titled_row_enlarges_tiles_too_narrow_for_their_titles():
 def test_validation_panel_from_the_hook_has_every_title_in_order(smoke_cache):
     """The real TensorBoardImages hook on the cpu_smoke validation items and an untrained model."""
     from segtrain.data import build_dataset
+    from segtrain.distributed import DistInfo
     from segtrain.engine.build import step_trainer
-    from segtrain.engine.distributed import DistInfo
     from segtrain.engine.hooks import TensorBoardImages
 
     cfg = compose(["experiment=cpu_smoke"])
-    from segtrain.engine.evaluation import PanopticSpec
+    from segtrain.evaluation.evaluator import PanopticSpec
 
     t = step_trainer(cfg, DistInfo())
     panels = build_dataset(cfg, "val")

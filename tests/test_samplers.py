@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from segtrain.engine.loaders import EpochSampler, ShardSampler, per_rank_batch
+from segtrain.data.loaders import EpochSampler, ShardSampler, per_rank_batch
 
 
 def indices(sampler) -> list[int]:

@@ -27,6 +27,7 @@ def slow_reference(
     valid=None,
     small_instance_area=0,
     small_instance_weight=1.0,
+    crowd_classes=None,
 ):
     """Obviously-correct version: Python loops over pixels and instances, nothing clever."""
     h, w = mask.shape
@@ -54,6 +55,11 @@ def slow_reference(
     for y in range(h):
         for x in range(w):
             k = int(mask[y, x])
+            own = -1 if crowd_classes is None else int(crowd_classes[k])
+            if ok[y, x] and classes[k] == ignore_label and own >= 0 and own != ignore_label:
+                semantic[y, x] = own  # a crowd region with its class: semantic only, weight 1
+                sw[y, x] = 1.0
+                continue
             if not ok[y, x] or classes[k] == ignore_label:
                 semantic[y, x] = ignore_label
                 continue
@@ -175,6 +181,18 @@ CASES = {
         sigma=2.0,
         stuff_classes=(9,),
     ),
+    # the same with the crowd region's own class (4) in the semantic target; an ignore region (id 4, no
+    # crowd class) and a crowd class equal to the ignore label (id 5) stay ignored
+    "crowd_in_semantic": dict(
+        mask=blob_mask(
+            36, 48, [(1, 10, 10, 6, 6, 0), (2, 18, 30, 10, 12, 0), (3, 30, 24, 5, 20, 0), (4, 4, 40, 3, 5, 0)]
+        ),
+        classes=[0, 4, 255, 9, 255, 255],
+        sigma=2.0,
+        stuff_classes=(9,),
+        crowd_classes=np.array([-1, -1, 4, -1, -1, 255]),
+        valid=np.pad(np.ones((33, 48), np.uint8), ((0, 3), (0, 0))),
+    ),
     # padding on the left and bottom cuts an instance: centre only from its valid part
     "valid": dict(
         mask=blob_mask(30, 40, [(1, 14, 4, 8, 9, 0), (2, 26, 25, 6, 6, 0)]),
@@ -295,6 +313,16 @@ EDGE_CASES = {
         small_instance_area=30,
         small_instance_weight=4.0,
         valid=np.pad(np.ones((28, 36), np.uint8), ((0, 2), (5, 0))),
+    ),
+    # crowd regions with their own class in semantic, one cut by padding, one touching the border
+    "crowd_classes_valid_and_border": dict(
+        mask=blob_mask(24, 33, [(1, 4, 4, 5, 7, 0), (2, 12, 20, 6, 9, 0), (3, 20, 30, 5, 5, 0), (4, 12, 8, 3, 3, 0)]),
+        classes=[0, 255, 255, 2, 255],
+        sigma=1.5,
+        crowd_classes=np.array([-1, 6, 3, -1, -1]),
+        small_instance_area=40,
+        small_instance_weight=2.0,
+        valid=np.pad(np.ones((20, 30), bool), ((0, 4), (3, 0))),
     ),
     "centre_far_from_runs": dict(mask=l_shape_mask(9, 70), classes=[0, 1, 1], sigma=1.0),
     "window_larger_than_image": dict(mask=blob_mask(10, 14, [(1, 5, 7, 2, 3, 0)]), classes=[0, 1], sigma=20.0),
@@ -471,6 +499,21 @@ def test_background_stuff_and_crowd_have_no_centre_or_offset():
     assert (out["semantic"][mask == 1] == 7).all() and (out["semantic"][mask == 0] == 0).all()
 
 
+def test_crowd_in_semantic_carries_the_class_and_nothing_else():
+    # id 1 a thing of class 3, id 2 a crowd region of class 3 beside it
+    mask = blob_mask(40, 60, [(1, 20, 14, 8, 8, 0), (2, 20, 42, 10, 12, 0)])
+    classes = np.array([0, 3, 255])
+    ignored = make_targets(mask, classes, 3.0)
+    out = make_targets(mask, classes, 3.0, crowd_classes=np.array([-1, -1, 3]))
+    crowd = mask == 2
+    assert (ignored["semantic"][crowd] == 255).all() and (out["semantic"][crowd] == 3).all()
+    assert (out["semantic_weight"][crowd] == 1).all() and not ignored["semantic_weight"][crowd].any()
+    assert not out["center_weight"][crowd].any() and not out["offset_weight"][crowd].any()
+    for key in ("center", "offset", "center_weight", "offset_weight"):  # the crowd gets no centre
+        np.testing.assert_array_equal(out[key], ignored[key], err_msg=key)
+    np.testing.assert_array_equal(out["semantic"][~crowd], ignored["semantic"][~crowd])
+
+
 def test_invalid_pixels_are_ignored_and_do_not_move_centres():
     mask = np.zeros((10, 20), np.int32)
     mask[2:6, 0:10] = 1
@@ -527,6 +570,9 @@ def test_gaussian_kernel_definition():
         (dict(small_instance_area=-1), "small_instance_area"),
         (dict(small_instance_weight=float("inf")), "small_instance_weight"),
         (dict(stuff_classes=[1.5]), "stuff_classes"),
+        (dict(crowd_classes=np.array([-1])), "crowd_classes must have instance_classes' shape"),
+        (dict(crowd_classes=np.array([-1, 256])), "crowd_classes must be -1"),
+        (dict(crowd_classes=np.array([-1.0, 2.0])), "integer dtype"),
     ],
 )
 def test_bad_inputs(kwargs, match, impl):

@@ -115,9 +115,9 @@ def test_device_augmentation_values(override: str, names: list[str]):
 
 
 def test_coco_panoptic_export_without_panoptic_scoring(smoke_cache, tmp_path: Path):
-    from segtrain.engine.distributed import DistInfo
-    from segtrain.engine.evaluate_checkpoint import evaluate_checkpoint
+    from segtrain.distributed import DistInfo
     from segtrain.models import build_model
+    from segtrain.tools.evaluate import evaluate_checkpoint
 
     cfg = compose(
         [*SMOKE, f"ckpt={tmp_path / 'w.pt'}", "evaluate.export=coco_panoptic", "evaluate.panoptic=false"],

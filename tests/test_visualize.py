@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from segtrain.engine.visualize import distinct_colours, overlay_panoptic, overlay_semantic
+from segtrain.evaluation.visualize import distinct_colours, overlay_panoptic, overlay_semantic
 
 
 def test_distinct_colours_are_well_separated():

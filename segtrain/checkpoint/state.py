@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from segtrain.checkpoint import io
 from segtrain.checkpoint.io import CheckpointError, read_checkpoint
+from segtrain.distributed import all_gather_object
 from segtrain.errors import NonFiniteError
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ class Checkpointer:
         write non-finite weights. ``epoch_done``: the position is the start of the next epoch."""
         import torch.distributed as torch_dist
 
-        gathered = _all_gather(capture_rng())
+        gathered = all_gather_object(capture_rng())
         if self.is_main:
             blob = self.blob(trainer, gathered, epoch_done)
             bad = non_finite_tensors(blob["model"]) + non_finite_tensors(blob.get("ema") or {})
@@ -177,16 +178,6 @@ class Checkpointer:
             "config": self.config,
             "version": segtrain.__version__,
         }
-
-
-def _all_gather(obj: Any) -> list[Any]:
-    import torch.distributed as torch_dist
-
-    if not (torch_dist.is_available() and torch_dist.is_initialized()):
-        return [obj]
-    out: list[Any] = [None] * torch_dist.get_world_size()
-    torch_dist.all_gather_object(out, obj)
-    return out
 
 
 # --------------------------------------------------------------------------- layouts

@@ -196,6 +196,7 @@ def build_dataset(
             str(inf.mode),
             inference_size(cfg),
             int(inf.pad_multiple),
+            crowd_in_semantic=bool(getattr(cfg.dataset, "crowd_in_semantic", True)),
             timer=timer,
             reader=reader,
             max_image_pixels=int(cfg.dataset.max_image_pixels),

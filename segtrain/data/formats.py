@@ -4,6 +4,8 @@ Each :class:`DataFormat` says how to load a split (``dataset.<split>.*`` keys it
 what unannotated pixels are: ``background`` (COCO, LabelMe: the first class) or ``ignore``
 (data sets whose every labelled pixel is annotated, such as Cityscapes). Add your own with
 ``FORMATS.register("mine", DataFormat(...))``; ``dataset.format=mine`` then works everywhere.
+The config check reads a format's split keys, unlabeled pixels and ``classes=auto`` discovery through
+the registry (``segtrain.registry.load``), so ``segtrain.config`` never imports this package.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from segtrain.config import BACKGROUND_NAMES
 from segtrain.data.coco import load_coco
 from segtrain.data.labelme import load_labelme
-from segtrain.data.records import ClassMap, ImageRecord, LoadReport
+from segtrain.data.records import IGNORE, ClassMap, ImageRecord, LoadReport
 from segtrain.data.synthetic import ensure_synthetic
 from segtrain.errors import UserError
 from segtrain.registry import Registry
@@ -34,12 +37,36 @@ class DataFormat:
     # Formats that know which labels are stuff (COCO panoptic's isthing=0) give (label, instances, is_stuff).
     discover: Callable[[Any], Sequence[Discovered]] | None = None
 
+    def auto_classes(self, ds: Any) -> AutoClasses:
+        """``dataset.classes=auto``: background, then the training annotations' classes (COCO: category-id
+        order; COCO panoptic: things then stuff, each in category-id order; LabelMe: sorted labels) as
+        ``dataset.class_map`` maps them (a label mapped to background, ``__ignore__`` or null adds no class).
+        A class is stuff when every label mapped onto it is stuff (one thing among them keeps its centres)."""
+        if self.discover is None:
+            raise DataPathError(
+                f"dataset.classes=auto is not available for dataset.format={ds.format}: list the classes "
+                "(e.g. the preset's) in dataset.classes"
+            )
+        check_paths(ds)  # every missing path at once, before reading the training annotations
+
+        mapping = dict(ds.class_map or {})
+        counts: dict[str, int] = {}
+        stuff: dict[str, bool] = {}
+        for label, n, *is_stuff in self.discover(ds):
+            target = mapping.get(label, label)
+            if target is None or target == IGNORE or str(target).lower() in BACKGROUND_NAMES:
+                continue
+            name = str(target)
+            counts[name] = counts.get(name, 0) + int(n)
+            stuff[name] = stuff.get(name, True) and bool(is_stuff and is_stuff[0])
+        return AutoClasses(["background", *counts], list(counts.items()), [c for c in counts if stuff[c]])
+
 
 class DataPathError(UserError, FileNotFoundError):
     """Configured data paths that do not exist (all of them, listed at once)."""
 
 
-FORMATS: Registry[DataFormat] = Registry("dataset.format", "data format")
+FORMATS: Registry[DataFormat] = Registry("dataset.format")
 
 
 def class_map_of(ds: Any) -> ClassMap:
@@ -174,32 +201,8 @@ class AutoClasses:
 
 
 def discover_classes(ds: Any) -> AutoClasses:
-    """``dataset.classes=auto``: background, then the training annotations' classes (COCO: category-id
-    order; COCO panoptic: things then stuff, each in category-id order; LabelMe: sorted labels) as
-    ``dataset.class_map`` maps them (a label mapped to background, ``__ignore__`` or null adds no class).
-    A class is stuff when every label mapped onto it is stuff (one thing among them keeps its centres)."""
-    fmt = FORMATS.get(str(ds.format))
-    if fmt.discover is None:
-        raise DataPathError(
-            f"dataset.classes=auto is not available for dataset.format={ds.format}: list the classes "
-            "(e.g. the preset's) in dataset.classes"
-        )
-    from segtrain.config import BACKGROUND_NAMES
-    from segtrain.data.records import IGNORE
-
-    check_paths(ds)  # every missing path at once, before reading the training annotations
-
-    mapping = dict(ds.class_map or {})
-    counts: dict[str, int] = {}
-    stuff: dict[str, bool] = {}
-    for label, n, *is_stuff in fmt.discover(ds):
-        target = mapping.get(label, label)
-        if target is None or target == IGNORE or str(target).lower() in BACKGROUND_NAMES:
-            continue
-        name = str(target)
-        counts[name] = counts.get(name, 0) + int(n)
-        stuff[name] = stuff.get(name, True) and bool(is_stuff and is_stuff[0])
-    return AutoClasses(["background", *counts], list(counts.items()), [c for c in counts if stuff[c]])
+    """``dataset.classes=auto`` for ``ds.format`` (see :meth:`DataFormat.auto_classes`)."""
+    return FORMATS.get(str(ds.format)).auto_classes(ds)
 
 
 def auto_classes(ds: Any) -> tuple[list[str], list[tuple[str, int]]]:

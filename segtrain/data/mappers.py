@@ -59,6 +59,9 @@ class TargetSpec:
     stuff_ids: tuple[int, ...] = ()
     small_instance_area: int = 0
     small_instance_weight: float = 1.0
+    # ``dataset.crowd_in_semantic``: crowd regions carry their class in ``semantic`` (centre and offset
+    # weights stay 0); false: they are ignored (255) like every ignore region
+    crowd_in_semantic: bool = True
 
     @classmethod
     def from_config(cls, ds: Any) -> TargetSpec:
@@ -68,7 +71,13 @@ class TargetSpec:
             stuff_ids=tuple(classes.index(s) for s in ds.stuff_classes),
             small_instance_area=int(ds.targets.small_instance_area),
             small_instance_weight=float(ds.targets.small_instance_weight),
+            crowd_in_semantic=bool(getattr(ds, "crowd_in_semantic", True)),
         )
+
+    def crowd(self, rec: ImageRecord, n: int) -> np.ndarray | None:
+        """The ``crowd_classes`` argument of ``make_targets`` for ``rec`` with ``n`` ids (ids past the record's
+        instances, e.g. invented pixels, are no crowd), or None when crowd regions are ignored."""
+        return padded_crowd(rec, n) if self.crowd_in_semantic else None
 
     def kwargs(self) -> dict[str, Any]:
         return {
@@ -177,9 +186,9 @@ class CpuMapper(_Mapper):
 
     With ``targets_on_device`` (``dataset.targets.where=device``, the default when training on CUDA) the
     worker stops after augmenting: items are ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16 with the
-    id ``outside`` on invented pixels, ``instance_classes`` and ``outside`` (), 5 bytes a pixel instead of
-    32, and :meth:`batch_transform` builds the targets on the device
-    (:class:`~segtrain.data.device_targets.BatchTargets`).
+    id ``outside`` on invented pixels, ``instance_classes``, ``crowd_classes`` (with
+    ``dataset.crowd_in_semantic``) and ``outside`` (), 5 bytes a pixel instead of 32, and
+    :meth:`batch_transform` builds the targets on the device (:class:`~segtrain.data.device_targets.BatchTargets`).
     """
 
     def __init__(
@@ -220,6 +229,7 @@ class CpuMapper(_Mapper):
             aug = plan.run(image, ids, outside=n, owned=True, reduced=reduced)
         self._clock.lap("augment")
         classes = inst_classes if aug.covered else np.append(inst_classes, IGNORE_LABEL)
+        crowd = self.targets.crowd(rec, len(classes))
         if self.targets_on_device:
             item = {
                 "image": torch.from_numpy(aug.image).permute(2, 0, 1),  # strided views: collate copies once
@@ -227,12 +237,14 @@ class CpuMapper(_Mapper):
                 "instance_classes": torch.from_numpy(classes.astype(np.int64, copy=False)),
                 "outside": torch.tensor(n),
             }
+            if crowd is not None:
+                item["crowd_classes"] = torch.from_numpy(crowd)
             self._clock.lap("to_tensor")
             return item
         # The item's int32 ids are the one contiguous copy of the augmented ids: targets read them
         # (invented pixels still ``n``), then those pixels become 0.
         ids32 = aug.ids.astype(np.int32)
-        tg = make_targets(ids32, classes, self.targets.sigma, **self.targets.kwargs())
+        tg = make_targets(ids32, classes, self.targets.sigma, crowd_classes=crowd, **self.targets.kwargs())
         self._clock.lap("targets")
         item = to_tensors(aug.image, aug.clear_outside(ids32), tg, self.uint8_images)
         if self.eval_info:
@@ -249,7 +261,8 @@ class DeviceMapper(_Mapper):
     """Read, decode and rasterise in the worker; fit, augment and build targets on the device.
 
     Items: ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16, ``content`` (2,) int64 = the rows and
-    columns of image content at the top-left (the rest is padding), ``instance_classes`` (N+1,) int64.
+    columns of image content at the top-left (the rest is padding), ``instance_classes`` (N+1,) int64
+    (and ``crowd_classes`` with ``dataset.crowd_in_semantic``).
     An image the fit shrinks by less than 2x is shipped as decoded (its native size, at most 2x the input
     size per side): the device fits and augments it in one resample, and the worker makes no pass over its
     pixels. A larger one is decoded smaller (JPEG) and fitted here, content top-left. :func:`collate` pads
@@ -294,6 +307,9 @@ class DeviceMapper(_Mapper):
             "content": torch.tensor(content),
             "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
         }
+        crowd = self.targets.crowd(rec, len(inst_classes))
+        if crowd is not None:
+            item["crowd_classes"] = torch.from_numpy(crowd)
         self._clock.lap("fit")
         return item
 
@@ -321,6 +337,7 @@ class NativeMapper(_Mapper):
         input_size: tuple[int, int],
         pad_multiple: int = 32,
         *,
+        crowd_in_semantic: bool = True,
         timer: StageTimer | None = None,
         reader: Reader | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
@@ -331,6 +348,7 @@ class NativeMapper(_Mapper):
         self.mode = mode
         self.input_size = (int(input_size[0]), int(input_size[1]))
         self.pad_multiple = max(int(pad_multiple), 1)
+        self.crowd_in_semantic = bool(crowd_in_semantic)
 
     @property
     def random(self) -> bool:
@@ -341,7 +359,8 @@ class NativeMapper(_Mapper):
         h, w = inst.shape
         model_input, scale = prepare_input(image, self.mode, self.input_size, self.pad_multiple, self.pipeline)
         self._clock.lap("fit")
-        semantic = semantic_of(inst, inst_classes)
+        crowd = padded_crowd(rec, len(inst_classes)) if self.crowd_in_semantic else None
+        semantic = semantic_of(inst, inst_classes, crowd)
         return {
             "image": torch.from_numpy(np.ascontiguousarray(model_input)).permute(2, 0, 1),
             "scale": torch.tensor([scale], dtype=torch.float64),
@@ -377,18 +396,29 @@ def prepare_input(
     return out, 1.0
 
 
-def semantic_of(inst: np.ndarray, inst_classes: np.ndarray) -> np.ndarray:
-    """(H,W) uint8 class of every pixel (255 on crowd/ignore regions): the semantic ground truth."""
-    return inst_classes.astype(np.uint8)[inst]
+def semantic_of(inst: np.ndarray, inst_classes: np.ndarray, crowd: np.ndarray | None = None) -> np.ndarray:
+    """(H,W) uint8 class of every pixel (255 on ignore regions): the semantic ground truth. ``crowd``: the
+    own class of each crowd id (-1 elsewhere), which its pixels then carry (as ``make_targets``); None:
+    crowd regions are 255 too."""
+    lut = inst_classes.astype(np.int64)
+    if crowd is not None:
+        lut = np.where((lut == IGNORE_LABEL) & (crowd >= 0) & (crowd != IGNORE_LABEL), crowd, lut)
+    return lut.astype(np.uint8)[inst]
+
+
+def padded_crowd(rec: ImageRecord, n: int) -> np.ndarray:
+    """(n,) int64 ``crowd_classes(rec)`` padded with -1 (ids past the record's instances: invented pixels)."""
+    crowd = crowd_classes(rec)
+    if crowd.size < n:
+        crowd = np.concatenate([crowd, np.full(n - crowd.size, -1, np.int64)])
+    return crowd[:n]
 
 
 def instance_info(
     rec: ImageRecord, inst_classes: np.ndarray, valid: np.ndarray | None, shape: tuple[int, ...]
 ) -> dict[str, torch.Tensor]:
     """What evaluation needs besides the targets: per-id classes (padded per batch by ``collate``) and ``valid``."""
-    crowd = crowd_classes(rec)
-    if crowd.size < inst_classes.size:  # an id past the record's instances (invented pixels): no crowd
-        crowd = np.concatenate([crowd, np.full(inst_classes.size - crowd.size, -1, np.int64)])
+    crowd = padded_crowd(rec, max(inst_classes.size, len(rec.instances) + 1))
     return {
         "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
         "crowd_classes": torch.from_numpy(crowd),

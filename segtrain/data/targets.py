@@ -99,6 +99,7 @@ def make_targets(
     valid: np.ndarray | None = None,
     small_instance_area: int = 0,
     small_instance_weight: float = 1.0,
+    crowd_classes: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Semantic, centre-heatmap and offset targets (plus loss weights) for one image.
 
@@ -117,11 +118,18 @@ def make_targets(
             in ``semantic_weight`` (Panoptic-DeepLab up-weights small instances so they are not drowned
             by large ones in the pixel-averaged semantic loss).
         small_instance_weight: see above.
+        crowd_classes: optional (N+1,) own class of each crowd id (an id of class ``ignore_label``), -1
+            for every other id.  Given, crowd pixels carry that class in ``semantic`` with semantic
+            weight 1, as cityscapesScripts' label images and Panoptic-DeepLab's reference generator
+            (``IGNORE_CROWD_IN_SEMANTIC = False``) do; their centre and offset weights stay 0 and they
+            get no centre.  None: crowd pixels are ``ignore_label`` like every ignore region
+            (``dataset.crowd_in_semantic=false``).
 
     Returns:
         dict of C-contiguous NumPy arrays:
 
-        - ``semantic`` (H, W) uint8: class of each pixel; ``ignore_label`` on crowd/ignore and invalid.
+        - ``semantic`` (H, W) uint8: class of each pixel; ``ignore_label`` on ignore regions and invalid
+          pixels, and on crowd regions unless ``crowd_classes`` gives their class.
         - ``center`` (1, H, W) float32: per thing instance, a Gaussian
           ``exp(-(dx^2+dy^2) / (2 sigma^2))`` truncated to a (2r+1)^2 window (r = ceil(3 sigma) + 1,
           i.e. Panoptic-DeepLab's 6 sigma + 3 for integer sigma), clipped at the border, peaking at
@@ -132,7 +140,7 @@ def make_targets(
           (unrounded) centre of mass of the instance's valid pixels, i.e. the vector a pixel votes with
           at inference; computed in float64 and rounded once to float32.  0 elsewhere.
         - ``semantic_weight`` (H, W) float32: 1, ``small_instance_weight`` on small things, 0 on
-          crowd/ignore/invalid.
+          ignore/invalid (and crowd without ``crowd_classes``).
         - ``center_weight`` (H, W) float32: 1, 0 on crowd/ignore/invalid: a crowd contains
           unannotated centres, so penalising the heatmap there would teach the net to miss real ones.
         - ``offset_weight`` (H, W) float32: 1 on valid non-crowd thing pixels, 0 elsewhere (offsets are
@@ -180,10 +188,20 @@ def make_targets(
         if valid.dtype.kind not in "biu":
             raise ValueError(f"valid must be bool or integer (nonzero = valid), got {valid.dtype}")
         valid = np.ascontiguousarray(valid, dtype=bool)
+    crowd = None
+    if crowd_classes is not None:
+        crowd = _as_int_array("crowd_classes", crowd_classes, 1)
+        if crowd.shape != classes.shape:
+            raise ValueError(f"crowd_classes must have instance_classes' shape {classes.shape}, got {crowd.shape}")
+        if crowd.size and (crowd.min() < -1 or crowd.max() > 255):
+            raise ValueError(
+                f"crowd_classes must be -1 (not a crowd) or a class in [0, 255], got values in "
+                f"[{crowd.min()}, {crowd.max()}]"
+            )
 
     # A strided mask (e.g. an augmented window) is copied once: both paths read it row-contiguously.
     mask = np.ascontiguousarray(mask)
-    args = (mask, classes, sigma, stuff, ignore_label, valid, int(small_instance_area), small_instance_weight)
+    args = (mask, classes, sigma, stuff, ignore_label, valid, int(small_instance_area), small_instance_weight, crowd)
     if _kernels is not None and mask.dtype.isnative and mask.dtype != np.uint64:
         return _targets_kernels(*args)
     return _targets_numpy(*args)
@@ -209,13 +227,15 @@ def _id_tables(
     ignore_label: int,
     small_instance_area: int,
     small_instance_weight: float,
+    crowd: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per-label tables (labels 0..N = ids, N+1 = invalid pixels) from exact per-label sums.
 
-    Returns ``(cls, thing, cy, cx, lut)``: class (``ignore_label`` for invalid), thing flag, centre
-    of mass (0 for non-things) and the float32 values of the three weight planes (semantic, centre,
-    offset).  The sums are exact integers (< 2**53), so cy/cx equal numpy's mean of the pixel
-    coordinates bit for bit whether they come as int64 or float64.
+    Returns ``(sem_cls, thing, cy, cx, lut)``: the semantic class (``ignore_label`` for invalid pixels
+    and for crowd ids without a class in ``crowd``), thing flag, centre of mass (0 for non-things) and
+    the float32 values of the three weight planes (semantic, centre, offset).  The sums are exact
+    integers (< 2**53), so cy/cx equal numpy's mean of the pixel coordinates bit for bit whether they
+    come as int64 or float64.
     """
     n_ids = classes.size
     n_lut = n_ids + 1
@@ -232,11 +252,23 @@ def _id_tables(
     area_or_1 = np.maximum(area, 1)  # things have area > 0: their centres are exact means
     cy = np.where(thing, sum_y / area_or_1, 0.0)
     cx = np.where(thing, sum_x / area_or_1, 0.0)
+
+    # Crowd ids (ignored for centres and offsets) may carry their own class in the semantic target.
+    sem_cls = cls
+    labelled = ~ignored
+    if crowd is not None:
+        own = np.full(n_lut, -1, np.intp)
+        own[:n_ids] = crowd
+        is_crowd = ignored & (own >= 0) & (own != ignore_label)
+        sem_cls = np.where(is_crowd, own, cls)
+        labelled = labelled | is_crowd
+
     lut = np.empty((3, n_lut), np.float32)
-    lut[0] = lut[1] = ~ignored
+    lut[0] = labelled
+    lut[1] = ~ignored
     lut[0, thing & (area < small_instance_area)] = small_instance_weight
     lut[2] = thing
-    return cls, thing, cy, cx, lut
+    return sem_cls, thing, cy, cx, lut
 
 
 def _centres(cy: np.ndarray, cx: np.ndarray, thing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -270,6 +302,7 @@ def _targets_kernels(
     valid: np.ndarray | None,
     small_instance_area: int,
     small_instance_weight: float,
+    crowd: np.ndarray | None,
 ) -> dict[str, np.ndarray]:
     """make_targets by the compiled kernels: one read of the mask, each output pixel written once."""
     assert _kernels is not None  # only called when the kernels imported
@@ -294,8 +327,8 @@ def _targets_kernels(
     _check_ids(int(lohi[0]), int(lohi[1]), n_ids)  # before any id indexes a table
 
     area, sum_y, sum_x = _kernels.run_sums(starts, lengths, labels, row_ptr, n_ids + 1)
-    cls, thing, cy, cx, lut = _id_tables(
-        area, sum_y, sum_x, classes, stuff, ignore_label, small_instance_area, small_instance_weight
+    sem_cls, thing, cy, cx, lut = _id_tables(
+        area, sum_y, sum_x, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd
     )
     peak_y, peak_x = _centres(cy, cx, thing)
     order = np.argsort(peak_y, kind="stable")
@@ -303,7 +336,7 @@ def _targets_kernels(
     planes = np.empty((5, height, width), np.float32)
     center = np.empty((1, height, width), np.float32)
     _kernels.write_runs(
-        starts, lengths, labels, row_ptr, cls.astype(np.uint8), lut, thing, cy, cx,
+        starts, lengths, labels, row_ptr, sem_cls.astype(np.uint8), lut, thing, cy, cx,
         gaussian_kernel(sigma), peak_y[order], peak_x[order], semantic, planes, center[0],
     )  # fmt: skip
     return _result(semantic, center, planes)
@@ -318,6 +351,7 @@ def _targets_numpy(
     valid: np.ndarray | None,
     small_instance_area: int,
     small_instance_weight: float,
+    crowd: np.ndarray | None,
 ) -> dict[str, np.ndarray]:
     """make_targets with NumPy and cv2 only (see the module docstring); bit-identical to the kernels."""
     height, width = mask.shape
@@ -360,8 +394,8 @@ def _targets_numpy(
     area = np.bincount(labels, weights=lengths, minlength=n_lut)
     sum_y = np.bincount(labels, weights=lengths * rows, minlength=n_lut)
     sum_x = np.bincount(labels, weights=lengths * xs + (lengths * (lengths - 1)) // 2, minlength=n_lut)
-    cls, thing, cy, cx, lut = _id_tables(
-        area, sum_y, sum_x, classes, stuff, ignore_label, small_instance_area, small_instance_weight
+    sem_cls, thing, cy, cx, lut = _id_tables(
+        area, sum_y, sum_x, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd
     )
 
     # ---------------------------------------------------------------- constant-per-run outputs
@@ -374,7 +408,7 @@ def _targets_numpy(
     vals[3:] = 0.0
     np.subtract(cy[labels], rows, out=vals[3], where=run_thing, casting="same_kind")
     planes = np.repeat(vals, lengths, axis=1).reshape(5, height, width)
-    semantic = np.repeat(cls.astype(np.uint8)[labels], lengths).reshape(height, width)
+    semantic = np.repeat(sem_cls.astype(np.uint8)[labels], lengths).reshape(height, width)
     offset = planes[3:]
 
     # ---------------------------------------------------------------- offsets

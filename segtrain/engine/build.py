@@ -19,21 +19,22 @@ from segtrain.checkpoint import io
 from segtrain.checkpoint.resume import find_resume_checkpoint, restore_training_state
 from segtrain.checkpoint.state import Checkpointer
 from segtrain.config import ConfigError, to_container
+from segtrain.console import progress_bar
 from segtrain.data import PolygonDataset, build_dataset, build_mapper
 from segtrain.data.formats import check_paths
-from segtrain.engine.distributed import DistInfo, broadcast_object
+from segtrain.data.loaders import build_loader, fit_batch_to_data, per_rank_batch
+from segtrain.device import configure_determinism, effective_precision
+from segtrain.distributed import DistInfo, broadcast_object
 from segtrain.engine.ema import ModelEMA
-from segtrain.engine.evaluation import evaluate, evaluators_for
 from segtrain.engine.hooks import default_hooks
-from segtrain.engine.inference import native_forward
-from segtrain.engine.loaders import build_loader, fit_batch_to_data, per_rank_batch
 from segtrain.engine.model_setup import prepare_model, probe_batch, wrap_model
 from segtrain.engine.optim import build_optimizer, build_scheduler
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.run_dir import RunDirLock, check_fresh
-from segtrain.engine.runtime import configure_determinism, effective_precision, progress_bar
 from segtrain.engine.session import write_effective_config
 from segtrain.engine.trainer import StepSettings, Trainer
+from segtrain.evaluation.evaluator import evaluate, evaluators_for
+from segtrain.evaluation.inference import native_forward
 
 log = logging.getLogger("segtrain.trainer")
 

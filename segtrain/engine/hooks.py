@@ -27,12 +27,13 @@ from tqdm import tqdm
 
 from segtrain.checkpoint import io
 from segtrain.config import VALIDATION_METRICS, ConfigError
+from segtrain.console import progress_bar
 from segtrain.data import collate
-from segtrain.engine.evaluation import PanopticSpec
+from segtrain.device import to_device
 from segtrain.engine.profiling import DataWaitMeter, torch_profiler
 from segtrain.engine.recorder import FILE_ONLY
-from segtrain.engine.runtime import progress_bar, to_device
-from segtrain.engine.visualize import PANEL_TITLES, overlay_heatmap, overlay_panoptic, titled_row, to_uint8_image
+from segtrain.evaluation.evaluator import PanopticSpec
+from segtrain.evaluation.visualize import PANEL_TITLES, overlay_heatmap, overlay_panoptic, titled_row, to_uint8_image
 from segtrain.registry import Registry
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class HookBase:
 
 
 #: User hooks by name: a class (or factory) called with the entry's keyword arguments.
-HOOKS: Registry[type[HookBase]] = Registry("trainer.hooks", "hook", import_paths=True)
+HOOKS: Registry[type[HookBase]] = Registry("trainer.hooks")
 
 
 # --------------------------------------------------------------------------- built-in hooks

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from segtrain.config import IGNORE_LABEL
-from segtrain.engine.distributed import all_reduce_, is_dist
+from segtrain.distributed import all_reduce_, is_dist
 
 SEMANTIC_ONLY = ("semantic",)
 PANOPTIC = ("semantic", "center", "offset")

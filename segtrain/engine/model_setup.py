@@ -16,10 +16,10 @@ from torch import nn
 
 from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.data.dataset import collate
-from segtrain.engine.distributed import DistInfo, all_reduce_
+from segtrain.device import autocast, to_device
+from segtrain.distributed import DistInfo, all_reduce_
 from segtrain.engine.freeze import apply_freeze, freeze_report
 from segtrain.engine.losses import compute_losses
-from segtrain.engine.runtime import autocast, to_device
 from segtrain.engine.sync_bn import convert_sync_batchnorm
 from segtrain.models import build_model
 

@@ -16,7 +16,7 @@ import cv2
 import torch
 
 import segtrain
-from segtrain.engine.distributed import DistInfo, broadcast_object, cleanup, setup
+from segtrain.distributed import DistInfo, broadcast_object, cleanup, setup
 from segtrain.engine.recorder import setup_logging
 
 log = logging.getLogger("segtrain")

@@ -23,14 +23,14 @@ import torch
 from torch import nn
 
 from segtrain.checkpoint.state import unwrap
-from segtrain.engine.distributed import DistInfo, all_reduce_, is_dist
+from segtrain.device import autocast, to_device
+from segtrain.distributed import DistInfo, all_reduce_, is_dist
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms
-from segtrain.engine.preemption import StopSignals
 from segtrain.engine.profiling import Nvtx
 from segtrain.engine.recorder import Recorder
-from segtrain.engine.runtime import autocast, to_device
 from segtrain.errors import NonFiniteError, Preempted, mark_running
+from segtrain.preemption import StopSignals
 
 if TYPE_CHECKING:
     from segtrain.engine.hooks import HookBase

@@ -30,12 +30,12 @@ import numpy as np
 import torch
 
 from segtrain.data.image_io import read_image_file
-from segtrain.engine.evaluation import PanopticSpec
-from segtrain.engine.inference import model_from_checkpoint, predict_image
-from segtrain.engine.panoptic_export import encode_ids, with_boxes
-from segtrain.engine.runtime import effective_precision
-from segtrain.engine.visualize import overlay_heatmap, overlay_panoptic
+from segtrain.device import effective_precision
 from segtrain.errors import UserError
+from segtrain.evaluation.evaluator import PanopticSpec
+from segtrain.evaluation.inference import model_from_checkpoint, predict_image
+from segtrain.evaluation.panoptic_export import encode_ids, with_boxes
+from segtrain.evaluation.visualize import overlay_heatmap, overlay_panoptic
 from segtrain.fileio import atomic_write_bytes
 
 log = logging.getLogger("segtrain.predict")
@@ -134,7 +134,7 @@ def describe(
     spec: PanopticSpec,
 ) -> dict[str, Any]:
     """The segments JSON: id (in the ids PNG), class, category id, area, box, score (things)."""
-    from segtrain.engine.instance_ap import instance_scores
+    from segtrain.evaluation.instance_ap import instance_scores
 
     scores = {}
     if instances["id"].numel():

@@ -18,7 +18,7 @@ from torch import nn
 
 from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.data.mappers import inference_size, prepare_input
-from segtrain.engine.runtime import autocast
+from segtrain.device import autocast
 from segtrain.models import build_model
 
 log = logging.getLogger("segtrain.inference")

@@ -1,13 +1,12 @@
-"""Small helpers every entry point shares: device transfer, autocast, determinism, progress bars.
+"""How computation runs on the device: precision (autocast, fp16 fallback), batch transfer, determinism.
 
-Trainer, evaluation, inference and the doctor import these from here, never from each other.
+The trainer, evaluation, inference and the tools share these, so each layer imports them from here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 from typing import Any
 
 import numpy as np
@@ -41,10 +40,6 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
         out["image"] = out["image"].float().div_(255.0)
     return out
 
-
-def progress_bar(is_main: bool, enabled: bool) -> bool:
-    """A tqdm bar on rank 0 in a terminal; log lines instead when the output goes to a file or pipe."""
-    return is_main and bool(enabled) and sys.stderr.isatty()
 
 
 def configure_determinism(trainer: Any) -> None:

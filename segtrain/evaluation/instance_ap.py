@@ -26,7 +26,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import Tensor
 
-from segtrain.engine.distributed import all_gather_object
+from segtrain.distributed import all_gather_object
 
 __all__ = [
     "InstanceAP",

@@ -21,11 +21,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from segtrain.data import PolygonDataset, StageTimer, build_dataset, collate
+from segtrain.data.loaders import per_rank_batch, worker_init
 from segtrain.data.rasterise import rasterise
 from segtrain.data.records import Instance
+from segtrain.distributed import DistInfo
 from segtrain.engine.build import step_trainer
-from segtrain.engine.distributed import DistInfo
-from segtrain.engine.loaders import per_rank_batch, worker_init
 
 log = logging.getLogger("segtrain.doctor")
 

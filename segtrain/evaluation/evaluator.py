@@ -21,10 +21,10 @@ from tqdm import tqdm
 from segtrain.checkpoint.state import unwrap
 from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL
 from segtrain.data.panoptic_gt import panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
-from segtrain.engine.distributed import all_reduce_
-from segtrain.engine.instance_ap import InstanceAP, instances_from_panoptic, instances_from_segments
-from segtrain.engine.metrics import ConfusionMatrix, PanopticQuality
-from segtrain.engine.runtime import autocast, to_device
+from segtrain.device import autocast, to_device
+from segtrain.distributed import all_reduce_
+from segtrain.evaluation.instance_ap import InstanceAP, instances_from_panoptic, instances_from_segments
+from segtrain.evaluation.metrics import ConfusionMatrix, PanopticQuality
 from segtrain.models.postprocess import panoptic_segmentation
 
 

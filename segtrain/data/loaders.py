@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader, Sampler
 
 from segtrain.config import ConfigError
 from segtrain.data.dataset import PolygonDataset, collate
-from segtrain.engine.distributed import DistInfo, env_rank
-from segtrain.engine.preemption import ignore_in_workers
+from segtrain.distributed import DistInfo, env_rank
+from segtrain.preemption import ignore_in_workers
 
 log = logging.getLogger("segtrain.trainer")
 

@@ -4,7 +4,7 @@ request to finish the current step, save ``last.pt`` and exit with a distinct st
 The handler only sets a flag. The trainer adds the flag to the all_reduce it does every step
 anyway, so every rank learns of a signal received by any rank at the same step, and all stop
 after that step together (torchrun forwards SIGTERM to each worker, not necessarily at the
-same instant). Loader worker processes ignore these signals (engine.loaders.worker_init): a
+same instant). Loader worker processes ignore these signals (data.loaders.worker_init): a
 SLURM ``scancel --signal`` reaches every process of the job, and a killed worker would
 otherwise end the run with "DataLoader worker killed" before the checkpoint is written.
 """

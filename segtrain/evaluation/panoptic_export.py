@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 from scipy import ndimage
 
-from segtrain.engine.distributed import all_gather_object
+from segtrain.distributed import all_gather_object
 
 
 def encode_ids(id_map: np.ndarray) -> np.ndarray:

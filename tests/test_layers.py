@@ -1,0 +1,161 @@
+"""The package layers of README's Layout section, read from the source: which package may import which,
+no import cycles between modules (at import time or inside functions), no entry point imported by anything.
+
+Imports under ``if TYPE_CHECKING:`` are annotations only and are not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "segtrain"
+
+# Entry points: `python -m segtrain.<name>`; nothing imports them.
+ENTRY_POINTS = {"train", "finetune", "evaluate", "predict", "doctor", "export", "launch"}
+# The entry points' shared Hydra main (user errors, exit statuses) belongs to their layer.
+ENTRY_LAYER = ENTRY_POINTS | {"entry"}
+# Foundation modules (top-level files other than the entry points) import none of the packages below.
+PACKAGES = ("data", "models", "checkpoint", "evaluation", "engine", "tools")
+# Which packages each layer may import (besides the foundation and itself).
+ALLOWED: dict[str, set[str]] = {
+    "foundation": set(),
+    "checkpoint": set(),
+    "data": set(),
+    "models": {"checkpoint"},
+    "evaluation": {"data", "models", "checkpoint"},
+    "engine": {"data", "models", "checkpoint", "evaluation"},
+    "tools": {"data", "models", "checkpoint", "evaluation", "engine"},
+    "entry": {"data", "models", "checkpoint", "evaluation", "engine", "tools"},
+}
+# The one compatibility name DESIGN.md promises (segtrain.engine.metrics.PanopticQuality).
+PUBLIC_ALIASES = {"segtrain.engine.metrics"}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "foundation"
+    if parts[1] in PACKAGES:
+        return parts[1]
+    return "entry" if parts[1] in ENTRY_LAYER else "foundation"
+
+
+def _type_checking_block(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every segtrain module this file imports, anywhere in it, except under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(), str(path))
+    this = module_name(path)
+    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking_block(node):
+            for child in getattr(node, "orelse", []):
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("segtrain"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.startswith("segtrain"):
+                found.add(mod)
+                for alias in node.names:  # `from segtrain.data import loaders` imports a module
+                    candidate = f"{mod}.{alias.name}"
+                    if (ROOT.parent / candidate.replace(".", "/")).with_suffix(".py").exists():
+                        found.add(candidate)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    found.discard(this)
+    return found
+
+
+@functools.cache
+def all_modules() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in sorted(ROOT.rglob("*.py"))}
+
+
+def test_every_import_follows_the_layers():
+    wrong = []
+    for module, imported in all_modules().items():
+        mine = layer_of(module)
+        for other in imported:
+            theirs = layer_of(other)
+            if theirs == "foundation" and other != "segtrain":
+                continue
+            if theirs == mine or theirs in ALLOWED[mine] or other == "segtrain":
+                continue
+            wrong.append(f"{module} ({mine}) imports {other} ({theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_foundation_modules_import_no_package():
+    wrong = [
+        f"{m} imports {o}"
+        for m, imported in all_modules().items()
+        if layer_of(m) == "foundation"
+        for o in imported
+        if layer_of(o) != "foundation"
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_entry_point_is_imported():
+    wrong = [
+        f"{m} imports {o}"
+        for m, imported in all_modules().items()
+        for o in imported
+        if len(o.split(".")) == 2 and o.split(".")[1] in ENTRY_POINTS and layer_of(m) != "entry"
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycles():
+    modules = all_modules()
+    graph = {m: {o for o in imported if o in modules} for m, imported in modules.items()}
+    # A package's __init__ importing its own modules is how a package exposes names, not a cycle.
+    for m in graph:
+        graph[m] = {o for o in graph[m] if not o.startswith(m + ".")}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def walk(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt) :] + [nxt] if nxt in stack else [node, nxt])
+            elif nxt not in state:
+                walk(nxt, stack + [nxt])
+        state[node] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            walk(m, [m])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("alias", sorted(PUBLIC_ALIASES))
+def test_public_aliases_are_not_imported_inside(alias):
+    users = [m for m, imported in all_modules().items() if alias in imported and m != alias]
+    assert not users, f"{alias} is only for users; segtrain imports the real module: {users}"
