@@ -97,9 +97,9 @@ def test_planned_trainings_compose_to_the_v100_bs48_shape(gpus, tmp_path):
         assert cfg.trainer.num_workers == min(8, 16 // gpus - 1)
         assert cfg.dataset.name == "synthetic" and cfg.dataset.targets.where == "auto"  # auto: on the GPU
         assert cfg.augment.device == ("cpu" if name in ("train", "resume") else "cuda")
-        assert cfg.trainer.max_steps == (30 if name == "resume" else 20)
+        assert cfg.trainer.max_steps == (50 if name == "resume" else 40)
         assert (cfg.resume == "auto") == (name == "resume")
-    assert stages["resume"].run_dir == stages["train"].run_dir and stages["resume"].resumes_at == 20
+    assert stages["resume"].run_dir == stages["train"].run_dir and stages["resume"].resumes_at == 40
     assert stages["pytest"].argv[stages["pytest"].argv.index("-m", 3) + 1] == "cuda"
     assert "tests/test_cuda.py" in stages["pytest"].argv
 
