@@ -31,7 +31,7 @@ from segtrain.data.augmentations import build_pipeline
 from segtrain.data.coco import load_coco
 from segtrain.data.dataset import PolygonDataset, collate
 from segtrain.data.device_augment import DeviceAugment
-from segtrain.data.device_targets import make_targets_torch
+from segtrain.data.device_targets import BatchTargets, make_targets_torch
 from segtrain.data.labelme import load_labelme
 from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
 from segtrain.data.records import ClassMap
@@ -82,7 +82,7 @@ def _check_device_targets_equal_worker_targets(device: str, root: Path) -> None:
     dense = PolygonDataset(recs, CpuMapper(pipe, TargetSpec(sigma=4.0)), classes=CLASSES)
     pipe2 = build_pipeline(augment_cfg(**over), (256, 320), True)
     compact = PolygonDataset(recs, CpuMapper(pipe2, TargetSpec(sigma=4.0), targets_on_device=True), classes=CLASSES)
-    transform = compact.mapper.batch_transform(dev, 0, 0)
+    transform = BatchTargets(TargetSpec(sigma=4.0))  # what the trainer's batch step runs with these items
     for epoch in range(3):
         for start in range(0, len(recs), 4):
             keys = [(epoch, i) for i in range(start, min(start + 4, len(recs)))]
