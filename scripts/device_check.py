@@ -9,7 +9,8 @@ stage is killed with its whole process tree and the next one starts):
 3. ``train``: the ``v100_bs48`` recipe's shape (Panoptic-DeepLab R50, fp16 + GradScaler, input 512x1024, SyncBN,
    targets built on the GPU, the preset's loader workers and per-GPU batch of 6) on the synthetic set, scaled to
    a few steps, under ``torchrun --nproc_per_node <GPUs>`` (NCCL from 2 GPUs on): images/s, data-wait fraction
-   (goal < 5 %), peak GPU memory, finite losses, ``last.pt`` written.
+   (goal < 5 %), peak GPU memory, finite losses, ``last.pt`` written; with an EMA, whose update count in last.pt
+   gives the number of fp16 overflow steps the GradScaler skipped.
 4. ``resume``: the same run directory again with ``resume=auto`` and more steps: resumed from ``last.pt``.
 5. ``augment_cuda``: as 3 with ``augment.device=cuda``.
 6. ``decode_device``: as 5 with ``dataset.decode=device`` (JPEG decoding on the GPU); "option not available"
@@ -171,6 +172,9 @@ def train_overrides(s: Setup) -> list[str]:
         f"trainer.val_every={10 * total}",  # validation once, at the end
         "trainer.num_log_images=0",
         "trainer.progress=false",
+        # not in the preset: the EMA counts only real optimiser steps, so last.pt tells how many fp16 steps the
+        # GradScaler skipped (typically the first few, while the scale comes down from 2^16)
+        "trainer.ema.decay=0.999",
     ]
 
 
@@ -472,6 +476,12 @@ def parse_training(st: Stage, _: str) -> dict[str, Any]:
     else:
         blob = torch.load(ck, map_location="cpu", weights_only=True)
         out["checkpoint"] = {"path": str(ck), "step": int(blob["step"]), "world_size": blob.get("world_size")}
+        scaler = blob.get("scaler") or {}
+        if scaler and "ema_updates" in blob:
+            out["fp16"] = {
+                "scale": scaler.get("scale"),
+                "overflow_steps_skipped": int(blob["step"]) - int(blob["ema_updates"]),
+            }
         if int(blob["step"]) != st.steps:
             problems.append(f"last.pt is at step {blob['step']}, expected {st.steps}")
     if st.resumes_at:
@@ -567,6 +577,8 @@ def one_line(name: str, r: dict[str, Any]) -> str:
             f"loss {r['losses'][-1]:.3f}" + (" finite" if r.get("loss_finite") else " NOT finite"),
             f"last.pt step {r.get('checkpoint', {}).get('step')}",
         ]
+        if "fp16" in r:
+            parts.append(f"fp16 overflow steps skipped {r['fp16']['overflow_steps_skipped']}")
         return f"  {name:18s} {status:13s} {', '.join(parts)} {secs}"
     if name == "bench_loader":
         rows = ", ".join(f"{k} {v.get('cpu')}x" for k, v in r.get("full_over_decode", {}).items())

@@ -132,6 +132,39 @@ def test_a_stuck_stage_is_killed_with_its_children(tmp_path):
     assert not leftovers, f"left running: {[p.pid for p in leftovers]}"
 
 
+def test_gpu_training_figures_are_read_from_the_run_directory(tmp_path):
+    """What a GPU run leaves (metrics with peak memory, an fp16 checkpoint with a scaler and EMA count), read
+    as the report reads it: steady state without the warm-up steps, fp16 steps skipped = steps - EMA updates."""
+    import torch
+
+    dc = load_script()
+    st = next(x for x in dc.plan(dc.Setup(cpu_smoke=False, gpus=1, work=tmp_path)) if x.name == "train")
+    run = st.run_dir
+    (run / "checkpoints").mkdir(parents=True)
+    rows = [
+        {"split": "train", "epoch": 0, "step": k, "loss/total": 3.0 - k / 100, "perf/images_per_s": ips,
+         "perf/data_wait_frac": wait, "perf/step_time_s": 0.05, "perf/peak_mem_gib": mem}
+        for k, ips, wait, mem in [(5, 10.0, 0.9, 20.5), (10, 50.0, 0.5, 21.0), (15, 100.0, 0.02, 21.5),
+                                  (20, 120.0, 0.04, 21.2)]
+    ]  # fmt: skip
+    rows.append({"split": "val", "epoch": 0, "step": 20, "miou": 0.1})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "train.log").write_text("12:00:00 INFO segtrain: world size 1, backend -, device cuda:0, OMP threads 8\n")
+    blob = {"step": 40, "world_size": 1, "scaler": {"scale": 8192.0}, "ema_updates": 37, "model": {}}
+    torch.save(blob, run / "checkpoints" / "last.pt")
+    st.steps = 40
+    got = dc.parse_training(st, "")
+    assert "problems" not in got
+    assert got["images_per_s"] == 110.0 and got["data_wait_frac"] == 0.03 and got["steady_steps"] == [11, 20]
+    assert got["peak_mem_gib"] == 21.5 and got["loss_finite"] and got["data_wait_goal_met"]
+    assert got["fp16"] == {"scale": 8192.0, "overflow_steps_skipped": 3}
+    assert got["launch"] == "world size 1, backend -, device cuda:0, OMP threads 8"
+    line = dc.one_line("train", {"status": "ok", "seconds": 50, **got})
+    assert "110.0 img/s, data-wait 3.0 %, peak 21.5 GiB" in line and "fp16 overflow steps skipped 3" in line
+    st.steps = 41
+    assert dc.parse_training(st, "")["problems"] == ["last.pt is at step 40, expected 41"]
+
+
 @pytest.mark.slow
 def test_cpu_smoke_trains_resumes_and_reports(tmp_path):
     """The stages' real logic on the CPU: cpu_smoke under torchrun with 2 gloo processes, 2 steps, resume=auto to
