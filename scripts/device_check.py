@@ -121,7 +121,7 @@ class Setup:
     gpus: int
     work: Path
     image_size: tuple[int, int] = (1024, 2048)
-    steps: int = 40  # first training run (one epoch on 1 GPU); the resume run adds steps // 4
+    steps: int = 40  # first training run (two epochs on 1 GPU); the resume run adds steps // 4
 
     @property
     def first_total(self) -> tuple[int, int]:
@@ -152,9 +152,9 @@ def train_overrides(s: Setup) -> list[str]:
     per_gpu = 48 // PRESET_GPUS
     batch = per_gpu * s.nproc
     total = s.first_total[1]
-    # One epoch per first run where the set stays small: writing big JPEGs is serial (~0.2 s each), and every
-    # epoch end writes last.pt and restarts the loader's prefetching.
-    num_train = min(max(batch * s.steps, 48), 240)
+    # Two epochs per first run on 1 GPU: writing big JPEGs is serial (0.2-0.4 s each), and every epoch end writes
+    # last.pt and restarts the loader's prefetching (more GPUs: shorter epochs, at most 240 images to write).
+    num_train = min(max(batch * s.steps // 2, 48), 240)
     workers = max(1, min(8, s.cores // s.nproc - 1))  # the preset's 8 per rank, where the cores allow
     h, w = s.image_size
     return [
