@@ -1,4 +1,4 @@
-"""Shared fixtures: paths of the real annotated samples."""
+"""Shared fixtures: paths of the real annotated samples; the ``cuda`` marker's skip."""
 
 from __future__ import annotations
 
@@ -9,6 +9,20 @@ import pytest
 TEST_DATA = Path(__file__).resolve().parent / "data"
 # Samples that may not be copied into the repository (GPL-3.0 / unclear provenance) live beside it.
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` skip with the reason "CUDA not available" on machines without a GPU (CI)."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="CUDA not available")
+    for item in marked:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

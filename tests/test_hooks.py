@@ -240,6 +240,15 @@ def test_ema_warmup_ramps_the_decay():
     assert ema.current_decay() == pytest.approx(0.999 * (1 - 1 / 2.718281828459045))
 
 
+def test_overflow_steps_skipped_by_the_scaler_move_neither_weights_nor_ema():
+    """fp16 mechanism on CPU (torch.amp.GradScaler("cpu"), gradients forced to inf on steps 1 and 3): the scaler
+    skips those updates, and the EMA and its warm-up clock skip them too; the LR schedule still advances.
+    tests/test_cuda.py runs the same with real fp16 autocast on a GPU."""
+    from overflow_steps import assert_overflow_steps_skip_the_ema
+
+    assert_overflow_steps_skip_the_ema("cpu", "fp32")
+
+
 def test_trainer_evaluates_and_saves_the_ema(smoke_batches, tmp_path):
     cfg, batches = smoke_batches
     cfg = cfg.copy()

@@ -268,7 +268,7 @@ def test_uint8_semantic_and_half_inputs():
     assert torch.equal(ref, got)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+@pytest.mark.cuda
 def test_cuda_matches_reference_on_cuda():
     """On CUDA the reference's own kernels (norm, argmin, mode) run on CUDA too: compare there."""
     for seed in range(4):

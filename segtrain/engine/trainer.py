@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from segtrain.checkpoint.state import unwrap
-from segtrain.device import autocast, to_device
+from segtrain.device import autocast, scaler_step, scheduler_step, to_device
 from segtrain.distributed import DistInfo, all_reduce_, is_dist
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms
@@ -251,8 +251,9 @@ class Trainer:
                 [totals["total"].float(), norm.float().to(self.device), packed[-1]]
             ).tolist()
             finite = math.isfinite(loss_value) and (self.scaler.is_enabled() or math.isfinite(norm_value))
+            stepped = False  # the optimiser really updated: not when skipped here, nor by the scaler (fp16 overflow)
             if finite:
-                self.scaler.step(self.optimizer)  # the scaler itself skips fp16 overflow steps
+                stepped = scaler_step(self.scaler, self.optimizer)
                 self.state.nonfinite_streak = 0
             else:
                 self._skip_nonfinite(loss_value, norm_value)
@@ -260,8 +261,8 @@ class Trainer:
                     torch._foreach_copy_(self.buffers, saved_buffers)
             self.scaler.update()
             if self.scheduler is not None:
-                self.scheduler.step()
-        if self.ema is not None and finite:
+                scheduler_step(self.scheduler, stepped)  # every loop step, skipped or not (README: fp16)
+        if self.ema is not None and stepped:  # a skipped step moves neither the average nor its warm-up clock
             self.ema.update(self.model)
         self.state.step += 1
         self.state.step_in_epoch += 1
