@@ -278,7 +278,9 @@ class InferenceConfig:
 @dataclass
 class EvaluateConfig:
     resolution: str = "native"  # native: score at the annotation's size; input: at dataset.input_size
-    export: str | None = None  # coco_panoptic: also write predictions as COCO panoptic PNGs + JSON
+    # What else to write (tools/evaluate.py EXPORTS): a name, a list ([coco_panoptic,coco_instances]) or null.
+    # coco_panoptic: predictions as COCO panoptic PNGs + JSON; coco_instances: a COCO results JSON; coco: both
+    export: Any = None
     panoptic: bool = True  # PQ/SQ/RQ and AP for instance-aware models
 
 
@@ -493,7 +495,6 @@ _CHOICES = {
     "dataset.panoptic.background": ("void", "stuff"),
     "inference.mode": ("fit", "pad", "sliding"),
     "evaluate.resolution": ("native", "input"),
-    "evaluate.export": (None, "coco_panoptic"),
     "export.format": ("onnx", "torchscript"),
 }
 
@@ -543,7 +544,7 @@ def validate(cfg: DictConfig) -> None:
 
 #: What validation reports: semantic metrics always, panoptic ones for instance-aware models.
 SEMANTIC_METRICS = ("miou", "pixel_acc")
-PANOPTIC_METRICS = ("pq", "sq", "rq", "pq_th", "pq_st", "ap", "ap50", "ap75")
+PANOPTIC_METRICS = ("pq", "sq", "rq", "pq_th", "pq_st", "ap", "ap50", "ap75", "aps", "apm", "apl")
 VALIDATION_METRICS = SEMANTIC_METRICS + PANOPTIC_METRICS
 
 # key: (lowest allowed value, inclusive?) -- None values are allowed where the schema says Optional

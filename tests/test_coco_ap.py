@@ -1,0 +1,234 @@
+"""Mask AP against the annotation file itself: segtrain's figure equals pycocotools' COCOeval on the COCO
+file and the same detections, on the four cases where scoring the painted panoptic ground truth did not
+(two crowd regions of a class, a small object over a larger whole polygon, an object inside a crowd
+region, a polygon outside its image), on area ranges, and on images of other sizes; plus the
+``evaluate.export`` names and the COCO ids of a results file."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+
+import numpy as np
+import pytest
+from pycocotools import mask as mask_utils
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+from segtrain.config import ConfigError
+from segtrain.data.coco import coco_ids, load_coco
+from segtrain.data.records import AnnotationError, ClassMap
+from segtrain.evaluation.instance_ap import InstanceAP, annotation_instances, encode_masks
+
+STATS = ("ap", "ap50", "ap75", "aps", "apm", "apl")
+
+
+def square(x0, y0, x1, y1):
+    return [[x0, y0, x1, y0, x1, y1, x0, y1]]
+
+
+def box_mask(h, w, x0, y0, x1, y1):
+    m = np.zeros((h, w), np.uint8)
+    m[y0:y1, x0:x1] = 1
+    return m
+
+
+def write_coco(path, images, annotations, categories):
+    """A COCO instances file: images (id, height, width), annotations with area as COCO writes it."""
+    doc = {
+        "images": [{"id": i, "file_name": f"{i}.jpg", "height": h, "width": w} for i, h, w in images],
+        "annotations": [],
+        "categories": [{"id": c, "name": n} for c, n in categories],
+    }
+    sizes = {i: (h, w) for i, h, w in images}
+    for k, a in enumerate(annotations, 1):
+        a = {"id": k, "iscrowd": 0, **a}
+        if "area" not in a:  # COCO's area: the pixel count of the mask the annotation describes
+            h, w = sizes[a["image_id"]]
+            seg = a["segmentation"]
+            rle = mask_utils.merge(mask_utils.frPyObjects(seg, h, w)) if isinstance(seg, list) else seg
+            if isinstance(rle.get("counts"), list):
+                rle = mask_utils.frPyObjects(rle, h, w)
+            a["area"] = float(mask_utils.area(rle))
+        doc["annotations"].append(a)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def detection(image_id, category_id, mask, score):
+    rle = encode_masks(mask[None])[0]
+    return {"image_id": image_id, "category_id": category_id, "segmentation": rle, "score": score}
+
+
+def cocoeval(path, results):
+    """COCOeval's six mask AP figures on the annotation file and a results list."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(str(path))
+        ev = COCOeval(gt, gt.loadRes(copy.deepcopy(results)), "segm")
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    return dict(zip(STATS, ev.stats[:6].tolist(), strict=True))
+
+
+def segtrain_ap(path, results, names):
+    """segtrain's figures: records loaded by the COCO loader, ground truth by ``annotation_instances``,
+    the detections mapped onto classes by category name."""
+    classes = ["background", *names]
+    records, _ = load_coco(path, path.parent, ClassMap(classes), check_files=False)
+    ids = coco_ids(records)
+    assert ids is not None
+    class_of = {ids.category_id(c): c for c in range(1, len(classes))}
+    ap = InstanceAP(range(1, len(classes)))
+    for rec in records:
+        image_id = ids.image_id(rec)
+        pred = [{**d, "category_id": class_of[d["category_id"]]} for d in results if d["image_id"] == image_id]
+        ap.update(annotation_instances(rec, range(1, len(classes))), pred, rec.height, rec.width, image_id=image_id)
+    r = ap.compute()
+    return {k: (-1.0 if np.isnan(r[k]) else r[k]) for k in STATS}, ap
+
+
+def assert_same(path, results, names):
+    ours, _ = segtrain_ap(path, results, names)
+    theirs = cocoeval(path, results)
+    assert ours == pytest.approx(theirs, abs=1e-12), (ours, theirs)
+    return theirs
+
+
+def test_two_crowd_regions_of_one_class_are_two_ignore_regions(tmp_path):
+    h = w = 40
+    crowd_a = mask_utils.encode(np.asfortranarray(box_mask(h, w, 0, 0, 10, 20)))
+    crowd_a["counts"] = crowd_a["counts"].decode()  # compressed RLE
+    crowd_b = {"size": [h, w], "counts": [20 * 40 + 0, 20, 20, 20] + [20] * 0}  # uncompressed, cols 20..21
+    crowd_b["counts"] = [20 * 40 + 20 * 0, 20, h * w - 20 * 40 - 20]  # column 20, rows 0..19
+    js = write_coco(
+        tmp_path / "a.json",
+        [(1, h, w)],
+        [
+            {"image_id": 1, "category_id": 1, "segmentation": square(25, 25, 35, 35)},
+            {"image_id": 1, "category_id": 1, "segmentation": crowd_a, "iscrowd": 1},
+            {"image_id": 1, "category_id": 1, "segmentation": crowd_b, "iscrowd": 1},
+        ],
+        [(1, "car")],
+    )
+    straddling = box_mask(h, w, 5, 0, 21, 20)  # half on each crowd region, more than half on neither alone
+    results = [
+        detection(1, 1, straddling, 0.9),
+        detection(1, 1, box_mask(h, w, 25, 25, 35, 35), 0.8),
+    ]
+    theirs = assert_same(js, results, ["car"])
+    assert theirs["ap"] < 1.0  # merged into one crowd segment, the straddling detection was forgiven (1.0)
+
+
+def test_small_object_over_a_whole_polygon(tmp_path):
+    h = w = 30
+    js = write_coco(
+        tmp_path / "b.json",
+        [(1, h, w)],
+        [
+            {"image_id": 1, "category_id": 1, "segmentation": square(0, 0, 20, 20)},  # whole, under the small one
+            {"image_id": 1, "category_id": 2, "segmentation": square(6, 6, 12, 12)},
+        ],
+        [(1, "table"), (2, "cup")],
+    )
+    visible = box_mask(h, w, 0, 0, 20, 20) - box_mask(h, w, 6, 6, 12, 12)  # what painting left of the table
+    results = [detection(1, 1, visible, 0.9), detection(1, 2, box_mask(h, w, 6, 6, 12, 12), 0.9)]
+    theirs = assert_same(js, results, ["table", "cup"])
+    assert theirs["ap"] < 1.0  # the visible part (IoU 0.91 with the whole table) misses the top thresholds
+
+
+def test_object_inside_a_crowd_region(tmp_path):
+    h = w = 40
+    crowd = mask_utils.encode(np.asfortranarray(box_mask(h, w, 0, 0, 30, 30)))
+    crowd["counts"] = crowd["counts"].decode()
+    js = write_coco(
+        tmp_path / "c.json",
+        [(1, h, w)],
+        [
+            {"image_id": 1, "category_id": 1, "segmentation": crowd, "iscrowd": 1},
+            {"image_id": 1, "category_id": 1, "segmentation": square(10, 10, 20, 20)},
+        ],
+        [(1, "person")],
+    )
+    results = [
+        detection(1, 1, box_mask(h, w, 0, 0, 30, 30), 0.95),  # lies wholly on the crowd region: ignored
+        detection(1, 1, box_mask(h, w, 10, 10, 20, 20), 0.9),
+    ]
+    theirs = assert_same(js, results, ["person"])
+    assert theirs["ap"] == pytest.approx(1.0)
+
+
+def test_annotation_outside_the_image_is_a_ground_truth_never_found(tmp_path):
+    h = w = 30
+    js = write_coco(
+        tmp_path / "d.json",
+        [(1, h, w)],
+        [
+            {"image_id": 1, "category_id": 1, "segmentation": square(5, 5, 15, 15)},
+            {"image_id": 1, "category_id": 1, "segmentation": square(40, 40, 50, 50), "area": 100.0},
+        ],
+        [(1, "dog")],
+    )
+    records, _ = load_coco(js, tmp_path, ClassMap(["background", "dog"]), check_files=False)
+    gt = annotation_instances(records[0], [1])
+    assert len(gt) == 2 and mask_utils.area(gt[1]["segmentation"]) == 0 and gt[1]["area"] == 100.0
+    theirs = assert_same(js, [detection(1, 1, box_mask(h, w, 5, 5, 15, 15), 0.9)], ["dog"])
+    assert theirs["ap"] == pytest.approx(0.5049504950495, abs=1e-9)  # recall 0.5 of 2
+
+
+def test_area_ranges_images_of_other_sizes_and_file_ids(tmp_path):
+    """Small / medium / large objects over images of three sizes, string-free integer ids that are not
+    0..n-1, categories whose ids are not the class indices, the file's area fields (not pixel counts)."""
+    rng = np.random.default_rng(0)
+    images = [(101, 60, 80), (7, 200, 150), (55, 130, 120)]
+    anns, results = [], []
+    for image_id, h, w in images:
+        for s in (4, 6, 12, 30, 45, 110):  # areas < 32^2, between, > 96^2
+            if s >= min(h, w):
+                continue
+            x0, y0 = int(rng.integers(0, w - s)), int(rng.integers(0, h - s))
+            cat = int(rng.choice([3, 9]))
+            anns.append({"image_id": image_id, "category_id": cat, "segmentation": square(x0, y0, x0 + s, y0 + s)})
+            jit = int(rng.integers(0, 3))
+            m = box_mask(h, w, x0 + jit, y0, x0 + s, y0 + s - jit)
+            results.append(detection(image_id, cat if rng.random() < 0.85 else 12 - cat, m, float(rng.random())))
+        results.append(detection(image_id, 3, box_mask(h, w, 0, 0, w // 3, h // 3), 0.5))
+    anns[0]["area"] = 5000.0  # an area field that disagrees with the mask: COCOeval's ranges read the field
+    js = write_coco(tmp_path / "e.json", images, anns, [(3, "bus"), (9, "van")])
+    theirs = assert_same(js, results, ["bus", "van"])
+    assert all(v > 0 for v in theirs.values())
+
+
+def test_results_ids_are_the_files(tmp_path):
+    js = write_coco(
+        tmp_path / "f.json",
+        [(42, 10, 10)],
+        [
+            {"image_id": 42, "category_id": 17, "segmentation": square(1, 1, 5, 5)},
+            {"image_id": 42, "category_id": 18, "segmentation": square(5, 5, 9, 9)},
+        ],
+        [(17, "a"), (18, "b")],
+    )
+    records, _ = load_coco(js, tmp_path, ClassMap(["background", "a", "b"]), check_files=False)
+    ids = coco_ids(records)
+    assert ids is not None and ids.image_id(records[0]) == 42
+    assert (ids.category_id(1), ids.category_id(2)) == (17, 18)
+    merged, _ = load_coco(js, tmp_path, ClassMap(["background", "ab"], {"a": "ab", "b": "ab"}), check_files=False)
+    merged_ids = coco_ids(merged)
+    assert merged_ids is not None
+    with pytest.raises(AnnotationError, match="stands for categories \\[17, 18\\]"):
+        merged_ids.category_id(1, "ab")
+
+
+def test_export_names():
+    from segtrain.tools.evaluate import export_names
+
+    assert export_names(None) == []
+    assert export_names("coco_instances") == ["coco_instances"]
+    assert export_names(["coco_panoptic", "coco_instances"]) == ["coco_panoptic", "coco_instances"]
+    assert export_names("coco_panoptic,coco_instances") == ["coco_panoptic", "coco_instances"]
+    assert export_names("coco") == ["coco_panoptic", "coco_instances"]
+    with pytest.raises(ConfigError, match="'coco_instance' is not an export"):
+        export_names("coco_instance")
