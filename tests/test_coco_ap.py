@@ -1,8 +1,9 @@
 """Mask AP against the annotation file itself: segtrain's figure equals pycocotools' COCOeval on the COCO
 file and the same detections, on the four cases where scoring the painted panoptic ground truth did not
 (two crowd regions of a class, a small object over a larger whole polygon, an object inside a crowd
-region, a polygon outside its image), on area ranges, and on images of other sizes; plus the
-``evaluate.export`` names and the COCO ids of a results file."""
+region, a polygon outside its image), on area ranges, and on images of other sizes; the same rule on
+Cityscapes polygons and COCO panoptic PNG segments; the ``evaluate.export`` names and the COCO ids of a
+results file."""
 
 from __future__ import annotations
 
@@ -239,3 +240,78 @@ def test_export_names():
     assert export_names("coco") == ["coco_panoptic", "coco_instances"]
     with pytest.raises(ConfigError, match="'coco_instance' is not an export"):
         export_names("coco_instance")
+
+
+def test_cityscapes_instances_are_whole_polygons_and_groups_are_crowds(tmp_path):
+    """The same rule on Cityscapes polygons: a car drawn over another leaves the first one whole, a
+    ``cargroup`` is a crowd region of car, the void region under everything is no instance."""
+    import cv2
+
+    from segtrain.data.cityscapes import TRAIN_CLASSES, load_cityscapes
+
+    h, w = 40, 60
+    objects = [
+        {"label": "road", "polygon": [[0, 20], [59, 20], [59, 39], [0, 39]]},
+        {"label": "car", "polygon": [[5, 5], [30, 5], [30, 25], [5, 25]]},
+        {"label": "car", "polygon": [[20, 10], [40, 10], [40, 30], [20, 30]]},  # over the first car
+        {"label": "cargroup", "polygon": [[45, 2], [58, 2], [58, 15], [45, 15]]},
+    ]
+    gt = tmp_path / "gtFine" / "val" / "city" / "a_000000_000000_gtFine_polygons.json"
+    gt.parent.mkdir(parents=True)
+    gt.write_text(json.dumps({"imgHeight": h, "imgWidth": w, "objects": objects}))
+    img = tmp_path / "leftImg8bit" / "val" / "city" / "a_000000_000000_leftImg8bit.png"
+    img.parent.mkdir(parents=True)
+    cv2.imwrite(str(img), np.zeros((h, w, 3), np.uint8))
+    records, _ = load_cityscapes(img.parents[1], gt.parents[1], ClassMap(list(TRAIN_CLASSES)))
+    car = list(TRAIN_CLASSES).index("car")
+    things = [car, list(TRAIN_CLASSES).index("person")]
+    inst = annotation_instances(records[0], things)
+    assert [(g["category_id"], g["iscrowd"]) for g in inst] == [(car, 0), (car, 0), (car, 1)]
+    first = mask_utils.decode(inst[0]["segmentation"])
+    covered = mask_utils.decode(inst[1]["segmentation"])
+    assert (first & covered).sum() > 0, "the first car keeps the pixels the second one covers"
+    ap = InstanceAP(things)
+    ap.update(inst, [{**g, "score": 0.9} for g in inst if not g["iscrowd"]], h, w)
+    assert ap.compute()["ap"] == pytest.approx(1.0)  # each car found by its own whole mask
+
+
+def test_coco_panoptic_segments_come_from_their_png(tmp_path):
+    """COCO panoptic records hold no polygons: each thing segment (crowds too, each its own) is read from
+    the PNG at the image's size."""
+    import cv2
+
+    from segtrain.data.coco_panoptic import load_coco_panoptic
+    from segtrain.evaluation.panoptic_export import encode_ids
+
+    h, w = 20, 30
+    ids = np.zeros((h, w), np.int64)
+    ids[2:8, 2:10] = 5  # person
+    ids[10:18, 2:10] = 9  # person crowd
+    ids[10:18, 12:20] = 11  # another person crowd
+    ids[0:20, 22:30] = 300  # sky (stuff)
+    (tmp_path / "pan").mkdir()
+    (tmp_path / "img").mkdir()
+    cv2.imwrite(str(tmp_path / "pan" / "a.png"), cv2.cvtColor(encode_ids(ids), cv2.COLOR_RGB2BGR))
+    cv2.imwrite(str(tmp_path / "img" / "a.jpg"), np.zeros((h, w, 3), np.uint8))
+    segs = [
+        {"id": 5, "category_id": 1, "iscrowd": 0, "area": 48, "bbox": [2, 2, 8, 6]},
+        {"id": 9, "category_id": 1, "iscrowd": 1, "area": 64, "bbox": [2, 10, 8, 8]},
+        {"id": 11, "category_id": 1, "iscrowd": 1, "area": 64, "bbox": [12, 10, 8, 8]},
+        {"id": 300, "category_id": 2, "iscrowd": 0, "area": 160, "bbox": [22, 0, 8, 20]},
+    ]
+    doc = {
+        "images": [{"id": 1, "file_name": "a.jpg", "height": h, "width": w}],
+        "annotations": [{"image_id": 1, "file_name": "a.png", "segments_info": segs}],
+        "categories": [{"id": 1, "name": "person", "isthing": 1}, {"id": 2, "name": "sky", "isthing": 0}],
+    }
+    (tmp_path / "pan.json").write_text(json.dumps(doc))
+    records, _ = load_coco_panoptic(
+        tmp_path / "pan.json", tmp_path / "img", tmp_path / "pan", ClassMap(["background", "person", "sky"])
+    )
+    inst = annotation_instances(records[0], [1])
+    assert [(g["category_id"], g["iscrowd"], int(mask_utils.area(g["segmentation"]))) for g in inst] == [
+        (1, 0, 48),
+        (1, 1, 64),
+        (1, 1, 64),
+    ]
+    assert np.array_equal(mask_utils.decode(inst[0]["segmentation"]), (ids == 5).astype(np.uint8))
