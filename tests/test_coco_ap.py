@@ -273,6 +273,13 @@ def test_cityscapes_instances_are_whole_polygons_and_groups_are_crowds(tmp_path)
     ap = InstanceAP(things)
     ap.update(inst, [{**g, "score": 0.9} for g in inst if not g["iscrowd"]], h, w)
     assert ap.compute()["ap"] == pytest.approx(1.0)  # each car found by its own whole mask
+    # without a COCO file of its own, the export's ground_truth.json + results.json rescore to the same figures
+    visible = box_mask(h, w, 5, 5, 20, 26)
+    ap.update(inst, [detection(1, car, visible, 0.8), {**inst[1], "score": 0.7}], h, w, image_id=1)
+    gt_file = tmp_path / "ground_truth.json"
+    gt_file.write_text(json.dumps(ap.ground_truth(dict(enumerate(TRAIN_CLASSES)))))
+    ours = ap.compute()
+    assert cocoeval(gt_file, ap.results()) == pytest.approx({k: ours[k] if ours[k] == ours[k] else -1.0 for k in STATS})
 
 
 def test_coco_panoptic_segments_come_from_their_png(tmp_path):

@@ -45,7 +45,9 @@ class ExportContext:
 
 class Export:
     """One export of a run. ``on_image`` (optional) is ``PanopticEvaluator``'s per-image callback (COCO
-    panoptic id maps + segments of prediction and ground truth); ``finish(evaluators)`` runs on every
+    panoptic id maps + segments of prediction and ground truth); an export that needs every batch's raw
+    outputs (semantic logits, say) also implements the ``Evaluator`` protocol (``reset``, ``process(batch,
+    outputs)``, ``result() -> {}``) and runs beside the evaluators; ``finish(evaluators)`` runs on every
     rank after the metrics (collective) and returns ``{eval.json key: path}`` of what rank 0 wrote."""
 
     on_image: Callable[..., None] | None = None
@@ -177,6 +179,7 @@ def evaluate_checkpoint(cfg: Any, blob: Any, dist: DistInfo, run_dir: Path) -> d
     evaluators = evaluators_for(
         cfg, model, dist.device, panoptic=panoptic, records=dataset.records, on_image=_on_image(exports)
     )
+    evaluators += [e for e in exports if callable(getattr(e, "process", None))]
     where = (
         f"native resolution, inference.mode={cfg.inference.mode}"
         if native
