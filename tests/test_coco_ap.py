@@ -322,3 +322,23 @@ def test_coco_panoptic_segments_come_from_their_png(tmp_path):
         (1, 1, 64),
     ]
     assert np.array_equal(mask_utils.decode(inst[0]["segmentation"]), (ids == 5).astype(np.uint8))
+
+
+def test_predictions_at_the_input_size_are_read_back_onto_the_image_grid():
+    """``ids_at_size`` inverts the validation geometry (fit top-left + pad): a mask sent through
+    ``prepare_input`` and read back lands where it was."""
+    import torch
+
+    from segtrain.data.mappers import prepare_input
+    from segtrain.evaluation.evaluator import ids_at_size
+
+    h, w = 90, 150
+    mask = box_mask(h, w, 37, 20, 101, 71)
+    image = np.repeat(mask[..., None] * 255, 3, axis=2).astype(np.uint8)
+    fitted, scale = prepare_input(image, "fit", (64, 64), 32)
+    assert fitted.shape[:2] == (64, 64) and scale == pytest.approx(64 / 150)
+    ids = torch.from_numpy((fitted[..., 0] > 127).astype(np.int64))
+    back = ids_at_size(ids, (h, w), scale).numpy()
+    assert back.shape == (h, w)
+    inter, union = (back & mask).sum(), (back | mask).sum()
+    assert inter / union > 0.93  # one input pixel is 2.3 image pixels: only the border may differ
