@@ -342,3 +342,17 @@ def test_predictions_at_the_input_size_are_read_back_onto_the_image_grid():
     assert back.shape == (h, w)
     inter, union = (back & mask).sum(), (back | mask).sum()
     assert inter / union > 0.93  # one input pixel is 2.3 image pixels: only the border may differ
+
+
+def test_per_class_figures_without_ground_truth_are_null_in_metrics_jsonl(tmp_path):
+    from segtrain.engine.recorder import Recorder
+
+    rec = Recorder(tmp_path, True)
+    rec.log("val", 0, 1, {"ap": 0.5, "apl": float("nan"), "ap_per_class": {"bus": 0.5, "van": float("nan")}})
+    rec.close()
+
+    def strict(name):
+        raise AssertionError(f"{name} is not JSON")
+
+    row = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=strict)
+    assert row["apl"] is None and row["ap_per_class"] == {"bus": 0.5, "van": None}

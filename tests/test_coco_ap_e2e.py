@@ -191,7 +191,12 @@ def test_cocoeval_on_the_annotation_file_gives_eval_json(setup, resolution):
 
 def test_validation_reports_every_ap_figure(setup):
     base = setup[0]
-    rows = [json.loads(line) for line in (base / "run" / "metrics.jsonl").read_text().splitlines()]
+
+    def strict(name):
+        raise AssertionError(f"metrics.jsonl holds {name}, which is not JSON (null is)")
+
+    lines = (base / "run" / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line, parse_constant=strict) for line in lines]
     val = [r for r in rows if r["split"] == "val"]
     assert val
     for key in ("ap", "ap50", "ap75", "aps", "apm", "apl"):
