@@ -287,9 +287,10 @@ class InferenceConfig:
 @dataclass
 class EvaluateConfig:
     resolution: str = "native"  # native: score at the annotation's size; input: at dataset.input_size
-    # coco_panoptic: also write predictions as COCO panoptic PNGs + JSON; cityscapes: in the official
-    # Cityscapes result formats (labelIds PNGs, instance masks + txt, panoptic PNG + JSON)
-    export: str | None = None
+    # What else to write (tools/evaluate.py EXPORTS): a name, a list ([coco_panoptic,coco_instances]) or null.
+    # coco_panoptic: predictions as COCO panoptic PNGs + JSON; coco_instances: a COCO results JSON; coco: both;
+    # cityscapes: the official Cityscapes result formats (labelIds PNGs, instance masks + txt, panoptic PNG + JSON)
+    export: Any = None
     panoptic: bool = True  # PQ/SQ/RQ and AP for instance-aware models
 
 
@@ -501,7 +502,6 @@ _CHOICES = {
     "dataset.panoptic.background": ("void", "stuff"),
     "inference.mode": ("fit", "pad", "sliding"),
     "evaluate.resolution": ("native", "input"),
-    "evaluate.export": (None, "coco_panoptic", "cityscapes"),
     "export.format": ("onnx", "torchscript"),
 }
 
@@ -549,7 +549,7 @@ def validate(cfg: DictConfig) -> None:
 
 #: What validation reports: semantic metrics always, panoptic ones for instance-aware models.
 SEMANTIC_METRICS = ("miou", "pixel_acc")
-PANOPTIC_METRICS = ("pq", "sq", "rq", "pq_th", "pq_st", "ap", "ap50", "ap75")
+PANOPTIC_METRICS = ("pq", "sq", "rq", "pq_th", "pq_st", "ap", "ap50", "ap75", "aps", "apm", "apl")
 VALIDATION_METRICS = SEMANTIC_METRICS + PANOPTIC_METRICS
 
 # key: (lowest allowed value, inclusive?) -- None values are allowed where the schema says Optional

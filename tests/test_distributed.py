@@ -88,7 +88,7 @@ def test_distributed_evaluation_is_exact_on_odd_sized_val(runs):
     ckpt = runs["single"] / "checkpoints" / "last.pt"
     base = runs["base"]
     # the data set to score is given on the command line (a checkpoint never decides what data is generated)
-    data = ["experiment=cpu_smoke", "dataset.synthetic.num_val=5"]
+    data = ["experiment=cpu_smoke", "dataset.synthetic.num_val=5", "evaluate.export=coco_instances"]
     run_module("segtrain.evaluate", [*data, f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval1'}"], base, runs["cache"])
     run_module(
         "segtrain.evaluate", [*data, f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval2'}"], base, runs["cache"], nproc=2
@@ -100,6 +100,8 @@ def test_distributed_evaluation_is_exact_on_odd_sized_val(runs):
     assert e1["iou"] == e2["iou"]
     for key in ("pq", "sq", "rq", "ap", "ap50"):  # summed counts and IoU sums, gathered instances: exact
         assert e1[key] == pytest.approx(e2[key], abs=1e-12), key
+    exported = [(base / d / "coco_instances" / "results.json").read_text() for d in ("eval1", "eval2")]
+    assert exported[0] == exported[1], "rank 0 writes every rank's detections, in one order"
     val = [json.loads(x) for x in (runs["single"] / "metrics.jsonl").read_text().splitlines()]
     assert e1["miou"] == pytest.approx([r for r in val if r["split"] == "val"][-1]["miou"], abs=1e-12)
 

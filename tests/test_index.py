@@ -100,18 +100,20 @@ def test_index_gives_the_legacy_records_on_every_sample(test_data, tmp_path):
         if fmt == "coco":
             js = _placeholders(path, tmp_path / f"coco{k}")
             names = ["background", *dict.fromkeys(_coco_names(js))]
+            areas = _coco_areas(js)
             old, old_rep = legacy.load_coco(js, js.parent, legacy.ClassMap(names), on_error="skip")
             new, new_rep = load_coco(js, js.parent, ClassMap(names), on_error="skip")
             cached = [load_coco(js, js.parent, ClassMap(names), on_error="skip", cache_dir=cache)[0] for _ in "ab"]
         else:
             names = ["background", *_labelme_labels(path)]
+            areas = {}
             old, old_rep = legacy.load_labelme(path, legacy.ClassMap(names), on_error="skip")
             new, new_rep = load_labelme(path, ClassMap(names), on_error="skip")
             cached = [load_labelme(path, ClassMap(names), on_error="skip", cache_dir=cache)[0] for _ in "ab"]
         assert isinstance(new, RecordIndex) and len(new) == len(old) > 0, path
         assert cached[0].file is not None and cached[1].file == cached[0].file
         for a, b, c in zip(old, new, cached[1], strict=True):
-            assert records_equal(_as_new(a), b), (path, a.image_id)
+            assert records_equal(_as_new(a, areas), b), (path, a.image_id)
             assert records_equal(b, c), (path, a.image_id)
             for inst in b.instances:
                 assert all(p.dtype == np.float64 and p.ndim == 2 and p.shape[1] == 2 for p in inst.polygons)
@@ -121,10 +123,18 @@ def test_index_gives_the_legacy_records_on_every_sample(test_data, tmp_path):
     assert n_records >= 9  # tests/data alone holds 9 records (more with ../shared/data)
 
 
-def _as_new(rec) -> ImageRecord:
+def _coco_areas(js) -> dict:
+    """Annotation id -> the file's ``area`` (what COCO records keep for COCOeval's area ranges)."""
+    anns = json.loads(js.read_text()).get("annotations", [])
+    return {str(a["id"]): float(a["area"]) for a in anns if isinstance(a, dict) and type(a.get("area")) in (int, float)}
+
+
+def _as_new(rec, areas: dict | None = None) -> ImageRecord:
     """A legacy record as the current dataclasses (same field values; LabelMe records now also say that
-    LabelMe annotates the EXIF-rotated view)."""
-    insts = [Instance(**vars(i)) for i in rec.instances]
+    LabelMe annotates the EXIF-rotated view; COCO instances now keep the file's ``area``, given by
+    annotation id in ``areas``)."""
+    areas = areas or {}
+    insts = [Instance(**vars(i), area=areas.get(i.ann_id)) for i in rec.instances]
     orientation = (
         "exif" if str(rec.source).endswith(".json") and rec.source.endswith(f"{rec.image_id}.json") else "stored"
     )
@@ -553,7 +563,8 @@ def test_many_small_chunks_give_the_legacy_records(test_data, tmp_path, monkeypa
         names = ["background", *dict.fromkeys(_coco_names(js))]
         old, _ = legacy.load_coco(js, js.parent, legacy.ClassMap(names))
         new, _ = load_coco(js, js.parent, ClassMap(names))
-        assert len(old) == len(new) and all(records_equal(_as_new(a), b) for a, b in zip(old, new, strict=True))
+        areas = _coco_areas(js)
+        assert len(old) == len(new) and all(records_equal(_as_new(a, areas), b) for a, b in zip(old, new, strict=True))
 
 
 def _not_splittable(raw):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -200,5 +202,5 @@ def test_gather_over_two_processes_equals_one(tmp_path):
     out = tmp_path / "ap.pt"
     torch.multiprocessing.spawn(_gather_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
     got = torch.load(out, weights_only=False)
-    assert got == expected
+    assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)  # NaN (no small objects) too
     assert 0 < expected["ap"] < 1

@@ -19,10 +19,12 @@ unless ``check_files=True``: a missing image is reported when it is read (see im
 
 from __future__ import annotations
 
+import math
 import os
 from array import array
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import itemgetter, methodcaller
 from pathlib import Path
@@ -67,8 +69,9 @@ def load_coco(
     Polygon segmentations (one or more parts, unioned) and RLE segmentations (compressed string
     counts or uncompressed integer counts) are supported. ``iscrowd`` annotations get class 255
     (no centre, no offset) and keep their own class in ``crowd_class``, which the semantic target
-    carries unless ``dataset.crowd_in_semantic=false``. ``area`` and ``bbox`` are
-    not used. Images without annotations are kept (all background).
+    carries unless ``dataset.crowd_in_semantic=false``. ``area`` and ``bbox`` are not used for training
+    (``area`` is kept: COCOeval's small / medium / large ranges read it). Images without annotations are
+    kept (all background).
 
     ``cache_dir``: cache the built index there (``<cache_dir>/index``; None: no cache).
     ``check_files``: stat every image file now and report all missing ones at once (the data
@@ -409,6 +412,7 @@ _get_image = methodcaller("get", "image_id")
 _get_cat = methodcaller("get", "category_id")
 _get_id = methodcaller("get", "id")
 _get_crowd = methodcaller("get", "iscrowd", 0)
+_get_area = methodcaller("get", "area")
 _get_file = methodcaller("get", "file_name")
 _get_height = methodcaller("get", "height")
 _get_width = methodcaller("get", "width")
@@ -424,20 +428,29 @@ class _Pending:
         self.code: list[np.ndarray] = []
         self.crowd: list[np.ndarray] = []
         self.nparts: list[np.ndarray] = []
+        self.area: list[np.ndarray] = []
         self.ids: list[np.ndarray | list] = []
         self.parts: list = []
 
-    def add(self, fidx, img, code, crowd, nparts, ids, parts: list) -> None:
+    def add(self, fidx, img, code, crowd, nparts, ids, parts: list, area) -> None:
         self.fidx.append(np.asarray(fidx, np.int64))
         self.img.append(np.asarray(img, np.int64))
         self.code.append(np.asarray(code, np.int64))
         self.crowd.append(np.asarray(crowd, bool))
         self.nparts.append(np.asarray(nparts, np.int64))
+        self.area.append(np.asarray(area, np.float64))
         self.ids.append(ids)
         self.parts.extend(parts)
 
     def cat(self) -> tuple[np.ndarray, ...]:
-        return tuple(np.concatenate(x) for x in (self.fidx, self.img, self.code, self.crowd, self.nparts))
+        return tuple(np.concatenate(x) for x in (self.fidx, self.img, self.code, self.crowd, self.nparts, self.area))
+
+
+def _area(v: Any) -> float:
+    """An annotation's ``area`` field as a float; NaN when absent or not a finite number (kept as null)."""
+    if type(v) in (int, float) and math.isfinite(v):
+        return float(v)
+    return math.nan
 
 
 def _cat_ids(parts: list[np.ndarray | list]) -> np.ndarray | list:
@@ -483,6 +496,7 @@ class _Annotations:
         try:
             segs, ims, cats = list(map(_get_seg, chunk)), list(map(_get_image, chunk)), list(map(_get_cat, chunk))
             aids, crowds = list(map(_get_id, chunk)), list(map(_get_crowd, chunk))
+            areas = list(map(_area, map(_get_area, chunk)))
         except AttributeError:
             return None
         if not (set(map(type, ims)) <= _ID_TYPES and set(map(type, cats)) <= _ID_TYPES):
@@ -512,6 +526,7 @@ class _Annotations:
             np.fromiter(map(len, chosen), np.int64, len(chosen)),
             _int_ids(ids),
             list(chain.from_iterable(chosen)),
+            [areas[k] for k in sel.tolist()],
         )
         return take
 
@@ -562,11 +577,11 @@ class _Annotations:
                     raise ValueError("empty 'segmentation' list (no polygon)")
                 if set(map(type, seg)) <= {int, float}:
                     seg = [seg]  # a single flat polygon without the outer list
-                pend.add([i], [j], [code], [bool(crowd)], [len(seg)], _int_ids([aid]), seg)
+                pend.add([i], [j], [code], [bool(crowd)], [len(seg)], _int_ids([aid]), seg, [_area(a.get("area"))])
                 return
             if isinstance(seg, dict):
                 self.rles[i] = coco_rle(seg, self.imgs.heights[j], self.imgs.widths[j])
-                pend.add([i], [j], [code], [bool(crowd)], [0], _int_ids([aid]), [])
+                pend.add([i], [j], [code], [bool(crowd)], [0], _int_ids([aid]), [], [_area(a.get("area"))])
                 return
             raise ValueError(
                 "no 'segmentation' (polygon list or RLE); bounding-box-only annotations cannot train segmentation"
@@ -577,7 +592,7 @@ class _Annotations:
     def _finish(self, pend: _Pending) -> None:
         """Vectorised checks of all polygons of a chunk; keep the good annotations."""
         parts = pend.parts
-        fidx, img, code, crowd, nparts = pend.cat()
+        fidx, img, code, crowd, nparts, area = pend.cat()
         ids = _cat_ids(pend.ids)
         buf, lens, reasons = _convert_parts(parts)
         v = np.frombuffer(buf, np.float64) if len(buf) else np.zeros(0, np.float64)
@@ -608,10 +623,11 @@ class _Annotations:
             v = v[np.repeat(part_keep, lens)]
             lens = lens[part_keep]
             fidx, img, code, crowd, nparts = fidx[keep], img[keep], code[keep], crowd[keep], nparts[keep]
+            area = area[keep]
             ids = ids[keep] if isinstance(ids, np.ndarray) else [x for x, k in zip(ids, keep.tolist()) if k]
         else:
             v = v.copy()  # own the memory (the array buffer is freed)
-        self.done.add(fidx, img, code, crowd, nparts, ids, [])
+        self.done.add(fidx, img, code, crowd, nparts, ids, [], area)
         self.verts.append(v.reshape(-1, 2))
         self.part_lens.append(lens // 2)
 
@@ -619,10 +635,11 @@ class _Annotations:
         """Instances grouped by image (file order within an image), polygons, vertices."""
         d = self.done
         if d.fidx:
-            fidx, img, code, crowd, nparts = d.cat()
+            fidx, img, code, crowd, nparts, area = d.cat()
         else:
             fidx = img = code = nparts = np.zeros(0, np.int64)
             crowd = np.zeros(0, bool)
+            area = np.zeros(0, np.float64)
         ids = _cat_ids(d.ids)
         order = np.lexsort((fidx, img))
         part_start = np.cumsum(nparts) - nparts
@@ -650,6 +667,8 @@ class _Annotations:
             "inst/rle/data": np.frombuffer(b"".join(b for _, b in rle_items), np.uint8),
             "part/vert_off": vert_off,
             "vert": np.concatenate(self.verts) if self.verts else np.zeros((0, 2), np.float64),
+            "inst/area": np.nan_to_num(area[order], nan=0.0),
+            "inst/area/null": np.isnan(area[order]),
         }
         self.verts = []
         if isinstance(ids, np.ndarray):
@@ -660,7 +679,7 @@ class _Annotations:
                 [ids[k].encode("utf-8") for k in order.tolist()]
             )
             codec = "str"
-        return arrays, {"img": {}, "inst": {"ann_id": {"codec": codec}}}
+        return arrays, {"img": {}, "inst": {"ann_id": {"codec": codec}, "area": {"codec": "float"}}}
 
 
 def _part_problem(n: int, nonfinite: bool) -> str:
@@ -671,3 +690,43 @@ def _part_problem(n: int, nonfinite: bool) -> str:
     if n < 6:
         return f"polygon with {n // 2} point(s); a polygon needs at least 3"
     return f"polygon with {n // 2:,} points, more than {MAX_POLYGON_VERTICES:,}: not an outline"
+
+
+# --------------------------------------------------------------------------- ids for results files
+@dataclass(frozen=True)
+class CocoIds:
+    """The annotation file's own ids for segtrain's records and classes: a COCO results file
+    (``evaluate.export=coco_instances``) must name images and categories as the file does."""
+
+    source: str
+    int_image_ids: bool  # the file's image ids are integers (stored as text in records)
+    category_ids: dict[int, list[Any]]  # class index -> the file's category ids mapped onto it
+
+    def image_id(self, record: Any) -> Any:
+        return int(record.image_id) if self.int_image_ids else str(record.image_id)
+
+    def category_id(self, class_id: int, class_name: str = "") -> Any:
+        """The one category of the file that class ``class_id`` stands for; AnnotationError when the class
+        map merged several categories into it (or none maps onto it): COCOeval could not score it."""
+        ids = self.category_ids.get(int(class_id), [])
+        if len(ids) != 1:
+            what = f"categories {ids}" if ids else "no category"
+            raise AnnotationError(
+                f"{self.source}: class {class_name or class_id!r} stands for {what} of this file, so its detections "
+                "have no category id of the file; a COCO results file needs one category per class (drop the "
+                "dataset.class_map entries that merge categories, or leave evaluate.export=coco_instances off)"
+            )
+        return ids[0]
+
+
+def coco_ids(records: Any) -> CocoIds | None:
+    """:class:`CocoIds` of records loaded by :func:`load_coco` (None for any other records)."""
+    if not isinstance(records, RecordIndex) or records.class_lut is None or "label_ids" not in records.meta:
+        return None
+    lut = records.class_lut.tolist()
+    cats: dict[int, list[Any]] = {}
+    for code, cid in enumerate(records.meta["label_ids"]):
+        if lut[code] >= 0:
+            cats.setdefault(int(lut[code]), []).append(cid)
+    codec = records.meta["columns"]["img"]["image_id"]["codec"]
+    return CocoIds(str(records.consts.get("source", "")), codec == "intstr", cats)

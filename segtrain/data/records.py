@@ -58,6 +58,9 @@ class Instance:
     # COCO panoptic: the segment id (R + 256 G + 256^2 B in the record's ``panoptic_png``) whose pixels
     # are this instance; 0 for the VOID region. None for polygon / RLE instances.
     segment_id: int | None = None
+    # COCO: the annotation's own ``area`` field (None when absent). COCOeval sorts ground truth into its
+    # small / medium / large ranges by this number, not by the mask's pixel count, so AP scoring keeps it.
+    area: float | None = None
 
 
 @dataclass

@@ -80,6 +80,8 @@ def _plain(v: Any) -> Any:
         return _plain(v.item())
     if isinstance(v, list | tuple):
         return [_plain(x) for x in v]
+    if isinstance(v, dict):  # per-class figures (``ap_per_class`` is NaN for a class without ground truth)
+        return {k: _plain(x) for k, x in v.items()}
     return v
 
 

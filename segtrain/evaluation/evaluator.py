@@ -20,11 +20,19 @@ from tqdm import tqdm
 
 from segtrain.checkpoint.state import unwrap
 from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL
+from segtrain.data.coco import coco_ids
 from segtrain.data.panoptic_gt import panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
 from segtrain.device import autocast, to_device
 from segtrain.distributed import all_reduce_
-from segtrain.evaluation.instance_ap import InstanceAP, instances_from_panoptic, instances_from_segments
-from segtrain.evaluation.metrics import ConfusionMatrix, PanopticQuality
+from segtrain.evaluation.instance_ap import (
+    InstanceAP,
+    annotation_instances,
+    instance_scores,
+    instances_from_panoptic,
+    instances_from_segments,
+    rle_from_id_map,
+)
+from segtrain.evaluation.metrics import ConfusionMatrix, LabelRangeError, PanopticQuality
 from segtrain.models.postprocess import panoptic_segmentation
 
 
@@ -38,19 +46,44 @@ class Evaluator(Protocol):
         ...
 
 
-class SemanticEvaluator:
-    """``miou``, ``pixel_acc`` and per-class ``iou`` from the argmax of the semantic logits."""
+_RANGE_FIX = (
+    "score the checkpoint on the classes it was trained with (dataset.classes, dataset.class_map as in its config), "
+    "or fix the label in the ground truth"
+)
 
-    def __init__(self, num_classes: int, device: torch.device | str = "cpu") -> None:
+
+class SemanticEvaluator:
+    """``miou``, ``pixel_acc`` and per-class ``iou`` from the argmax of the semantic logits; ``records`` (the
+    data set's) name the image whose ground truth holds a label the model does not have."""
+
+    def __init__(
+        self, num_classes: int, device: torch.device | str = "cpu", records: Sequence[Any] | None = None
+    ) -> None:
         self.num_classes = num_classes
         self.device = device
+        self.records = records
         self.reset()
 
     def reset(self) -> None:
         self.cm = ConfusionMatrix(self.num_classes, self.device)
 
     def process(self, batch: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
-        self.cm.update(outputs["semantic"].argmax(1), batch["semantic"])
+        try:
+            self.cm.update(outputs["semantic"].argmax(1), batch["semantic"])
+        except LabelRangeError as e:
+            raise LabelRangeError(
+                f"{self._where(batch, e.value)}: {e}. Fix: {_RANGE_FIX}", e.value, e.num_classes
+            ) from None
+
+    def _where(self, batch: dict[str, torch.Tensor], value: int) -> str:
+        """The image (file and annotation file) whose ground truth holds ``value``."""
+        hit = (batch["semantic"] == value).flatten(1).any(1).nonzero()
+        i = int(hit[0]) if hit.numel() else 0
+        if self.records is None or "index" not in batch:
+            return f"validation image {i} of the batch"
+        rec = self.records[int(batch["index"][i])]
+        name = rec.path if rec.path is not None else f"image {rec.image_id!r}"
+        return f"{name} (annotations {rec.source})"
 
     def result(self) -> dict[str, Any]:
         return self.cm.all_reduce().compute()
@@ -136,24 +169,89 @@ class PanopticSpec:
         return panoptic_categories(self.class_names, self.thing_ids, self.background_class, self.background)
 
 
+def ids_at_size(id_map: torch.Tensor, size: tuple[int, int], scale: float) -> torch.Tensor:
+    """An (H', W') id map made on the validation input (the image fitted top-left at ``scale`` input pixels
+    per image pixel, ``data.mappers.prepare_input``'s geometry) read back at the image's own ``size``:
+    each image pixel takes the id of the input pixel under its centre (nearest, ids are labels)."""
+    h, w = int(size[0]), int(size[1])
+    dev = id_map.device
+    ys = (
+        torch.floor(scale * (torch.arange(h, device=dev, dtype=torch.float64) + 0.5))
+        .long()
+        .clamp(max=id_map.shape[-2] - 1)
+    )
+    xs = (
+        torch.floor(scale * (torch.arange(w, device=dev, dtype=torch.float64) + 0.5))
+        .long()
+        .clamp(max=id_map.shape[-1] - 1)
+    )
+    return id_map[..., ys[:, None], xs[None, :]]
+
+
 class PanopticEvaluator:
-    """``pq``, ``sq``, ``rq``, ``pq_th``, ``pq_st`` (COCO panoptic rules) and mask ``ap``/``ap50``/``ap75``
-    from the semantic, centre and offset outputs, against ground truth built from the same records.
+    """``pq``, ``sq``, ``rq``, ``pq_th``, ``pq_st`` (COCO panoptic rules) and mask ``ap``, ``ap50``, ``ap75``,
+    ``aps``, ``apm``, ``apl``, ``ap_per_class`` (COCOeval) from the semantic, centre and offset outputs.
+
+    PQ scores against the panoptic ground truth built from the painted instance map (non-overlapping
+    segments, ``data.panoptic_gt``). AP, given the data set's ``records``, scores against the
+    annotations themselves (``annotation_instances``: whole masks, each crowd its own region, empty
+    annotations kept) at each record's own size, so on COCO data it equals ``COCOeval`` on the
+    annotation file; predictions made on the validation input (``trainer.val_resolution=input``) are
+    read back at that size first (``ids_at_size``, ``input_size`` = ``dataset.input_size``). Without
+    ``records`` AP scores against the panoptic ground truth (visible parts, merged crowds).
 
     ``on_image(batch, i, pred_map, pred_segments, gt_map, gt_segments)`` (optional) sees every image's
     prediction and ground truth as COCO panoptic id maps + segments: the evaluate tool exports them.
     ``seconds`` is the time spent here (post-processing + scoring)."""
 
-    def __init__(self, spec: PanopticSpec, with_ap: bool = True, on_image: Callable[..., None] | None = None) -> None:
+    def __init__(
+        self,
+        spec: PanopticSpec,
+        with_ap: bool = True,
+        on_image: Callable[..., None] | None = None,
+        records: Sequence[Any] | None = None,
+        input_size: tuple[int, int] | None = None,
+        max_image_pixels: int | None = None,
+    ) -> None:
         self.spec = spec
         self.with_ap = with_ap
         self.on_image = on_image
+        self.records = records
+        self.input_size = None if input_size is None else (int(input_size[0]), int(input_size[1]))
+        self.max_image_pixels = max_image_pixels
+        self.coco = coco_ids(records) if records is not None else None
         self.reset()
 
     def reset(self) -> None:
         self.pq = PanopticQuality(self.spec.categories())
         self.ap = InstanceAP(self.spec.thing_ids) if self.with_ap else None
         self.seconds = 0.0
+
+    def image_id(self, index: int) -> int | str:
+        """InstanceAP's id of data set image ``index``: the annotation file's id for COCO data (COCOeval
+        orders images, and breaks score ties, by it), else the index."""
+        return self.coco.image_id(self.records[index]) if self.coco is not None and self.records is not None else index
+
+    def _annotation_ap(
+        self, index: int, panoptic: torch.Tensor, instances: dict[str, torch.Tensor], prob: torch.Tensor
+    ) -> None:
+        assert self.ap is not None and self.records is not None
+        rec = self.records[index]
+        h, w = int(rec.height), int(rec.width)
+        scores = instance_scores(panoptic, prob, instances, self.spec.label_divisor)
+        pan = panoptic.reshape(panoptic.shape[-2:])
+        if tuple(pan.shape) != (h, w):
+            if self.input_size is None:
+                raise ValueError(f"predictions of size {tuple(pan.shape)} for image {rec.image_id!r} of size {(h, w)}")
+            pan = ids_at_size(pan, (h, w), min(self.input_size[0] / h, self.input_size[1] / w))
+        rles = rle_from_id_map(pan, instances["id"].tolist())
+        pred = [
+            {"segmentation": r, "category_id": int(c), "score": float(sc)}
+            for r, c, sc in zip(rles, instances["class"].tolist(), scores.tolist(), strict=True)
+        ]
+        kw = {} if self.max_image_pixels is None else {"max_image_pixels": self.max_image_pixels}
+        gt = annotation_instances(rec, self.spec.thing_ids, **kw)
+        self.ap.update(gt, pred, h, w, image_id=self.image_id(index))
 
     def process(self, batch: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
         t0 = time.perf_counter()
@@ -170,9 +268,12 @@ class PanopticEvaluator:
             index = int(batch["index"][i]) if "index" in batch else len(self.ap.images if self.ap else [])
             if self.ap is not None:
                 assert prob is not None  # computed whenever self.ap is set
-                pred = instances_from_panoptic(panoptic, instances, prob[i], self.spec.label_divisor)
-                gt = instances_from_segments(gt_map, gt_segments, self.spec.thing_ids)
-                self.ap.update(gt, pred, gt_map.shape[0], gt_map.shape[1], image_id=index)
+                if self.records is not None:
+                    self._annotation_ap(index, panoptic, instances, prob[i])
+                else:
+                    pred = instances_from_panoptic(panoptic, instances, prob[i], self.spec.label_divisor)
+                    gt = instances_from_segments(gt_map, gt_segments, self.spec.thing_ids)
+                    self.ap.update(gt, pred, gt_map.shape[0], gt_map.shape[1], image_id=index)
             if self.on_image is not None:
                 self.on_image(batch, i, pred_map, pred_segments, gt_map, gt_segments)
         self.seconds += time.perf_counter() - t0
@@ -191,16 +292,35 @@ class PanopticEvaluator:
         }
         if self.ap is not None:
             a = self.ap.all_reduce().compute()
-            out.update(ap=a["ap"], ap50=a["ap50"], ap75=a["ap75"])
+            out.update({k: a[k] for k in ("ap", "ap50", "ap75", "aps", "apm", "apl")})
+            out["ap_per_class"] = {self.spec.class_names[c]: v for c, v in a["per_class"].items()}
         out["val_panoptic_time_s"] = round(self.seconds + time.perf_counter() - t0, 3)  # this rank's
         return out
 
 
-def evaluators_for(cfg: Any, model: nn.Module, device: torch.device, panoptic: bool = True, **kwargs: Any) -> list:
-    """Semantic metrics always; panoptic metrics for instance-aware models (unless turned off)."""
-    evs: list[Evaluator] = [SemanticEvaluator(int(cfg.model.num_classes), device)]
+def evaluators_for(
+    cfg: Any,
+    model: nn.Module,
+    device: torch.device,
+    panoptic: bool = True,
+    records: Sequence[Any] | None = None,
+    **kwargs: Any,
+) -> list:
+    """Semantic metrics always; panoptic metrics for instance-aware models (unless turned off). ``records``:
+    the validation data set's (``dataset.records``): AP then scores against the annotations themselves,
+    and an out-of-range label names its image."""
+    evs: list[Evaluator] = [SemanticEvaluator(int(cfg.model.num_classes), device, records)]
     if panoptic and getattr(unwrap(model), "instance_aware", False):
-        evs.append(PanopticEvaluator(PanopticSpec.from_config(cfg), **kwargs))
+        size = (int(cfg.dataset.input_size[0]), int(cfg.dataset.input_size[1]))
+        evs.append(
+            PanopticEvaluator(
+                PanopticSpec.from_config(cfg),
+                records=records,
+                input_size=size,
+                max_image_pixels=int(cfg.dataset.max_image_pixels),
+                **kwargs,
+            )
+        )
     return evs
 
 

@@ -1,14 +1,18 @@
 """Mask AP of the thing instances, scored by pycocotools' ``COCOeval(iouType="segm")``.
 
-Every image contributes its ground-truth instances (compressed RLE, category, iscrowd) and its
-predicted instances (RLE, category, score).  Under torchrun every rank gathers all images (RLEs are
-a few hundred bytes each) and runs COCOeval on the same, image-id-sorted set, so the result equals a
+Every image contributes its ground-truth instances (compressed RLE, category, iscrowd, optional area)
+and its predicted instances (RLE, category, score).  Under torchrun every rank gathers all images (RLEs
+are a few hundred bytes each) and runs COCOeval on the same, image-id-sorted set, so the result equals a
 single process.  Ready-made inputs:
 
+- ``annotation_instances``: ground truth as COCOeval reads an annotation file (the rule validation and
+  ``segtrain.evaluate`` use): every annotation its whole mask, each crowd annotation its own ignore
+  region, annotations without pixels kept, at the record's own size;
 - ``instances_from_panoptic``: the predicted thing segments of ``panoptic_segmentation``'s map with
   ``instance_scores`` (mean semantic probability of the class inside the mask x the centre heatmap
   value at the instance's centre, Panoptic-DeepLab's instance score);
-- ``instances_from_segments``: ground truth from an id map + segment list (``panoptic_ground_truth``);
+- ``instances_from_segments``: ground truth from an id map + segment list (``panoptic_ground_truth``:
+  visible parts, crowd regions of a class merged; what PQ scores, not what COCOeval scores);
 - ``rle_from_id_map`` / ``encode_masks``: RLEs from an id map (one pass for all ids) or binary masks.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -26,10 +31,15 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import Tensor
 
+from segtrain.data.coco_panoptic import read_segment_ids
+from segtrain.data.records import ImageRecord, Instance
 from segtrain.distributed import all_gather_object
+from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 __all__ = [
+    "AREA_RANGES",
     "InstanceAP",
+    "annotation_instances",
     "encode_masks",
     "instance_scores",
     "instances_from_panoptic",
@@ -166,15 +176,77 @@ def instances_from_segments(
     ]
 
 
+def _instance_rle(inst: Instance, height: int, width: int) -> dict:
+    """The whole mask of one annotation as pycocotools' ``COCO.annToRLE`` makes it: polygons rasterised by
+    ``frPyObjects`` at the image's size and merged, an RLE as it is (both unioned when an instance has
+    both, as LabelMe ``mask`` shapes with polygons may)."""
+    rles = []
+    if inst.polygons:
+        rles.extend(
+            mask_utils.frPyObjects(
+                [np.asarray(p, np.float64).reshape(-1).tolist() for p in inst.polygons], height, width
+            )
+        )
+    if inst.rle is not None:
+        rles.append(dict(inst.rle))
+    if not rles:
+        return _rle_text(mask_utils.encode(np.zeros((height, width, 1), np.uint8, order="F"))[0])
+    return _rle_text(rles[0] if len(rles) == 1 else mask_utils.merge(rles))
+
+
+def annotation_instances(
+    record: ImageRecord, thing_ids: Iterable[int], max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> list[dict[str, Any]]:
+    """Ground truth for ``InstanceAP`` as ``COCOeval`` reads the annotation file: each annotation of a thing
+    class is its own instance with its whole mask (``_instance_rle``; not the part left visible by the
+    objects painted over it), each crowd annotation its own ``iscrowd`` region (crowds of one class are
+    not merged, nor do objects inside them cut holes in them), annotations without a pixel (e.g. a
+    polygon outside the image) are ground truth never found, all at the record's own size, ``area`` the
+    file's own (COCO; COCOeval's small / medium / large ranges read it) or else the pixel count.
+
+    COCO panoptic records hold no polygons: their segments are read from the record's PNG (non-overlapping
+    by construction, so whole and visible masks are one). Regions the loss ignores (``__ignore__``,
+    categories mapped to 255) and classes that are not things are not instances.
+    """
+    things = {int(t) for t in thing_ids}
+    keep: list[tuple[Instance, int]] = []
+    for inst in record.instances:
+        cat = inst.crowd_class if inst.iscrowd else inst.class_id
+        if cat is not None and int(cat) in things:
+            keep.append((inst, int(cat)))
+    if not keep:
+        return []
+    h, w = int(record.height), int(record.width)
+    if record.panoptic_png is not None:
+        rles = rle_from_id_map(read_segment_ids(record, max_image_pixels), [int(i.segment_id or 0) for i, _ in keep])
+    else:
+        rles = [_instance_rle(inst, h, w) for inst, _ in keep]
+    out = []
+    for (inst, cat), r in zip(keep, rles, strict=True):
+        g: dict[str, Any] = {"segmentation": r, "category_id": cat, "iscrowd": int(bool(inst.iscrowd))}
+        if inst.area is not None and math.isfinite(inst.area):
+            g["area"] = float(inst.area)
+        out.append(g)
+    return out
+
+
+#: COCOeval's area ranges (``Params.areaRng``, in pixels): ``ap`` all, ``aps`` / ``apm`` / ``apl``.
+AREA_RANGES = {"all": (0.0, 1e10), "small": (0.0, 32.0**2), "medium": (32.0**2, 96.0**2), "large": (96.0**2, 1e10)}
+
+
 class InstanceAP:
-    """COCO mask AP / AP50 / AP75 over a data set (pycocotools ``COCOeval``, iouType ``segm``).
+    """COCO mask AP over a data set: pycocotools ``COCOeval`` (iouType ``segm``) itself, on the images given.
 
     ``update`` takes one image's ground-truth and predicted instances (see the module docstring);
-    ``compute`` returns ``{"ap", "ap50", "ap75", "per_class": {category: ap}}`` in [0, 1], with NaN where
-    COCOeval reports -1 (no ground-truth instance to evaluate).  Detections per image are capped at
-    ``max_dets`` (COCO: 100), highest scores first.  Under torchrun call ``all_reduce()`` (a gather)
-    once before ``compute``; give ``image_id`` (e.g. the data set index) so that images are ordered as in
-    one process: COCOeval breaks score ties between images by image order.
+    ``compute`` returns ``ap`` (mean over IoU 0.50:0.95), ``ap50``, ``ap75``, ``aps`` / ``apm`` / ``apl``
+    (COCOeval's small / medium / large ranges, :data:`AREA_RANGES`) and ``per_class`` {category: ap}, in
+    [0, 1], NaN where COCOeval reports -1 (no ground truth to evaluate): exactly ``COCOeval.stats[0:6]``.
+    As in COCOeval, at most ``max_dets`` (COCO: 100) detections count *per image and category*, the
+    highest-scoring first; a ground truth's area range is its ``area`` when given (COCO files: the
+    file's field, as COCOeval reads it), else its pixel count. Under torchrun call ``all_reduce()`` (a
+    gather) once before ``compute``. Give ``image_id`` (the annotation file's image id for COCO data,
+    else e.g. the data set index): images are ordered by it, and COCOeval breaks score ties between
+    images by the order of the ids.
     """
 
     def __init__(self, category_ids: Iterable[int] | None = None, max_dets: int = 100) -> None:
@@ -191,9 +263,10 @@ class InstanceAP:
         pred: Sequence[Mapping[str, Any]],
         height: int,
         width: int,
-        image_id: int | None = None,
+        image_id: int | str | None = None,
     ) -> None:
-        """One image: ``gt`` [{"segmentation", "category_id", "iscrowd"}], ``pred`` [{..., "score"}]."""
+        """One image: ``gt`` [{"segmentation", "category_id", "iscrowd", optional "area"}], ``pred``
+        [{"segmentation", "category_id", "score"}]."""
         if image_id is None:
             image_id = len(self.images)
         for name, items, required in (("gt", gt, ()), ("pred", pred, ("score",))):
@@ -204,19 +277,22 @@ class InstanceAP:
                 size = list(it["segmentation"].get("size", []))
                 if size != [height, width]:
                     raise ValueError(f"InstanceAP.update: {name}[{i}] RLE size {size} != image size {[height, width]}")
+        gts = []
+        for g in gt:
+            item = {
+                "segmentation": g["segmentation"],
+                "category_id": int(g["category_id"]),
+                "iscrowd": int(g.get("iscrowd", 0)),
+            }
+            if g.get("area") is not None:
+                item["area"] = float(g["area"])
+            gts.append(item)
         self.images.append(
             {
-                "id": int(image_id),
+                "id": image_id if isinstance(image_id, str) else int(image_id),
                 "height": int(height),
                 "width": int(width),
-                "gt": [
-                    {
-                        "segmentation": g["segmentation"],
-                        "category_id": int(g["category_id"]),
-                        "iscrowd": int(g.get("iscrowd", 0)),
-                    }
-                    for g in gt
-                ],
+                "gt": gts,
                 "pred": [
                     {
                         "segmentation": p["segmentation"],
@@ -234,12 +310,32 @@ class InstanceAP:
         self.images = [img for part in gathered for img in part]
         return self
 
-    def _datasets(self) -> tuple[dict, dict]:
+    def sorted_images(self) -> list[dict[str, Any]]:
+        """The images by id (COCOeval's order); ValueError when an id was added twice."""
         images = sorted(self.images, key=lambda im: im["id"])
         ids = [im["id"] for im in images]
         if len(set(ids)) != len(ids):
             dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
             raise ValueError(f"InstanceAP: image ids {dup} were added more than once (pass a unique image_id)")
+        return images
+
+    def results(self, category_id: Any = None) -> list[dict[str, Any]]:
+        """The detections as a COCO results list (``COCO.loadRes`` input), in the order ``compute`` scores
+        them: ``image_id``, ``category_id`` (``category_id(c)`` of each class c when given), compressed
+        RLE ``segmentation`` with ``counts`` as str, ``score``."""
+        return [
+            {
+                "image_id": im["id"],
+                "category_id": p["category_id"] if category_id is None else category_id(p["category_id"]),
+                "segmentation": {"size": list(p["segmentation"]["size"]), "counts": p["segmentation"]["counts"]},
+                "score": p["score"],
+            }
+            for im in self.sorted_images()
+            for p in im["pred"]
+        ]
+
+    def _datasets(self) -> tuple[dict, dict]:
+        images = self.sorted_images()
         cats = self.category_ids
         if cats is None:
             cats = sorted({a["category_id"] for im in images for a in im["gt"] + im["pred"]})
@@ -260,7 +356,7 @@ class InstanceAP:
                         "image_id": im["id"],
                         "category_id": a["category_id"],
                         "segmentation": r,
-                        "area": float(area),
+                        "area": float(a.get("area", area)),
                         "bbox": box,
                         "iscrowd": a.get("iscrowd", 0),
                     }
@@ -273,9 +369,18 @@ class InstanceAP:
             {"images": info, "annotations": dt_anns, "categories": categories},
         )
 
+    def ground_truth(self, category_names: Mapping[int, str] | None = None) -> dict[str, Any]:
+        """The ground truth scored, as a COCO instances document (``COCO(...)`` input): with ``results()``,
+        COCOeval reproduces ``compute`` for data that has no COCO file of its own (LabelMe, Cityscapes)."""
+        gt, _ = self._datasets()
+        names = dict(category_names or {})
+        gt["categories"] = [{"id": c["id"], "name": names.get(c["id"], str(c["id"]))} for c in gt["categories"]]
+        return gt
+
     def compute(self) -> dict[str, Any]:
         nan = float("nan")
-        empty = {"ap": nan, "ap50": nan, "ap75": nan, "per_class": {}}
+        empty: dict[str, Any] = {k: nan for k in ("ap", "ap50", "ap75", "aps", "apm", "apl")}
+        empty["per_class"] = {}
         if not self.images:
             return empty
         gt_data, dt_data = self._datasets()
@@ -288,20 +393,26 @@ class InstanceAP:
             dt.createIndex()
             ev = COCOeval(gt, dt, iouType="segm")
             ev.params.maxDets = [1, 10, self.max_dets]
+            ev.params.areaRng = [list(r) for r in AREA_RANGES.values()]
+            ev.params.areaRngLbl = list(AREA_RANGES)
             ev.evaluate()
             ev.accumulate()
-        # precision: [IoU thresholds, recall points, categories, area ranges, max dets]; area "all" is 0,
-        # max dets last, as COCOeval.summarize reads them.
-        prec = ev.eval["precision"][:, :, :, 0, -1]
+        # precision: [IoU thresholds, recall points, categories, area ranges, max dets]; max dets last,
+        # as COCOeval.summarize reads them.
+        prec = ev.eval["precision"][:, :, :, :, -1]
         thr = ev.params.iouThrs
 
         def mean(p: np.ndarray) -> float:
             valid = p[p > -1]
             return float(valid.mean()) if valid.size else nan
 
+        every = prec[..., 0]
         return {
-            "ap": mean(prec),
-            "ap50": mean(prec[np.isclose(thr, 0.5)]),
-            "ap75": mean(prec[np.isclose(thr, 0.75)]),
-            "per_class": {int(c): mean(prec[:, :, k]) for k, c in enumerate(ev.params.catIds)},
+            "ap": mean(every),
+            "ap50": mean(every[np.isclose(thr, 0.5)]),
+            "ap75": mean(every[np.isclose(thr, 0.75)]),
+            "aps": mean(prec[..., 1]),
+            "apm": mean(prec[..., 2]),
+            "apl": mean(prec[..., 3]),
+            "per_class": {int(c): mean(every[:, :, k]) for k, c in enumerate(ev.params.catIds)},
         }

@@ -6,6 +6,7 @@ one all_reduce adds them up; no image is counted twice.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -15,6 +16,18 @@ import torch.distributed as dist
 
 from segtrain.config import IGNORE_LABEL
 from segtrain.distributed import all_reduce_
+from segtrain.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class LabelRangeError(UserError, ValueError):
+    """A ground-truth label that is neither a class of the model (0..num_classes-1) nor ignore (255)."""
+
+    def __init__(self, message: str, value: int, num_classes: int) -> None:
+        super().__init__(message)
+        self.value = value
+        self.num_classes = num_classes
 
 
 class ConfusionMatrix:
@@ -24,26 +37,40 @@ class ConfusionMatrix:
 
     @torch.no_grad()
     def update(self, pred: torch.Tensor, target: torch.Tensor) -> None:
-        """pred, target: integer tensors of the same shape; target 255 is ignored."""
+        """pred, target: integer tensors of the same shape; target 255 is ignored. A target label >=
+        ``num_classes`` raises :class:`LabelRangeError` (the caller names the file)."""
+        n = self.num_classes
         k = target != IGNORE_LABEL
-        idx = target[k].long() * self.num_classes + pred[k].long()
-        self.mat += torch.bincount(idx, minlength=self.num_classes**2).reshape(self.num_classes, self.num_classes)
+        t = target[k].long()
+        counts = torch.bincount(t * n + pred[k].long(), minlength=n * n)
+        if counts.numel() > n * n:  # a label >= n (its size is known without another sync)
+            value = int(t.max())
+            raise LabelRangeError(
+                f"ground-truth label {value} but the model has num_classes={n} (labels 0..{n - 1}, "
+                f"{IGNORE_LABEL} = ignore)",
+                value,
+                n,
+            )
+        self.mat += counts.reshape(n, n)
 
     def all_reduce(self) -> ConfusionMatrix:
         all_reduce_(self.mat)
         return self
 
-    def compute(self) -> dict[str, float | list[float]]:
-        """mIoU over classes that occur in the ground truth or the prediction (NaN-free)."""
+    def compute(self) -> dict[str, Any]:
+        """mIoU over classes that occur in the ground truth or the prediction (NaN-free). With no scored
+        pixel at all (every one ignored) mIoU and pixel accuracy are undefined: None, with a warning."""
         m = self.mat.double().cpu()
         tp = m.diag()
         union = m.sum(0) + m.sum(1) - tp
         iou = tp / union.clamp(min=1)
         present = union > 0
-        total = m.sum().clamp(min=1)
+        total = m.sum()
+        if total == 0:
+            log.warning("mIoU is undefined: every ground-truth pixel was ignore (%d); reported as null", IGNORE_LABEL)
         return {
-            "miou": float(iou[present].mean()) if present.any() else 0.0,
-            "pixel_acc": float(tp.sum() / total),
+            "miou": float(iou[present].mean()) if total > 0 else None,
+            "pixel_acc": float(tp.sum() / total) if total > 0 else None,
             "pixels": int(m.sum()),  # scored (not ignored) ground-truth pixels
             "iou": [float(v) if p else float("nan") for v, p in zip(iou.tolist(), present.tolist(), strict=True)],
         }
