@@ -114,6 +114,9 @@ class DatasetConfig:
     # Stat every image file when the annotations load (all missing files in one error); false: an
     # image is checked when it is read (dataset.on_error=skip then skips it)
     check_files: bool = False
+    # Image files named by the annotations must resolve (symlinks included) inside the split's folders or
+    # dataset.root; true allows files anywhere (never taken from a checkpoint's stored config)
+    allow_outside_paths: bool = False
     # Largest image (height x width) read, checked from the annotation when it loads and from the file
     # header before any decoding: a hostile or broken file cannot make a worker allocate gigabytes.
     max_image_pixels: int = 2**28
@@ -666,7 +669,7 @@ def expand_path(path: str | os.PathLike) -> Path:
 
 
 CHECKPOINT_SECTIONS = ("model", "dataset")
-_NOT_FROM_CHECKPOINT = ("cache_dir", "synthetic", "max_image_pixels")
+_NOT_FROM_CHECKPOINT = ("cache_dir", "synthetic", "max_image_pixels", "allow_outside_paths")
 
 
 def config_from_checkpoint(cli_cfg: DictConfig, stored: dict | None, overrides: list[str]) -> DictConfig:

@@ -29,7 +29,7 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from segtrain.data.index import RecordIndex
-from segtrain.data.index_cache import cached_index
+from segtrain.data.index_cache import cached_index, content_hash
 from segtrain.data.loading import Problems, finish, parse_json, read_annotation_file
 from segtrain.data.records import (
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -110,22 +110,17 @@ def _index(root: Path, cache_dir: Any, max_image_pixels: int) -> RecordIndex:
     )
 
 
-def _folder_fingerprint(files: list[Path], ends: int = 65536) -> dict[str, Any]:
-    """Name, size, mtime and a hash of the first and last 64 KiB of every JSON of the folder."""
-    h = hashlib.sha256()
+def _folder_fingerprint(files: list[Path]) -> dict[str, Any]:
+    """Name, size and content hash of every JSON of the folder (content, never mtime: see index_cache.py)."""
+    h = hashlib.blake2b(digest_size=32)
     for js in files:
         try:
             with os.fdopen(open_regular(js, "LabelMe file"), "rb") as f:  # never blocks on a FIFO
-                st = os.fstat(f.fileno())
-                head = f.read(ends)
-                if st.st_size > ends:
-                    f.seek(max(st.st_size - ends, ends))
-                    head += f.read(ends)
+                size, digest = os.fstat(f.fileno()).st_size, content_hash(f)
         except OSError:  # unreadable: the build reports it
-            st, head = None, b""
-        h.update(f"{js.name}\0{st and st.st_size}\0{st and st.st_mtime_ns}\0".encode())
-        h.update(hashlib.sha256(head).digest())
-    return {"files": len(files), "sha256": h.hexdigest()}
+            size, digest = None, ""
+        h.update(os.fsencode(js.name) + f"\0{size}\0{digest}\0".encode())
+    return {"files": len(files), "blake2b": h.hexdigest()}
 
 
 def _describe(index: RecordIndex, j: int, t: int) -> str:

