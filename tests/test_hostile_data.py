@@ -227,3 +227,62 @@ def test_index_cache_sees_an_edit_whose_size_and_mtime_were_restored(tmp_path: P
     second, _ = load_coco(ann, tmp_path, cm, cache_dir=cache, check_files=False)
     assert second.file != first.file
     assert second[n // 2].instances[0].polygons[0][1].tolist() == [60.0, 10.0]
+
+
+# --------------------------------------------------------------------------- header checks before allocation
+def _hidden_frame_jpeg(path: Path, side: int = 16000, comments: int = 6000) -> None:
+    """A real 32x32 JPEG whose frame header (SOF0) says ``side`` x ``side``, behind ``comments`` empty COM
+    segments: ~30 KB on disk, a 768 MB frame for a decoder that trusts it."""
+    data = bytearray(cv2.imencode(".jpg", np.full((32, 32, 3), 128, np.uint8))[1].tobytes())
+    sof = data.find(b"\xff\xc0")
+    assert sof > 0
+    data[sof + 5 : sof + 9] = side.to_bytes(2, "big") * 2  # height, width
+    data[2:2] = b"\xff\xfe\x00\x02" * comments  # COM segments holding nothing, right after SOI
+    path.write_bytes(bytes(data))
+
+
+_READ_HOSTILE = """
+import resource, sys
+from pathlib import Path
+from segtrain.data.image_header import read_header
+from segtrain.data.image_io import ImageReadError, read_image
+from segtrain.data.records import ImageRecord
+
+def peak_kb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+files = sorted(Path(sys.argv[1]).glob("*.jpg"))
+read_header(files[0].read_bytes())  # warm up (imports, first call)
+before = peak_kb()
+refused = 0
+for f in files:
+    header = read_header(f.read_bytes())
+    assert header is not None and (header.width, header.height) == (16000, 16000), header
+    record = ImageRecord("x", "ann.json", 32, 32, f, None, [])
+    try:
+        read_image(record)
+    except ImageReadError as e:
+        refused += "16000x16000" in str(e)
+print(refused, peak_kb() - before)
+"""
+
+
+def test_jpeg_frame_hidden_behind_thousands_of_segments_is_refused_before_allocation(tmp_path: Path):
+    """8 such files: every one refused from its header; the reading process's peak RSS grows by a few MB
+    (it grew by ~0.8 GB per file when the header walk gave up after 4096 segments and OpenCV decoded)."""
+    import subprocess
+    import sys
+
+    from proc_utils import REPO
+
+    for i in range(8):
+        _hidden_frame_jpeg(tmp_path / f"{i}.jpg")
+    assert (tmp_path / "0.jpg").stat().st_size < 40_000
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _READ_HOSTILE, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    refused, grown_kb = map(int, proc.stdout.split())
+    assert refused == 8
+    assert grown_kb < 64 * 1024, f"peak RSS grew by {grown_kb / 1024:.0f} MB while refusing 8 files"
