@@ -286,3 +286,66 @@ def test_jpeg_frame_hidden_behind_thousands_of_segments_is_refused_before_alloca
     refused, grown_kb = map(int, proc.stdout.split())
     assert refused == 8
     assert grown_kb < 64 * 1024, f"peak RSS grew by {grown_kb / 1024:.0f} MB while refusing 8 files"
+
+
+# --------------------------------------------------------------------------- synthetic set: temp folder
+_HELD_WRITER = """
+import sys, time
+from pathlib import Path
+import segtrain.data.synthetic as syn
+
+cache, held, seed = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+write = syn._write_split
+
+def held_write(root, split, *args):
+    write(root, split, *args)
+    if split == "train":  # half-written: train done, val not started; tell the test, then wait to be killed
+        held.write_text(str(root))
+        time.sleep(600)
+
+syn._write_split = held_write
+syn.ensure_synthetic(cache, 4, 2, (32, 32), 2, seed)
+"""
+
+
+def _held_writer(cache: Path, tmp_path: Path, name: str, seed: int):
+    import subprocess
+    import sys
+    import time
+
+    from proc_utils import REPO
+
+    held = tmp_path / f"{name}.held"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", _HELD_WRITER, str(cache), str(held), str(seed)], env=env)
+    deadline = time.monotonic() + 120
+    while not held.exists():
+        assert proc.poll() is None, f"writer {name} exited with {proc.returncode}"
+        assert time.monotonic() < deadline, "the writer never reached the hold point"
+        time.sleep(0.05)
+    return proc, Path(held.read_text())
+
+
+def test_synthetic_writer_killed_mid_generation_leaves_nothing_for_good(tmp_path: Path):
+    """A writer SIGKILLed half way leaves its temp folder; the next generation removes it, and never the
+    temp folder of a writer that is still running (another rank or run on the same cache)."""
+    import signal
+
+    from segtrain.data.synthetic import ensure_synthetic
+
+    cache = tmp_path / "cache"
+    alive, alive_tmp = _held_writer(cache, tmp_path, "alive", seed=1)
+    dead, dead_tmp = _held_writer(cache, tmp_path, "dead", seed=2)
+    try:
+        dead.send_signal(signal.SIGKILL)
+        dead.wait(60)
+        assert dead_tmp.is_dir() and (dead_tmp / "train.json").is_file()  # what SIGKILL leaves
+        root = ensure_synthetic(cache, 4, 2, (32, 32), 2, 3)
+        assert (root / "done").is_file() and not list(root.glob(".owner.lock*"))
+        assert not dead_tmp.exists(), "the dead writer's temp folder is still there"
+        assert alive_tmp.is_dir(), "the temp folder of a running writer was removed"
+    finally:
+        alive.kill()
+        alive.wait(60)
+    ensure_synthetic(cache, 4, 2, (32, 32), 2, 3)  # the next run (its set exists) cleans up the rest too
+    assert sorted(p.name for p in cache.iterdir() if ".tmp-" in p.name) == []
