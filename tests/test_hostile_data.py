@@ -349,3 +349,103 @@ def test_synthetic_writer_killed_mid_generation_leaves_nothing_for_good(tmp_path
         alive.wait(60)
     ensure_synthetic(cache, 4, 2, (32, 32), 2, 3)  # the next run (its set exists) cleans up the rest too
     assert sorted(p.name for p in cache.iterdir() if ".tmp-" in p.name) == []
+
+
+# --------------------------------------------------------------------------- one line, not a traceback
+def _one_error_line(proc) -> str:
+    assert proc.returncode == EXIT_USER_ERROR, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    return errors[0]
+
+
+def test_json_nested_100k_levels_is_one_line_naming_the_file(tmp_path: Path):
+    root = tmp_path / "d"
+    _coco(root, ["a.jpg"])
+    (root / "ann.json").write_text("[" * 100_000 + "]" * 100_000)
+    over = _coco_overrides(root, tmp_path / "cache", f"hydra.run.dir={tmp_path / 'run'}")
+    line = _one_error_line(run_module("segtrain.train", over, cwd=tmp_path, cache=tmp_path / "cache", check=False))
+    assert str(root / "ann.json") in line and "nested" in line
+    # a LabelMe file of the same kind: an image problem (on_error=skip leaves it out)
+    _labelme(tmp_path / "lm", "a.jpg")
+    _jpeg(tmp_path / "lm" / "a.jpg")
+    (tmp_path / "lm" / "b.json").write_text('{"shapes": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    lm = [*SMOKE, "dataset=labelme", "dataset.classes=[background,thing]", f"dataset.root={tmp_path}"]
+    lm += [f"dataset.train.dir={tmp_path / 'lm'}", f"dataset.val.dir={tmp_path / 'lm'}"]
+    with pytest.raises(ValueError, match=r"b\.json: JSON nested more than 1000 levels") as e:
+        load_split(compose(lm).dataset, "train")
+    assert "\n" not in str(e.value)
+    records, report = load_split(compose([*lm, "dataset.on_error=skip"]).dataset, "train")
+    assert len(records) == 1 and report.num_skipped_images == 1
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_labelme_file_name_that_is_not_utf8(tmp_path: Path, cache: bool):
+    """Refused in one line naming it (its bytes shown as \\xff); on_error=skip leaves it out with a warning."""
+    folder = tmp_path / "lm"
+    _labelme(folder, "a.jpg")
+    _jpeg(folder / "a.jpg")
+    os.rename(folder / "a.json", os.path.join(os.fsencode(folder), b"b\xff.json"))
+    _labelme(folder, "a.jpg")
+    over = [*SMOKE, "dataset=labelme", "dataset.classes=[background,thing]", f"dataset.root={tmp_path}"]
+    over += [f"dataset.train.dir={folder}", f"dataset.val.dir={folder}"]
+    over += [f"dataset.cache_dir={tmp_path / 'cache'}" if cache else "dataset.cache_dir="]
+    with pytest.raises(ValueError) as e:
+        load_split(compose(over).dataset, "train")
+    msg = str(e.value)
+    assert "\n" not in msg and "b\\xff.json" in msg and "not valid UTF-8" in msg
+    msg.encode("utf-8")  # printable
+    records, report = load_split(compose([*over, "dataset.on_error=skip"]).dataset, "train")
+    assert [r.image_id for r in records] == ["a"] and report.num_skipped_images == 1
+
+
+def test_every_training_image_unreadable_is_one_line_with_the_right_count(tmp_path: Path):
+    root = tmp_path / "d"
+    _coco(root, ["0.jpg", "1.jpg", "2.jpg", "3.jpg"])
+    for p in (root / "images").glob("*.jpg"):
+        p.write_bytes(b"\xff\xd8 not a JPEG")
+    over = _coco_overrides(root, tmp_path / "cache", "dataset.on_error=skip", f"hydra.run.dir={tmp_path / 'run'}")
+    line = _one_error_line(run_module("segtrain.train", over, cwd=tmp_path, cache=tmp_path / "cache", check=False))
+    assert "hostile/train: all 4 images of the split are unreadable" in line, line
+    assert "16" not in line.split("the last:")[0], line
+    assert "set dataset.on_error=skip" not in line, line  # it is set: no advice to set it
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("dataset.input_size=[100000,100000]", ["dataset.input_size=[100000, 100000]", "dataset.max_image_pixels"]),
+        ("dataset.synthetic.image_size=[100000,100000]", ["dataset.synthetic.image_size", "max_image_pixels"]),
+        ("dataset.max_image_pixels=99999999999999", ["dataset.max_image_pixels=99999999999999", "2**32"]),
+        ("dataset.synthetic.num_train=0", ["dataset.synthetic.num_train=0"]),
+        ("dataset.synthetic.num_val=1000000000", ["dataset.synthetic.num_val=1000000000"]),
+        ("dataset.synthetic.max_instances=0", ["dataset.synthetic.max_instances=0"]),
+        ("dataset.targets.sigma=100000", ["dataset.targets.sigma=100000", "(0, 32]"]),
+        ("dataset.targets.sigma=nan", ["dataset.targets.sigma=nan"]),
+        ("dataset.panoptic.label_divisor=1", ["dataset.panoptic.label_divisor=1", "dataset.panoptic.top_k=200"]),
+    ],
+)
+def test_data_values_that_cannot_be_right(override: str, names: list[str]):
+    from segtrain.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        compose([*SMOKE, override])
+    msg = str(e.value)
+    assert "\n" not in msg
+    for name in names:
+        assert name in msg, (name, msg)
+
+
+def test_huge_input_size_is_refused_before_any_work(tmp_path: Path):
+    """The user's path, and a checkpoint's stored config goes through the same check."""
+    from segtrain.config import ConfigError, config_from_checkpoint, to_container
+
+    over = [*SMOKE, "dataset.input_size=[100000,100000]", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = run_module("segtrain.train", over, cwd=tmp_path, cache=tmp_path / "cache", check=False)
+    assert "dataset.input_size=[100000, 100000]" in _one_error_line(proc)
+    assert not (tmp_path / "cache").exists()  # nothing generated, nothing read
+    stored = to_container(compose(SMOKE))
+    stored["dataset"]["input_size"] = [30000, 30000]
+    with pytest.raises(ConfigError, match="dataset.input_size"):
+        config_from_checkpoint(compose(SMOKE), stored, [])

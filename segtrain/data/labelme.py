@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from segtrain.data.confine import display
 from segtrain.data.index import RecordIndex
 from segtrain.data.index_cache import cached_index, content_hash
 from segtrain.data.loading import Problems, finish, parse_json, read_annotation_file
@@ -237,6 +238,12 @@ def build_labelme(root: Path, files: list[Path], max_image_pixels: int = DEFAULT
     listing = _Listing()
     for js in files:
         src = str(js)
+        if not _utf8(js.name):  # bytes that are not UTF-8 (os.fsdecode's surrogates): cannot be stored or shown
+            problems.image(
+                f"{display(js)}: the file name is not valid UTF-8; rename it (e.g. with convmv) or move it out of "
+                f"{display(root)}"
+            )
+            continue
         try:
             data = parse_json(read_annotation_file(js, "LabelMe file", MAX_LABELME_BYTES), js)
         except AnnotationError as e:
@@ -302,6 +309,14 @@ def build_labelme(root: Path, files: list[Path], max_image_pixels: int = DEFAULT
     ]
     index.validate()
     return index
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _show(v: Any) -> str:
