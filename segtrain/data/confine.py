@@ -37,35 +37,45 @@ def display(path: str | os.PathLike) -> str:
 
 
 class _Resolver:
-    """Real location of paths, with one ``realpath`` per distinct folder and one listing per real folder."""
+    """Where paths really are, with one ``realpath`` per distinct folder and one listing per real folder."""
 
     def __init__(self, roots: Sequence[str | os.PathLike]) -> None:
         self.roots = sorted({os.path.realpath(r) for r in roots})
-        self._dirs: dict[str, str] = {}
-        self._links: dict[str, frozenset[str]] = {}
+        self._prefixes = tuple(r.rstrip(os.sep) + os.sep for r in self.roots)
 
     def inside(self, real: str) -> bool:
-        return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in self.roots)
+        return real in self.roots or real.startswith(self._prefixes)
 
-    def real(self, path: str) -> str:
-        folder, name = os.path.split(path)
-        if name in ("", ".", ".."):
-            return os.path.realpath(path)
-        rd = self._dirs.get(folder)
-        if rd is None:
-            rd = self._dirs[folder] = os.path.realpath(folder or ".")
-        if not self.inside(rd):
-            return os.path.realpath(path)  # outside unless a symlink leads back in: resolve it all
-        links = self._links.get(rd)
-        if links is None:
-            try:
-                with os.scandir(rd) as it:
-                    links = frozenset(e.name for e in it if e.is_symlink())
-            except OSError:  # unreadable folder: nothing is opened from it anyway
-                links = frozenset()
-            self._links[rd] = links
-        joined = os.path.join(rd, name)
-        return os.path.realpath(joined) if name in links else joined
+    def outside(self, paths: Sequence[str | None]) -> dict[int, str]:
+        """Position -> real location of every path that resolves outside the roots."""
+        groups: dict[str, list[tuple[str, int]]] = {}  # folder as written -> (name, position)
+        sep = os.sep
+        for i, p in enumerate(paths):  # plain string operations: ~0.3 us per path
+            if p is not None:
+                k = p.rfind(sep)
+                folder = p[:k] if k > 0 else (sep if k == 0 else "")
+                groups.setdefault(folder, []).append((p[k + 1 :], i))
+        bad: dict[int, str] = {}
+        for folder, items in groups.items():
+            rd = os.path.realpath(folder or ".")
+            names = {name for name, _ in items}
+            # a plain name in a folder inside is inside, unless it is a symlink (from the listing's entry
+            # types, no stat per file) or "", "." or ".."; in a folder outside, each is resolved (a symlink
+            # may lead back in)
+            check = names & (_links(rd) | {"", ".", ".."}) if self.inside(rd) else names
+            for name in check:
+                real = os.path.realpath(os.path.join(rd, name))
+                if not self.inside(real):
+                    bad.update((i, real) for n, i in items if n == name)
+        return bad
+
+
+def _links(folder: str) -> set[str]:
+    try:
+        with os.scandir(folder) as it:
+            return {e.name for e in it if e.is_symlink()}
+    except OSError:  # unreadable folder: nothing is opened from it anyway
+        return set()
 
 
 def _index_paths(index: RecordIndex) -> list[tuple[str, list[str | None], list[str | None]]]:
@@ -109,12 +119,9 @@ def confine_paths(
     resolver = _Resolver(roots)
     bad: dict[int, str] = {}
     for what, shown, full in fields:
-        for i, p in enumerate(full):
-            if p is None or i in bad:
-                continue
-            real = resolver.real(p)
-            if not resolver.inside(real):
-                bad[i] = f"{what} {display(shown[i] or p)!r} resolves to {display(real)}"
+        for i, real in resolver.outside(full).items():
+            if i not in bad:
+                bad[i] = f"{what} {display(shown[i] or full[i] or '')!r} resolves to {display(real)}"
     if not bad:
         return records
     folders = ", ".join(display(r) for r in resolver.roots)
