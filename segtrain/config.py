@@ -119,6 +119,9 @@ class DatasetConfig:
     # Stat every image file when the annotations load (all missing files in one error); false: an
     # image is checked when it is read (dataset.on_error=skip then skips it)
     check_files: bool = False
+    # Image files named by the annotations must resolve (symlinks included) inside the split's folders or
+    # dataset.root; true allows files anywhere (never taken from a checkpoint's stored config)
+    allow_outside_paths: bool = False
     # Largest image (height x width) read, checked from the annotation when it loads and from the file
     # header before any decoding: a hostile or broken file cannot make a worker allocate gigabytes.
     max_image_pixels: int = 2**28
@@ -366,6 +369,7 @@ def finalize(cfg: DictConfig) -> DictConfig:
     except Exception as e:  # noqa: BLE001 - re-raised with the key named
         raise ConfigError(f"config does not fit the schema: {e}") from e
     check_missing(cfg)
+    check_data_values(cfg)  # before class discovery, which may parse annotations or write the synthetic set
     resolve_auto_classes(cfg)
     OmegaConf.resolve(cfg)
     validate(cfg)
@@ -614,6 +618,66 @@ def check_ranges(cfg: DictConfig) -> None:
         raise ConfigError(f"dataset.panoptic.nms_kernel={cfg.dataset.panoptic.nms_kernel} must be odd")
 
 
+#: Largest ``dataset.max_image_pixels``: a 65536 x 65536 image, 12 GiB as RGB; no loader worker decodes more.
+MAX_IMAGE_PIXELS_CAP = 1 << 32
+#: Largest synthetic split and instances per synthetic image (a demo and test set, written to the cache).
+MAX_SYNTHETIC_IMAGES = 1_000_000
+MAX_SYNTHETIC_INSTANCES = 1000
+#: Largest centre-heatmap sigma in pixels (Panoptic-DeepLab: 8): its window is (6 sigma + 3)^2 floats.
+MAX_SIGMA = 256
+
+
+def _pair(cfg: DictConfig, key: str) -> list[int]:
+    value = OmegaConf.select(cfg, key)
+    values = list(value) if OmegaConf.is_list(value) or isinstance(value, list | tuple) else [value]
+    if len(values) != 2 or not all(type(v) is int and v >= 8 for v in values):
+        raise ConfigError(f"{key} must be [H, W] with integers H, W >= 8, got {values}")
+    return values
+
+
+def check_data_values(cfg: DictConfig) -> None:
+    """Values of the data section that cannot be right, each bounded by what it makes segtrain allocate or
+    write (``dataset.max_image_pixels`` above all), checked before any data is read or generated. The same
+    check runs on a checkpoint's stored config (config_from_checkpoint finalises it)."""
+    pixels = OmegaConf.select(cfg, "dataset.max_image_pixels")
+    if type(pixels) is not int or not 1 <= pixels <= MAX_IMAGE_PIXELS_CAP:
+        raise ConfigError(
+            f"dataset.max_image_pixels={pixels!r} must be an integer in [1, 2**32] (2**32: a 65536 x 65536 image, "
+            "12 GiB as RGB; the default 2**28 fits any camera)"
+        )
+    for key in ("dataset.input_size", "dataset.synthetic.image_size"):
+        h, w = _pair(cfg, key)
+        if h * w > pixels:
+            raise ConfigError(
+                f"{key}=[{h}, {w}] is {h * w:,} pixels, more than dataset.max_image_pixels={pixels:,}: every "
+                f"item would need at least {h * w * 3 / 2**30:.1f} GiB. Use a smaller size (e.g. [512, 512]), or "
+                "raise dataset.max_image_pixels if you really train at that size"
+            )
+    for key in ("dataset.synthetic.num_train", "dataset.synthetic.num_val"):
+        n = OmegaConf.select(cfg, key)
+        if type(n) is not int or not 1 <= n <= MAX_SYNTHETIC_IMAGES:
+            raise ConfigError(f"{key}={n!r} must be an integer in [1, {MAX_SYNTHETIC_IMAGES:,}]")
+    n = OmegaConf.select(cfg, "dataset.synthetic.max_instances")
+    if type(n) is not int or not 1 <= n <= MAX_SYNTHETIC_INSTANCES:
+        raise ConfigError(f"dataset.synthetic.max_instances={n!r} must be an integer in [1, {MAX_SYNTHETIC_INSTANCES}]")
+    sigma, side = OmegaConf.select(cfg, "dataset.targets.sigma"), max(_pair(cfg, "dataset.input_size"))
+    most = min(side / 2, MAX_SIGMA)
+    if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not sigma <= most:  # NaN too; > 0: ranges
+        raise ConfigError(
+            f"dataset.targets.sigma={sigma!r} must be a number in (0, {most:g}] (at most half the longer side of "
+            f"dataset.input_size and {MAX_SIGMA}: a wider centre Gaussian covers the whole object or image and "
+            "its (6 sigma + 3)^2 window costs memory per instance); Panoptic-DeepLab uses 8"
+        )
+    divisor = OmegaConf.select(cfg, "dataset.panoptic.label_divisor")
+    top_k = OmegaConf.select(cfg, "dataset.panoptic.top_k")
+    if type(divisor) is int and type(top_k) is int and divisor <= top_k:
+        raise ConfigError(
+            f"dataset.panoptic.label_divisor={divisor} must be greater than dataset.panoptic.top_k={top_k}: a "
+            "panoptic id is class * label_divisor + instance (1..top_k), so a smaller divisor mixes up classes; "
+            "the default is 1000"
+        )
+
+
 #: Names accepted for the class of unannotated pixels (COCO, LabelMe, synthetic: index 0).
 BACKGROUND_NAMES = ("background", "_background_", "__background__", "bg", "void", "unlabeled", "unlabelled")
 
@@ -674,7 +738,7 @@ def expand_path(path: str | os.PathLike) -> Path:
 
 
 CHECKPOINT_SECTIONS = ("model", "dataset")
-_NOT_FROM_CHECKPOINT = ("cache_dir", "synthetic", "max_image_pixels")
+_NOT_FROM_CHECKPOINT = ("cache_dir", "synthetic", "max_image_pixels", "allow_outside_paths")
 
 
 def config_from_checkpoint(cli_cfg: DictConfig, stored: dict | None, overrides: list[str]) -> DictConfig:

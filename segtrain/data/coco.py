@@ -254,6 +254,15 @@ def _slices(anns: list) -> Iterator[list]:
         yield chunk
 
 
+def _utf8(s: str) -> bool:
+    """Whether ``s`` encodes as UTF-8 (JSON's ``\\udcff`` escapes decode to lone surrogates, which do not)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _show(v: Any) -> str:
     s = repr(v)
     return s if len(s) <= 40 else s[:37] + "..."
@@ -305,6 +314,8 @@ class _Images:
             return False
         if not (set(map(type, ids)) <= _ID_TYPES and set(map(type, names)) <= {str}):
             return False
+        if not _utf8("".join(names)) or (str in set(map(type, ids)) and not _utf8("".join(map(str, ids)))):
+            return False  # a lone surrogate escape ("\udcff") somewhere: the slow path names it
         if not (set(map(type, hs)) <= {int} and set(map(type, ws)) <= {int}) or not images:
             return False
         h, w = np.asarray(hs, np.int64), np.asarray(ws, np.int64)
@@ -326,6 +337,9 @@ class _Images:
                 what = "has no 'id'" if im_id is None else f"has the id {_show(im_id)}"
                 problems.image(f"{src}: images[{i}] {what}; every COCO image needs a unique integer id")
                 continue
+            if isinstance(im_id, str) and not _utf8(im_id):
+                problems.image(f"{src}: images[{i}] has the id {ascii(im_id)}, which is not valid Unicode text")
+                continue
             where = f"{src}: image id {im_id}"
             if im_id in self.index or im_id in self.bad:
                 problems.image(f"{where} appears twice in 'images'; image ids must be unique")
@@ -334,6 +348,14 @@ class _Images:
             if not isinstance(file_name, str) or not file_name:
                 self.bad.add(im_id)
                 problems.image(f"{where} has no 'file_name'; add the image's path relative to the images folder")
+                continue
+            if not _utf8(file_name):
+                self.bad.add(im_id)
+                problems.image(
+                    f"{where}: file_name {ascii(file_name)} is not valid Unicode text (a lone surrogate escape such "
+                    "as \\udcff, as Python writes a file name that is not UTF-8); rename the file to a UTF-8 name "
+                    "and write that name"
+                )
                 continue
             where = f"{where} ({file_name})"
             h, w = positive_int(im.get("height")), positive_int(im.get("width"))

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from segtrain.data.formats import check_paths, load_split
-from segtrain.data.image_io import ImageReadError
+from segtrain.data.image_io import SKIP_HINT, ImageReadError
 from segtrain.data.mappers import (
     CpuMapper,
     DeviceMapper,
@@ -95,11 +95,19 @@ class PolygonDataset(Dataset):
                 if not self.replace_bad:
                     return {"skipped": torch.tensor(1)}
                 last = e
-        shown = " ".join(str(last).split()) if last is not None else "no image"
+        # the last failure, on one line, without its own advice to set the option that is already set
+        shown = " ".join(str(last).split()).replace(f", {SKIP_HINT}", "") if last is not None else "no image"
+        n = len(self.records)
+        what = (
+            f"all {n} image{'s' if n > 1 else ''} of the split are unreadable, so dataset.on_error=skip has nothing "
+            "to train on"
+            if tries == n
+            else f"{tries} consecutive unreadable images from index {index} (dataset.on_error=skip gives up after "
+            f"{MAX_CONSECUTIVE_BAD} in a row)"
+        )
         raise UnreadableDataError(
-            f"{self.name}: {tries} consecutive unreadable images from index {index} (dataset.on_error=skip gives up "
-            f"after {MAX_CONSECUTIVE_BAD} in a row); the last: {shown}. Check that dataset.root and the split's "
-            "image paths point at the images, or fix the broken files"
+            f"{self.name}: {what}; the last: {shown}. Check that dataset.root and the split's image paths point at "
+            "the images, or fix the broken files"
         ) from last
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from segtrain.config import BACKGROUND_NAMES
 from segtrain.data.coco import load_coco
+from segtrain.data.confine import confine_paths
 from segtrain.data.labelme import load_labelme
 from segtrain.data.records import IGNORE, ClassMap, ImageRecord, LoadReport
 from segtrain.data.synthetic import ensure_synthetic
@@ -36,6 +37,9 @@ class DataFormat:
     # (cfg.dataset) -> [(label, instances)] of the training split, for dataset.classes=auto; None: unsupported.
     # Formats that know which labels are stuff (COCO panoptic's isthing=0) give (label, instances, is_stuff).
     discover: Callable[[Any], Sequence[Discovered]] | None = None
+    # (cfg.dataset, split) -> the folders the split's files must lie in (see confine.py); None: the split's
+    # folder_keys and dataset.root
+    roots: Callable[[Any, str], Sequence[Path]] | None = None
 
     def auto_classes(self, ds: Any) -> AutoClasses:
         """``dataset.classes=auto``: background, then the training annotations' classes (COCO: category-id
@@ -151,6 +155,12 @@ def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[Image
     return load_coco(root / f"{split}.json", root / split, class_map, ds.on_error, **index_options(ds))
 
 
+def _synthetic_roots(ds: Any, split: str) -> list[Path]:
+    s = ds.synthetic
+    root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
+    return [root / split]
+
+
 def _discover_coco(ds: Any) -> list[tuple[str, int]]:
     from segtrain.data.coco import discover_classes_coco
 
@@ -187,7 +197,7 @@ FORMATS.register(
         _coco_panoptic, ("images", "annotations", "panoptic"), unlabeled="ignore", discover=_discover_coco_panoptic
     ),
 )
-FORMATS.register("synthetic", DataFormat(_synthetic, (), discover=_discover_synthetic))
+FORMATS.register("synthetic", DataFormat(_synthetic, (), discover=_discover_synthetic, roots=_synthetic_roots))
 
 
 @dataclass(frozen=True)
@@ -211,6 +221,19 @@ def auto_classes(ds: Any) -> tuple[list[str], list[tuple[str, int]]]:
     return found.classes, found.counts
 
 
+def data_roots(ds: Any, split: str) -> list[Path]:
+    """The folders the files of ``split`` must lie in: the split's configured folders and ``dataset.root``."""
+    fmt = FORMATS.get(str(ds.format))
+    if fmt.roots is not None:
+        return list(fmt.roots(ds, split))
+    roots = [Path(str(ds[split][k])) for k in fmt.split_keys if k in fmt.folder_keys and ds[split].get(k)]
+    return roots + ([Path(str(ds.root))] if ds.get("root") else [])
+
+
 def load_split(ds: Any, split: str) -> tuple[Sequence[ImageRecord], LoadReport]:
-    """Records of one split of ``cfg.dataset`` (fails before training when a path is missing)."""
-    return FORMATS.get(str(ds.format)).load(ds, split, class_map_of(ds))
+    """Records of one split of ``cfg.dataset`` (fails before training when a path is missing). Every
+    format goes through here: files outside the data set's folders are refused here, once (confine.py)."""
+    records, report = FORMATS.get(str(ds.format)).load(ds, split, class_map_of(ds))
+    if not ds.get("allow_outside_paths", False):
+        records = confine_paths(records, data_roots(ds, split), str(ds.on_error), report)
+    return records, report

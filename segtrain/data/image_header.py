@@ -32,9 +32,6 @@ from dataclasses import dataclass
 _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 #: JPEG markers without a length field (TEM, RST0-7).
 _JPEG_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})
-#: Segments before the frame header; real files have a handful. More means a hostile file: give up
-#: (the caller then falls back to OpenCV's bounded decode) rather than walk millions of them.
-_JPEG_MAX_SEGMENTS = 4096
 #: PNG colour type -> samples per pixel (grey, RGB, palette, grey+alpha, RGBA).
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 _TIFF_WIDTH, _TIFF_HEIGHT, _TIFF_ORIENTATION = 256, 257, 274
@@ -156,23 +153,28 @@ def _tiff(d: bytes) -> ImageHeader | None:
 
 # --------------------------------------------------------------------------- JPEG
 def _jpeg(d: bytes) -> ImageHeader | None:
+    """Walks every segment up to the frame header (SOFn), however many there are: each step advances at
+    least 2 bytes, so the walk is bounded by the file's length (a hostile file hiding its frame behind
+    thousands of comment segments is sized here, not by the decoder's allocation)."""
     pos, n, exif = 2, len(d), None
-    for _ in range(_JPEG_MAX_SEGMENTS):
-        while pos < n and d[pos] == 0xFF and pos + 1 < n and d[pos + 1] == 0xFF:
-            pos += 1  # fill bytes before a marker
-        if pos + 4 > n or d[pos] != 0xFF:
+    unpack = struct.unpack_from
+    while pos + 4 <= n:
+        if d[pos] != 0xFF:
             return None
         marker = d[pos + 1]
+        if marker == 0xFF:  # a fill byte before a marker
+            pos += 1
+            continue
         if marker in _JPEG_STANDALONE:
             pos += 2
             continue
         if marker in (0xD8, 0xD9, 0xDA):  # SOI, EOI or scan data before any frame header
             return None
-        (length,) = struct.unpack_from(">H", d, pos + 2)
+        (length,) = unpack(">H", d, pos + 2)
         if length < 2:
             return None
         if marker in _JPEG_SOF:
-            height, width = struct.unpack_from(">HH", d, pos + 5)  # after length and sample precision
+            height, width = unpack(">HH", d, pos + 5)  # after length and sample precision
             if height == 0:  # size given later by a DNL marker: leave it to the decoder
                 return None
             frame = (marker, d[pos + 4], d[pos + 9])  # marker, precision, components (after height, width)

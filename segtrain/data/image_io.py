@@ -68,7 +68,9 @@ _ORIENTATION_NAMES = {
     7: "transversed",
     8: "rotated 90 degrees counter-clockwise",
 }
-_FIX = "or set dataset.on_error=skip to skip it"
+#: The advice that ends an unreadable image's message (dataset.py drops it where the option is set).
+SKIP_HINT = "or set dataset.on_error=skip to skip it"
+_FIX = SKIP_HINT
 #: imdecode flags per JPEG reduction factor
 _REDUCED = {
     1: cv2.IMREAD_COLOR,

@@ -399,6 +399,25 @@ class RecordIndex(Sequence[ImageRecord]):
     def instance_column(self, name: str, t: int) -> Any:
         return self._inst_cols[name].get(t)
 
+    def path_strings(self, name: str, stored: np.ndarray) -> tuple[list[str | None], list[str | None]]:
+        """(values as stored, values joined to the column's root) of the ``path`` column ``name`` for the
+        stored images ``stored``: one decode of the column, no Path objects (checks over 100k images)."""
+        col = self._img_cols[name]
+        if col.codec != "path":  # e.g. a column of only None (stored as int with nulls)
+            values = [col.get(j) for j in stored.tolist()]
+            out = [None if v is None else os.fspath(v) for v in values]
+            return out, list(out)
+        raw, off = col.data.tobytes(), col.off
+        starts, stops = off[stored].tolist(), off[stored + 1].tolist()
+        shown: list[str | None] = [raw[a:b].decode("utf-8") for a, b in zip(starts, stops, strict=True)]
+        if col.null is not None:
+            null = col.null[stored].tolist()
+            shown = [None if n else s for s, n in zip(shown, null, strict=True)]
+        if col.root is None:
+            return shown, list(shown)
+        prefix = os.fspath(col.root).rstrip(os.sep) + os.sep  # what os.path.join does, without its cost
+        return shown, [None if s is None else s if s.startswith(os.sep) else prefix + s for s in shown]
+
     # ---- packing arbitrary records
     @classmethod
     def from_records(

@@ -28,8 +28,9 @@ import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from segtrain.data.confine import display
 from segtrain.data.index import RecordIndex
-from segtrain.data.index_cache import cached_index
+from segtrain.data.index_cache import cached_index, content_hash
 from segtrain.data.loading import Problems, finish, parse_json, read_annotation_file
 from segtrain.data.records import (
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -110,22 +111,17 @@ def _index(root: Path, cache_dir: Any, max_image_pixels: int) -> RecordIndex:
     )
 
 
-def _folder_fingerprint(files: list[Path], ends: int = 65536) -> dict[str, Any]:
-    """Name, size, mtime and a hash of the first and last 64 KiB of every JSON of the folder."""
-    h = hashlib.sha256()
+def _folder_fingerprint(files: list[Path]) -> dict[str, Any]:
+    """Name, size and content hash of every JSON of the folder (content, never mtime: see index_cache.py)."""
+    h = hashlib.blake2b(digest_size=32)
     for js in files:
         try:
             with os.fdopen(open_regular(js, "LabelMe file"), "rb") as f:  # never blocks on a FIFO
-                st = os.fstat(f.fileno())
-                head = f.read(ends)
-                if st.st_size > ends:
-                    f.seek(max(st.st_size - ends, ends))
-                    head += f.read(ends)
+                size, digest = os.fstat(f.fileno()).st_size, content_hash(f)
         except OSError:  # unreadable: the build reports it
-            st, head = None, b""
-        h.update(f"{js.name}\0{st and st.st_size}\0{st and st.st_mtime_ns}\0".encode())
-        h.update(hashlib.sha256(head).digest())
-    return {"files": len(files), "sha256": h.hexdigest()}
+            size, digest = None, ""
+        h.update(os.fsencode(js.name) + f"\0{size}\0{digest}\0".encode())
+    return {"files": len(files), "blake2b": h.hexdigest()}
 
 
 def _describe(index: RecordIndex, j: int, t: int) -> str:
@@ -242,6 +238,12 @@ def build_labelme(root: Path, files: list[Path], max_image_pixels: int = DEFAULT
     listing = _Listing()
     for js in files:
         src = str(js)
+        if not _utf8(js.name):  # bytes that are not UTF-8 (os.fsdecode's surrogates): cannot be stored or shown
+            problems.image(
+                f"{display(js)}: the file name is not valid UTF-8; rename it (e.g. with convmv) or move it out of "
+                f"{display(root)}"
+            )
+            continue
         try:
             data = parse_json(read_annotation_file(js, "LabelMe file", MAX_LABELME_BYTES), js)
         except AnnotationError as e:
@@ -307,6 +309,14 @@ def build_labelme(root: Path, files: list[Path], max_image_pixels: int = DEFAULT
     ]
     index.validate()
     return index
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _show(v: Any) -> str:

@@ -47,10 +47,13 @@ def parse_json(raw: bytes, path: Path) -> Any:
     if orjson is not None:
         try:
             return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass
+        except orjson.JSONDecodeError as e:
+            if "depth limit" in str(e) or "ecursion" in str(e):  # orjson stops at 1024 levels; json: the stack
+                raise AnnotationError(_too_deep(path)) from None
     try:
         return json.loads(raw)
+    except RecursionError:
+        raise AnnotationError(_too_deep(path)) from None
     except json.JSONDecodeError as e:
         raise AnnotationError(
             f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
@@ -58,6 +61,13 @@ def parse_json(raw: bytes, path: Path) -> Any:
         ) from e
     except UnicodeDecodeError as e:
         raise AnnotationError(f"{path}: not UTF-8 text ({e}); re-save the file as UTF-8 JSON") from e
+
+
+def _too_deep(path: Path) -> str:
+    return (
+        f"{path}: JSON nested more than 1000 levels deep: not an annotation file (COCO and LabelMe nest a few "
+        "levels); replace it with the real file, or move it out of the data set"
+    )
 
 
 class Problems:

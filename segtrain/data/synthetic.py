@@ -5,22 +5,39 @@ through exactly the code a user's data goes through: file read, JPEG decode, COC
 on-the-fly rasterisation. Generation is deterministic for a given config, so every rank and
 every machine writes the same bytes, and is atomic (a temp folder renamed into place), so
 concurrent ranks or an interrupted first run never leave a half-written set.
+
+A process killed while writing (SIGKILL, OOM killer, power loss) cannot remove its temp folder, so the
+next generation in the same cache folder does: each writer holds an exclusive ``flock`` on a file inside
+its own temp folder while it writes, the kernel releases it when the process dies however it dies, and a
+temp folder whose lock can be taken has no living owner. Folders of writers still running (another rank,
+another run, another container on the same cache) are never touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
 
+log = logging.getLogger(__name__)
+
 CLASSES = ("circle", "square", "triangle")
+#: Temp folders are ``.<final name>.tmp-<random>``; the writer holds a flock on ``<temp>/OWNER_LOCK``.
+TMP_MARK = ".tmp-"
+OWNER_LOCK = ".owner.lock"
+#: A temp folder without its lock file is only removed when older than this (its writer may be creating it).
+_NO_LOCK_GRACE_S = 3600.0
 FORMAT_VERSION = 2
 # Each class has a typical hue (with spread) besides its shape, so a tiny CPU model can learn the
 # default set in minutes; backgrounds are low-saturation textures.
@@ -50,23 +67,79 @@ def ensure_synthetic(
         "seed": int(seed),
     }
     root = synthetic_root(cache_dir, params)
+    remove_stale_temp_folders(root.parent)  # of writers killed before (one glob: cheap on every call)
     if (root / "done").is_file():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}{TMP_MARK}", dir=root.parent))
     try:
-        for split, count, split_seed in (("train", num_train, seed), ("val", num_val, seed + 1_000_003)):
-            _write_split(tmp, split, count, params["image_size"], max_instances, split_seed)
-        (tmp / "params.json").write_text(json.dumps(params, indent=1))
-        (tmp / "done").write_text("ok\n")
-        try:
-            os.replace(tmp, root)
-        except OSError:
-            if not (root / "done").is_file():  # someone else's half-written folder cannot exist; re-raise
-                raise
+        with _owned(tmp):
+            for split, count, split_seed in (("train", num_train, seed), ("val", num_val, seed + 1_000_003)):
+                _write_split(tmp, split, count, params["image_size"], max_instances, split_seed)
+            (tmp / "params.json").write_text(json.dumps(params, indent=1))
+            (tmp / "done").write_text("ok\n")
+            with contextlib.suppress(FileNotFoundError):
+                (tmp / OWNER_LOCK).unlink()  # still held through the open file until the rename is done
+            try:
+                os.replace(tmp, root)
+            except OSError:
+                if not (root / "done").is_file():  # someone else's half-written folder cannot exist; re-raise
+                    raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+@contextlib.contextmanager
+def _owned(tmp: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``tmp/OWNER_LOCK`` while writing ``tmp`` (released by the kernel on death)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no owner lock (stale folders stay)
+        yield
+        return
+    # locked before it gets its name: a cleaner never finds the lock file of a living writer unlocked
+    pending = tmp / f"{OWNER_LOCK}.new"
+    fd = os.open(pending, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.replace(pending, tmp / OWNER_LOCK)
+        yield
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temp_folders(cache_dir: Path) -> list[Path]:
+    """Remove the temp folders of synthetic-set writers that died (their owner lock is free); returns them."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover
+        return []
+    removed = []
+    for tmp in cache_dir.glob(f".synthetic-v*{TMP_MARK}*"):
+        try:
+            fd = os.open(tmp / OWNER_LOCK, os.O_RDWR)
+        except FileNotFoundError:  # killed before it took its lock, or creating it right now: by age
+            with contextlib.suppress(OSError):
+                if tmp.is_dir() and time.time() - tmp.stat().st_mtime > _NO_LOCK_GRACE_S:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    removed.append(tmp)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a living writer holds it
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)  # under the lock: no other cleaner removes it twice
+            removed.append(tmp)
+        finally:
+            os.close(fd)
+    if removed:
+        log.info("removed %d temp folder(s) left by interrupted synthetic-set writers in %s", len(removed), cache_dir)
+    return removed
 
 
 def _write_split(root: Path, split: str, count: int, size: list[int], max_instances: int, seed: int) -> None:
