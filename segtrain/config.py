@@ -16,9 +16,26 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from segtrain.errors import UserError
+from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 VERSION_BASE = "1.3"
 IGNORE_LABEL = 255
+
+
+@dataclass(frozen=True)
+class PostprocessDefaults:
+    """Panoptic-DeepLab's post-processing defaults, in one place: the schema's ``dataset.panoptic``,
+    ``PanopticSpec`` and ``panoptic_segmentation``'s signature all read them from :data:`POSTPROCESS`
+    (COCO uses nms_kernel 41, stuff_area 4096)."""
+
+    label_divisor: int = 1000  # panoptic id = class * label_divisor + instance
+    stuff_area: int = 2048  # a stuff class keeps its pixels only where its area is at least this
+    threshold: float = 0.1  # centre heatmap peaks above this are instance centres
+    nms_kernel: int = 7  # a peak must be the maximum of its nms_kernel x nms_kernel window
+    top_k: int = 200  # at most this many centres per image
+
+
+POSTPROCESS = PostprocessDefaults()
 
 
 def config_dir() -> Path:
@@ -79,13 +96,13 @@ class TargetsConfig:
 
 @dataclass
 class PanopticConfig:
-    """Panoptic post-processing and scoring (Panoptic-DeepLab's defaults; COCO uses nms_kernel 41, stuff_area 4096)."""
+    """Panoptic post-processing and scoring; the defaults are :data:`POSTPROCESS` (see there)."""
 
-    label_divisor: int = 1000  # panoptic id = class * label_divisor + instance
-    stuff_area: int = 2048  # a stuff class keeps its pixels only where its area is at least this
-    threshold: float = 0.1  # centre heatmap peaks above this are instance centres
-    nms_kernel: int = 7  # a peak must be the maximum of its nms_kernel x nms_kernel window
-    top_k: int = 200  # at most this many centres per image
+    label_divisor: int = POSTPROCESS.label_divisor
+    stuff_area: int = POSTPROCESS.stuff_area
+    threshold: float = POSTPROCESS.threshold
+    nms_kernel: int = POSTPROCESS.nms_kernel
+    top_k: int = POSTPROCESS.top_k
     # Unannotated pixels in the ground truth: void (COCO panoptic's rule; PQ is then over the
     # annotated classes) or stuff (the background class is one scored stuff segment).
     background: str = "void"
@@ -116,7 +133,7 @@ class DatasetConfig:
     check_files: bool = False
     # Largest image (height x width) read, checked from the annotation when it loads and from the file
     # header before any decoding: a hostile or broken file cannot make a worker allocate gigabytes.
-    max_image_pixels: int = 2**28
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     # Synthetic data and the annotation index cache (<cache_dir>/index) live here
     cache_dir: str = "${oc.env:SEGTRAIN_CACHE,'~/.cache/segtrain'}"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)

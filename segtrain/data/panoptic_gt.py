@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from segtrain.config import POSTPROCESS
+
 __all__ = ["VOID", "panoptic_categories", "panoptic_from_prediction", "panoptic_ground_truth"]
 
 VOID = 0
@@ -156,7 +158,7 @@ def panoptic_ground_truth(
 
 def panoptic_from_prediction(
     panoptic_map: np.ndarray | Any,
-    label_divisor: int = 1000,
+    label_divisor: int = POSTPROCESS.label_divisor,
     void_label: int = -1,
     background_class: int = 0,
     background: str = "void",

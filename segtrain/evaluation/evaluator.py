@@ -19,7 +19,7 @@ from torch import nn
 from tqdm import tqdm
 
 from segtrain.checkpoint.state import unwrap
-from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL
+from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL, POSTPROCESS
 from segtrain.data.panoptic_gt import panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
 from segtrain.device import autocast, to_device
 from segtrain.distributed import all_reduce_
@@ -64,11 +64,11 @@ class PanopticSpec:
     thing_ids: tuple[int, ...]
     stuff_ids: tuple[int, ...]
     background_class: int  # -1 when unannotated pixels are ignore regions (Cityscapes): no background class
-    label_divisor: int = 1000
-    stuff_area: int = 2048
-    threshold: float = 0.1
-    nms_kernel: int = 7
-    top_k: int = 200
+    label_divisor: int = POSTPROCESS.label_divisor
+    stuff_area: int = POSTPROCESS.stuff_area
+    threshold: float = POSTPROCESS.threshold
+    nms_kernel: int = POSTPROCESS.nms_kernel
+    top_k: int = POSTPROCESS.top_k
     background: str = "void"
 
     @classmethod

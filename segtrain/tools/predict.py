@@ -29,6 +29,7 @@ import cv2
 import numpy as np
 import torch
 
+from segtrain.config import POSTPROCESS
 from segtrain.data.image_io import read_image_file
 from segtrain.device import effective_precision
 from segtrain.errors import UserError
@@ -103,7 +104,7 @@ def predict(cfg: Any, blob: Any, device: torch.device) -> list[Path]:
         base = out_dir / names[path]
         base.parent.mkdir(parents=True, exist_ok=True)
         files_out = {f"{base}_labels.png": labels.to(torch.uint8).cpu().numpy()}
-        divisor = spec.label_divisor if spec is not None else 1000
+        divisor = spec.label_divisor if spec is not None else POSTPROCESS.label_divisor
         semantic_map = (labels.to(torch.int64) * divisor).cpu().numpy()
         files_out[f"{base}_semantic.png"] = overlay_panoptic(rgb, semantic_map, classes, divisor, skip_classes=skip)
         if spec is not None:
