@@ -494,9 +494,15 @@ def check_missing(cfg: DictConfig) -> None:
 
 # Fixed sets of values. Sets that grow (models, data formats, augmentation pipelines, optimisers,
 # schedules, hooks) are registries (segtrain.registry): their allowed values come from there.
+# The lists the code branches on are defined here once and imported by it (config imports no package).
+ON_ERROR = ("raise", "skip")  # segtrain.data.records.Collector, data.loading
+UNLISTED = ("error", "drop", "ignore")  # segtrain.data.records.ClassMap
+INFERENCE_MODES = ("fit", "pad", "sliding")  # segtrain.data.mappers.NativeMapper
+PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.panoptic_gt
+EXPORT_FORMATS = ("onnx", "torchscript")  # segtrain.tools.export
 _CHOICES = {
-    "dataset.on_error": ("raise", "skip"),
-    "dataset.unlisted": ("error", "drop", "ignore"),
+    "dataset.on_error": ON_ERROR,
+    "dataset.unlisted": UNLISTED,
     "augment.device": ("cpu", "cuda", "auto"),
     "dataset.targets.where": ("auto", "worker", "device"),
     "trainer.device": ("auto", "cpu", "cuda"),
@@ -507,11 +513,11 @@ _CHOICES = {
     "trainer.profile.mode": ("off", "torch"),
     "trainer.on_nonfinite": ("stop", "skip_step"),
     "trainer.val_resolution": ("input", "native"),
-    "dataset.panoptic.background": ("void", "stuff"),
-    "inference.mode": ("fit", "pad", "sliding"),
+    "dataset.panoptic.background": PANOPTIC_BACKGROUNDS,
+    "inference.mode": INFERENCE_MODES,
     "evaluate.resolution": ("native", "input"),
     "evaluate.export": (None, "coco_panoptic"),
-    "export.format": ("onnx", "torchscript"),
+    "export.format": EXPORT_FORMATS,
 }
 
 

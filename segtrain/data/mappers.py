@@ -28,7 +28,7 @@ import cv2
 import numpy as np
 import torch
 
-from segtrain.config import IGNORE_LABEL, ConfigError
+from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, ConfigError
 from segtrain.data.augmentations import DEVICE_PIPELINES, build_pipeline, evaluation_pipeline
 from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
 from segtrain.data.device_augment import DeviceBatchAugment
@@ -313,7 +313,7 @@ class NativeMapper(_Mapper):
     ``instance_classes``, ``crowd_classes``, ``valid``. Sizes differ per image: batch size 1.
     """
 
-    MODES = ("fit", "pad", "sliding")
+    MODES = INFERENCE_MODES  # the schema's choices for inference.mode
 
     def __init__(
         self,

@@ -33,17 +33,16 @@ from typing import Any
 
 import numpy as np
 
-from segtrain.config import POSTPROCESS
+from segtrain.config import PANOPTIC_BACKGROUNDS, POSTPROCESS
 
 __all__ = ["VOID", "panoptic_categories", "panoptic_from_prediction", "panoptic_ground_truth"]
 
 VOID = 0
-_BACKGROUND_MODES = ("void", "stuff")
 
 
 def _check_background(background: str) -> None:
-    if background not in _BACKGROUND_MODES:
-        raise ValueError(f"background must be one of {_BACKGROUND_MODES}, got {background!r}")
+    if background not in PANOPTIC_BACKGROUNDS:
+        raise ValueError(f"background must be one of {PANOPTIC_BACKGROUNDS}, got {background!r}")
 
 
 def panoptic_categories(

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 import segtrain
 from segtrain.checkpoint.state import load_checkpoint_weights
-from segtrain.config import ConfigError, to_container
+from segtrain.config import EXPORT_FORMATS, ConfigError, to_container
 from segtrain.models import build_model
 
 log = logging.getLogger("segtrain.export")
@@ -61,7 +61,6 @@ __all__ = [
     "verify_export",
 ]
 
-EXPORT_FORMATS = ("onnx", "torchscript")
 OUTPUT_NAMES = ("semantic", "center", "offset")  # the order of ONNX outputs
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".torchscript.pt"}
 METADATA_KEY = "segtrain"  # ONNX metadata_props key; TorchScript extra file "segtrain.json"
