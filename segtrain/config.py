@@ -339,6 +339,12 @@ class SegtrainConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
 
 
+#: What a function reading the whole config takes: the composed DictConfig, whose layout is the schema's.
+#: Typed as the union so that mypy checks every ``cfg.section.key`` against the dataclasses above and
+#: knows each value's type (no ``int(cfg...)`` re-casts), while a DictConfig is still accepted.
+Config = SegtrainConfig | DictConfig
+
+
 def _register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="segtrain_schema", node=SegtrainConfig)
@@ -681,7 +687,7 @@ def check_registered(cfg: DictConfig) -> None:
                 raise ConfigError(str(e)) from None
 
 
-def to_container(cfg: DictConfig) -> dict:
+def to_container(cfg: DictConfig | object) -> dict:
     """Plain dicts/lists/strings: what checkpoints store (never a DictConfig)."""
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
 

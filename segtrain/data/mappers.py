@@ -28,7 +28,7 @@ import cv2
 import numpy as np
 import torch
 
-from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, ConfigError
+from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, Config, ConfigError, DatasetConfig
 from segtrain.data.augmentations import DEVICE_PIPELINES, build_pipeline, evaluation_pipeline
 from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
 from segtrain.data.device_augment import DeviceBatchAugment
@@ -61,13 +61,13 @@ class TargetSpec:
     small_instance_weight: float = 1.0
 
     @classmethod
-    def from_config(cls, ds: Any) -> TargetSpec:
+    def from_config(cls, ds: DatasetConfig) -> TargetSpec:
         classes = list(ds.classes)
         return cls(
-            sigma=float(ds.targets.sigma),
+            sigma=ds.targets.sigma,
             stuff_ids=tuple(classes.index(s) for s in ds.stuff_classes),
-            small_instance_area=int(ds.targets.small_instance_area),
-            small_instance_weight=float(ds.targets.small_instance_weight),
+            small_instance_area=ds.targets.small_instance_area,
+            small_instance_weight=ds.targets.small_instance_weight,
         )
 
     def kwargs(self) -> dict[str, Any]:
@@ -352,7 +352,7 @@ class NativeMapper(_Mapper):
         }
 
 
-def inference_size(cfg: Any) -> tuple[int, int]:
+def inference_size(cfg: Config) -> tuple[int, int]:
     """``inference.input_size``, else ``dataset.input_size``: the fit size and the sliding window."""
     h, w = (int(v) for v in (cfg.inference.input_size or cfg.dataset.input_size))
     return h, w
@@ -409,17 +409,17 @@ def to_tensors(
     }
 
 
-def targets_on_device(cfg: Any, device: torch.device | None) -> bool:
+def targets_on_device(cfg: Config, device: torch.device | None) -> bool:
     """Are training targets built on the training ``device`` (None: not known, e.g. a data tool)?
     ``dataset.targets.where``: auto = on CUDA devices; always with device augmentation."""
-    where = str(cfg.dataset.targets.where)
-    if str(cfg.augment.device) != "cpu" or where == "device":
+    where = cfg.dataset.targets.where
+    if cfg.augment.device != "cpu" or where == "device":
         return True
     return where == "auto" and device is not None and device.type == "cuda"
 
 
 def build_mapper(
-    cfg: Any,
+    cfg: Config,
     train: bool,
     *,
     device: torch.device | None = None,
@@ -428,10 +428,10 @@ def build_mapper(
 ) -> CpuMapper | DeviceMapper:
     """The mapper ``cfg`` asks for: device augmentation for training with ``augment.device != cpu``;
     ``device`` (the training device) settles ``dataset.targets.where=auto``."""
-    size = (int(cfg.dataset.input_size[0]), int(cfg.dataset.input_size[1]))
+    size = (cfg.dataset.input_size[0], cfg.dataset.input_size[1])
     targets = TargetSpec.from_config(cfg.dataset)
-    cap = int(cfg.dataset.max_image_pixels)
-    if train and str(cfg.augment.device) != "cpu":
+    cap = cfg.dataset.max_image_pixels
+    if train and cfg.augment.device != "cpu":
         return DeviceMapper(size, cfg.augment, targets, timer=timer, reader=reader, max_image_pixels=cap)
     pipeline = build_pipeline(cfg.augment if train else None, size, train)
     on_device = train and targets_on_device(cfg, device)

@@ -111,7 +111,7 @@ def _build(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: 
         metrics = evaluate(
             net,
             val_loader,
-            evaluators_for(cfg, net, dist.device, panoptic=bool(tr.val_panoptic)),
+            evaluators_for(cfg, net, dist.device, panoptic=tr.val_panoptic),
             dist.device,
             precision,
             progress_bar(dist.is_main, tr.progress),

@@ -19,7 +19,7 @@ from torch import nn
 from tqdm import tqdm
 
 from segtrain.checkpoint.state import unwrap
-from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL, POSTPROCESS
+from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL, POSTPROCESS, Config
 from segtrain.data.panoptic_gt import panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
 from segtrain.device import autocast, to_device
 from segtrain.distributed import all_reduce_
@@ -72,7 +72,7 @@ class PanopticSpec:
     background: str = "void"
 
     @classmethod
-    def from_config(cls, cfg: Any) -> PanopticSpec:
+    def from_config(cls, cfg: Config) -> PanopticSpec:
         from segtrain.data.formats import FORMATS
 
         ds = cfg.dataset
@@ -90,12 +90,12 @@ class PanopticSpec:
             things,
             tuple(sorted(stuff)),
             background_class,
-            int(pan.label_divisor),
-            int(pan.stuff_area),
-            float(pan.threshold),
-            int(pan.nms_kernel),
-            int(pan.top_k),
-            str(pan.background),
+            pan.label_divisor,
+            pan.stuff_area,
+            pan.threshold,
+            pan.nms_kernel,
+            pan.top_k,
+            pan.background,
         )
 
     def segment(self, semantic: torch.Tensor, center: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -196,9 +196,9 @@ class PanopticEvaluator:
         return out
 
 
-def evaluators_for(cfg: Any, model: nn.Module, device: torch.device, panoptic: bool = True, **kwargs: Any) -> list:
+def evaluators_for(cfg: Config, model: nn.Module, device: torch.device, panoptic: bool = True, **kwargs: Any) -> list:
     """Semantic metrics always; panoptic metrics for instance-aware models (unless turned off)."""
-    evs: list[Evaluator] = [SemanticEvaluator(int(cfg.model.num_classes), device)]
+    evs: list[Evaluator] = [SemanticEvaluator(cfg.model.num_classes, device)]
     if panoptic and getattr(unwrap(model), "instance_aware", False):
         evs.append(PanopticEvaluator(PanopticSpec.from_config(cfg), **kwargs))
     return evs

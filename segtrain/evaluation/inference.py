@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from segtrain.checkpoint.state import load_checkpoint_weights
+from segtrain.config import Config
 from segtrain.data.mappers import inference_size, prepare_input
 from segtrain.device import autocast
 from segtrain.models import build_model
@@ -26,10 +27,10 @@ log = logging.getLogger("segtrain.inference")
 Outputs = dict[str, torch.Tensor]
 
 
-def model_from_checkpoint(cfg: Any, blob: Any, device: torch.device) -> nn.Module:
+def model_from_checkpoint(cfg: Config, blob: Any, device: torch.device) -> nn.Module:
     """The checkpoint's network in eval mode; its EMA weights when it has them."""
     model = build_model(cfg.model)
-    load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), prefer_ema=True, asked=cfg)
+    load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=cfg.ckpt_strict, prefer_ema=True, asked=cfg)
     return model.to(device).eval()
 
 

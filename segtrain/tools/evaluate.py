@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from segtrain.config import ConfigError
+from segtrain.config import Config, ConfigError
 from segtrain.console import progress_bar
 from segtrain.data import build_dataset
 from segtrain.data.loaders import build_loader
@@ -27,10 +27,10 @@ from segtrain.evaluation.panoptic_export import CocoPanopticExport
 log = logging.getLogger("segtrain.evaluate")
 
 
-def evaluate_checkpoint(cfg: Any, blob: Any, dist: DistInfo, run_dir: Path) -> dict[str, Any]:
+def evaluate_checkpoint(cfg: Config, blob: Any, dist: DistInfo, run_dir: Path) -> dict[str, Any]:
     """Metrics of the checkpoint in ``cfg.ckpt`` on ``dataset.val``; rank 0 prints them and writes ``eval.json``."""
     model = model_from_checkpoint(cfg, blob, dist.device)
-    panoptic = bool(cfg.evaluate.panoptic) and bool(getattr(model, "instance_aware", False))
+    panoptic = cfg.evaluate.panoptic and bool(getattr(model, "instance_aware", False))
     if cfg.evaluate.export == "coco_panoptic" and not panoptic:  # before the data set loads
         why = (
             "evaluate.panoptic=false; set evaluate.panoptic=true"

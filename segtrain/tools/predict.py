@@ -29,7 +29,7 @@ import cv2
 import numpy as np
 import torch
 
-from segtrain.config import POSTPROCESS
+from segtrain.config import POSTPROCESS, Config
 from segtrain.data.image_io import read_image_file
 from segtrain.device import effective_precision
 from segtrain.errors import UserError
@@ -81,7 +81,7 @@ def _write_png(path: Path, image: np.ndarray) -> None:
 
 
 @torch.no_grad()
-def predict(cfg: Any, blob: Any, device: torch.device) -> list[Path]:
+def predict(cfg: Config, blob: Any, device: torch.device) -> list[Path]:
     """Write the outputs for every input image; returns the files written."""
     if not cfg.input:
         raise PredictInputError("segtrain.predict needs input=FILE_OR_FOLDER (and output=FOLDER)")
@@ -97,7 +97,7 @@ def predict(cfg: Any, blob: Any, device: torch.device) -> list[Path]:
     skip = (0,) if spec is not None and spec.background_class == 0 else ()
     written: list[Path] = []
     for path in files:
-        rgb = read_image_file(path, int(cfg.dataset.max_image_pixels))
+        rgb = read_image_file(path, cfg.dataset.max_image_pixels)
         out = predict_image(model, rgb, cfg, device, precision)
         logits = out["semantic"][0]
         labels = logits.argmax(0)
