@@ -430,6 +430,7 @@ def check_overrides(overrides: list[str]) -> None:
             continue
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(schema, parent) if parent else schema
+        check_override_type(schema, ov)
         if node is None:
             raise ConfigError(f"unknown config key {key!r}: there is no section {parent!r}")
         if not isinstance(node, DictConfig):
@@ -441,6 +442,40 @@ def check_overrides(overrides: list[str]) -> None:
                 f"unknown config key {key!r}.{hint} Valid keys of {parent or 'the root'}: "
                 f"{', '.join(map(str, node.keys()))}"
             )
+
+
+_TYPE_NAMES = {"IntegerNode": "an integer", "FloatNode": "a number", "BooleanNode": "true or false"}
+
+
+def check_override_type(schema: DictConfig, override: str) -> None:
+    """``trainer.epochs=three``: the value must have the schema's type. Checked here, before Hydra composes,
+    so the message is one line naming the key, the value and the type (Hydra's own names neither clearly)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf.errors import OmegaConfBaseException
+
+    key, _, raw = override.partition("=")
+    key = key.lstrip("+~")
+    try:
+        parsed = OverridesParser.create().parse_overrides([override])[0]
+    except Exception:  # noqa: BLE001 - a syntax error: Hydra reports it with its position
+        return
+    parent_key, _, name = key.rpartition(".")
+    if parsed.is_delete() or parsed.is_sweep_override() or _is_free_form(parent_key):
+        return
+    parent = OmegaConf.select(schema, parent_key) if parent_key else schema
+    try:
+        leaf = parent._get_node(name) if isinstance(parent, DictConfig) else None
+    except OmegaConfBaseException:
+        leaf = None
+    if leaf is None:  # an unknown key: check_overrides names it
+        return
+    try:
+        OmegaConf.update(schema, key, parsed.value(), merge=True)
+    except OmegaConfBaseException:
+        wanted = _TYPE_NAMES.get(type(leaf).__name__)
+        if wanted is None and OmegaConf.is_list(leaf):
+            wanted = "a list such as [1,2]"
+        raise ConfigError(f"{key}={raw}: must be {wanted or 'of the type the schema gives'}") from None
 
 
 def given_on_command_line(key: str) -> bool:
@@ -506,6 +541,7 @@ UNLISTED = ("error", "drop", "ignore")  # segtrain.data.records.ClassMap
 INFERENCE_MODES = ("fit", "pad", "sliding")  # segtrain.data.mappers.NativeMapper
 PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.panoptic_gt
 EXPORT_FORMATS = ("onnx", "torchscript")  # segtrain.tools.export
+OUTPUT_STRIDES = (8, 16, 32)  # segtrain.models.backbones
 _CHOICES = {
     "dataset.on_error": ON_ERROR,
     "dataset.unlisted": UNLISTED,
@@ -524,6 +560,7 @@ _CHOICES = {
     "evaluate.resolution": ("native", "input"),
     "evaluate.export": (None, "coco_panoptic"),
     "export.format": EXPORT_FORMATS,
+    "model.output_stride": OUTPUT_STRIDES,
 }
 
 
@@ -575,66 +612,157 @@ SEMANTIC_METRICS = ("miou", "pixel_acc")
 PANOPTIC_METRICS = ("pq", "sq", "rq", "pq_th", "pq_st", "ap", "ap50", "ap75")
 VALIDATION_METRICS = SEMANTIC_METRICS + PANOPTIC_METRICS
 
-# key: (lowest allowed value, inclusive?) -- None values are allowed where the schema says Optional
-_RANGES: dict[str, tuple[float, bool]] = {
-    "trainer.epochs": (1, True),
-    "trainer.max_steps": (1, True),
-    "trainer.batch_size": (1, True),
-    "trainer.val_batch_size": (1, True),
-    "trainer.num_workers": (0, True),
-    "trainer.prefetch_factor": (1, True),
-    "trainer.cpu_threads": (1, True),
-    "trainer.log_every": (1, True),
-    "trainer.val_every": (1, True),
-    "trainer.accumulate": (1, True),
-    "trainer.nonfinite_limit": (1, True),
-    "trainer.grad_clip": (0, True),
-    "trainer.num_log_images": (0, True),
-    "trainer.checkpoint.every_steps": (0, True),
-    "trainer.checkpoint.keep_last": (0, True),
-    "trainer.early_stop.patience": (0, True),
-    "trainer.early_stop.min_delta": (0, True),
-    "trainer.ema.decay": (0, True),
-    "trainer.ema.warmup_steps": (0, True),
-    "trainer.ddp.timeout_s": (1, True),
-    "trainer.profile.wait": (0, True),
-    "trainer.profile.warmup": (0, True),
-    "trainer.profile.active": (1, True),
-    "optim.lr": (0, False),
-    "optim.weight_decay": (0, True),
-    "schedule.warmup_steps": (0, True),
-    "schedule.min_lr": (0, True),
-    "dataset.targets.sigma": (0, False),
-    "dataset.targets.small_instance_area": (0, True),
-    "dataset.targets.small_instance_weight": (0, True),
-    "dataset.max_image_pixels": (1, True),
-    "dataset.panoptic.label_divisor": (1, True),
-    "dataset.panoptic.stuff_area": (0, True),
-    "dataset.panoptic.threshold": (0, True),
-    "dataset.panoptic.nms_kernel": (1, True),
-    "dataset.panoptic.top_k": (1, True),
-    "inference.pad_multiple": (1, True),
-    "inference.overlap": (0, True),
+
+@dataclass(frozen=True)
+class Bound:
+    """The numbers a key may hold: ``low``/``high`` (None: unbounded; ``*_open``: that end excluded), and why.
+    A list value (``optim.betas``) is checked element by element."""
+
+    low: float | None = None
+    high: float | None = None
+    why: str = ""
+    low_open: bool = False
+    high_open: bool = False
+
+    def admits(self, v: float) -> bool:
+        """False for NaN and for +-inf wherever an end is finite (comparisons with NaN are all False)."""
+        above = self.low is None or v > self.low or (not self.low_open and v == self.low)
+        below = self.high is None or v < self.high or (not self.high_open and v == self.high)
+        return bool(above and below) and v == v
+
+    def text(self) -> str:
+        """``>= 1``, ``> 0``, ``>= 0 and < 1``."""
+        ends = []
+        if self.low is not None:
+            ends.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+        if self.high is not None:
+            ends.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+        return " and ".join(ends)
+
+
+_POSITIVE = Bound(0, None, low_open=True)
+_AT_LEAST_0 = Bound(0, None)
+_AT_LEAST_1 = Bound(1, None)
+
+#: Values that cannot be right, declared once: key -> allowed range, checked by :func:`check_ranges` for a
+#: user's config and a checkpoint's stored one alike (config_from_checkpoint finalises it). None passes
+#: where the schema says Optional. Add a key here rather than a check elsewhere.
+BOUNDS: dict[str, Bound] = {
+    "trainer.epochs": _AT_LEAST_1,
+    "trainer.max_steps": _AT_LEAST_1,
+    "trainer.batch_size": _AT_LEAST_1,
+    "trainer.val_batch_size": _AT_LEAST_1,
+    "trainer.num_workers": _AT_LEAST_0,
+    "trainer.prefetch_factor": _AT_LEAST_1,
+    "trainer.cpu_threads": _AT_LEAST_1,
+    "trainer.log_every": _AT_LEAST_1,
+    "trainer.val_every": _AT_LEAST_1,
+    "trainer.accumulate": _AT_LEAST_1,
+    "trainer.nonfinite_limit": _AT_LEAST_1,
+    "trainer.grad_clip": _AT_LEAST_0,
+    "trainer.num_log_images": _AT_LEAST_0,
+    "trainer.data_wait_warn": _AT_LEAST_0,
+    "trainer.loss.semantic": _AT_LEAST_0,
+    "trainer.loss.center": _AT_LEAST_0,
+    "trainer.loss.offset": _AT_LEAST_0,
+    "trainer.loss.top_k_percent": Bound(0, 1, "the fraction of pixels whose losses are averaged", low_open=True),
+    "trainer.checkpoint.every_steps": _AT_LEAST_0,
+    "trainer.checkpoint.keep_last": _AT_LEAST_0,
+    "trainer.early_stop.patience": _AT_LEAST_0,
+    "trainer.early_stop.min_delta": _AT_LEAST_0,
+    "trainer.ema.decay": Bound(0, 1, "0 turns EMA off", high_open=True),
+    "trainer.ema.warmup_steps": _AT_LEAST_0,
+    "trainer.ddp.timeout_s": _AT_LEAST_1,
+    "trainer.profile.wait": _AT_LEAST_0,
+    "trainer.profile.warmup": _AT_LEAST_0,
+    "trainer.profile.active": _AT_LEAST_1,
+    "optim.lr": _POSITIVE,
+    "optim.weight_decay": _AT_LEAST_0,
+    "optim.momentum": Bound(0, 1, "the fraction of the last update kept", high_open=True),
+    "optim.betas": Bound(0, 1, "Adam's decay rates of the moment estimates", high_open=True),
+    "schedule.warmup_steps": _AT_LEAST_0,
+    "schedule.warmup_factor": Bound(0, 1, "the first step's fraction of optim.lr"),
+    "schedule.power": _AT_LEAST_0,
+    "schedule.min_lr": _AT_LEAST_0,
+    "schedule.step_size": _AT_LEAST_1,
+    "schedule.gamma": _POSITIVE,
+    "model.width": Bound(1, 1024, "the tiny model's channels; its widest layers have 4x as many"),
+    "model.decoder_channels": Bound(1, 4096, "channels of a layer"),
+    "model.head_channels": Bound(1, 4096, "channels of a layer"),
+    "dataset.targets.sigma": _POSITIVE,
+    "dataset.targets.small_instance_area": _AT_LEAST_0,
+    "dataset.targets.small_instance_weight": _AT_LEAST_0,
+    "dataset.max_image_pixels": _AT_LEAST_1,
+    "dataset.panoptic.label_divisor": _AT_LEAST_1,
+    "dataset.panoptic.stuff_area": _AT_LEAST_0,
+    "dataset.panoptic.threshold": _AT_LEAST_0,
+    "dataset.panoptic.nms_kernel": _AT_LEAST_1,
+    "dataset.panoptic.top_k": _AT_LEAST_1,
+    "inference.input_size": Bound(8, None, "pixels of a side"),
+    "inference.pad_multiple": _AT_LEAST_1,
+    "inference.overlap": Bound(0, 0.75, "each pixel runs through the network up to 1/(1-overlap)^2 times: 16 at 0.75"),
+    "doctor.num_images": _AT_LEAST_1,
+    "doctor.steps": _AT_LEAST_1,
+    "doctor.workers": _AT_LEAST_0,
 }
+#: Keys holding a fixed number of values.
+_LENGTHS = {"optim.betas": 2, "inference.input_size": 2}
+#: Most sliding windows one image may take (``inference.mode=sliding``), checked before the first one runs.
+MAX_SLIDING_WINDOWS = 4096
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def check_ranges(cfg: DictConfig) -> None:
-    """Numbers that cannot be right (zero epochs, sigma <= 0, ...) fail before any work, naming the key."""
-    for key, (low, inclusive) in _RANGES.items():
+    """Numbers that cannot be right (zero epochs, a NaN rate, sigma <= 0, ...) fail before any work: one line
+    naming the key, the value and the allowed range (:data:`BOUNDS`)."""
+    check_finite(cfg)
+    for key, bound in BOUNDS.items():
         value = OmegaConf.select(cfg, key)
         if value is None:
             continue
-        if isinstance(value, bool) or (value < low if inclusive else value <= low):
-            bound = f">= {low}" if inclusive else f"> {low}"
-            raise ConfigError(f"{key}={value!r} must be {bound}")
-    if not 0.0 < cfg.trainer.loss.top_k_percent <= 1.0:
-        raise ConfigError(f"trainer.loss.top_k_percent={cfg.trainer.loss.top_k_percent} must be in (0, 1]")
-    if cfg.trainer.ema.decay >= 1.0:
-        raise ConfigError(f"trainer.ema.decay={cfg.trainer.ema.decay} must be below 1 (0 turns EMA off)")
-    if cfg.inference.overlap >= 1.0:
-        raise ConfigError(f"inference.overlap={cfg.inference.overlap} must be below 1")
-    if cfg.dataset.panoptic.nms_kernel % 2 == 0:
-        raise ConfigError(f"dataset.panoptic.nms_kernel={cfg.dataset.panoptic.nms_kernel} must be odd")
+        values = list(value) if OmegaConf.is_list(value) or isinstance(value, list | tuple) else [value]
+        if key in _LENGTHS and len(values) != _LENGTHS[key]:
+            raise ConfigError(f"{key}={values} must hold {_LENGTHS[key]} values")
+        for v in values:
+            if not _is_number(v) or not bound.admits(v):
+                why = f" ({bound.why})" if bound.why else ""
+                shown = values if len(values) > 1 or key in _LENGTHS else v
+                raise ConfigError(f"{key}={shown!r} must be {bound.text()}{why}")
+    pan = cfg.dataset.panoptic
+    if pan.nms_kernel % 2 == 0:
+        raise ConfigError(f"dataset.panoptic.nms_kernel={pan.nms_kernel} must be odd")
+    if pan.label_divisor <= pan.top_k:
+        raise ConfigError(
+            f"dataset.panoptic.label_divisor={pan.label_divisor} must be > dataset.panoptic.top_k={pan.top_k}: a "
+            "panoptic id is class * label_divisor + instance, and an image may hold up to top_k instances"
+        )
+    if cfg.evaluate.export == "coco_panoptic" and not cfg.evaluate.panoptic:
+        raise ConfigError(
+            "evaluate.export=coco_panoptic writes panoptic predictions, which evaluate.panoptic=false turns off: "
+            "set evaluate.panoptic=true or drop evaluate.export"
+        )
+
+
+def check_finite(cfg: DictConfig) -> None:
+    """NaN or infinity in any number of the schema (``optim.lr=nan``) is refused, naming the key. User hooks'
+    own arguments (``trainer.hooks``) are theirs to check."""
+    import math
+
+    stack: list[tuple[str, Any]] = [("", OmegaConf.to_container(cfg, resolve=True))]
+    while stack:
+        prefix, node = stack.pop()
+        if prefix == "trainer.hooks":
+            continue
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            key = f"{prefix}.{k}" if prefix and isinstance(k, str) else f"{prefix}[{k}]" if prefix else str(k)
+            if isinstance(v, dict | list):
+                stack.append((key, v))
+            elif isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{key}={v} must be a finite number")
 
 
 #: Names accepted for the class of unannotated pixels (COCO, LabelMe, synthetic: index 0).
