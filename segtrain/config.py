@@ -828,14 +828,56 @@ CHECKPOINT_SECTIONS = ("model", "dataset")
 _NOT_FROM_CHECKPOINT = ("cache_dir", "synthetic", "max_image_pixels")
 
 
-def config_from_checkpoint(cli_cfg: DictConfig, stored: dict | None, overrides: list[str]) -> DictConfig:
+#: A checkpoint's stored config holding more values, or nested deeper, than this is no segtrain config (a
+#: real one holds a few hundred values, a few thousand with the largest class lists and maps, 5 levels).
+MAX_STORED_VALUES = 100_000
+MAX_STORED_DEPTH = 32
+
+
+def check_stored_size(stored: object, origin: str) -> None:
+    """Bound a stored config's size before anything parses it: the walk stops at the first value over
+    :data:`MAX_STORED_VALUES` (shared sub-lists count each time they appear: they would be copied)."""
+    count = 0
+    stack: list[tuple[object, int]] = [(stored, 0)]
+    while stack:
+        node, depth = stack.pop()
+        children = list(node.values()) if isinstance(node, dict) else node if isinstance(node, list | tuple) else ()
+        count += 1 + len(children)
+        if count > MAX_STORED_VALUES or depth > MAX_STORED_DEPTH:
+            raise ConfigError(
+                f"{origin}: its stored config holds over {MAX_STORED_VALUES:,} values or nests over "
+                f"{MAX_STORED_DEPTH} levels deep, so it is no segtrain config; refusing to read it (a state dict "
+                "of the weights alone, with the model and data set given on the command line, loads)"
+            )
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list | tuple))
+
+
+def config_from_checkpoint(
+    cli_cfg: DictConfig, stored: dict | None, overrides: list[str], origin: str = "the checkpoint"
+) -> DictConfig:
     """The config to rebuild a checkpoint's model: ``model`` and ``dataset`` from the checkpoint's
     stored config, everything else from the current command line; then every command-line
     override is applied on top (a group override such as ``dataset=labelme`` takes that whole
     section from the current configs). A bare state dict has no stored config: ``cli_cfg`` is used.
+
+    The stored config passes the checks a user's does (schema, bounds, choices), after its size is
+    bounded: a file cannot ask for a network or an allocation that the command line could not.
     """
     if not stored:
         return cli_cfg
+    check_stored_size(stored, origin)
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return _config_from_checkpoint(cli_cfg, stored, overrides)
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: its stored config (model, dataset) with this command line: {e}") from e
+    except OmegaConfBaseException as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{origin}: its stored config (model, dataset) does not fit the schema: {first}") from e
+
+
+def _config_from_checkpoint(cli_cfg: DictConfig, stored: dict, overrides: list[str]) -> DictConfig:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     base = OmegaConf.structured(SegtrainConfig)
