@@ -15,7 +15,7 @@ from typing import Any, cast
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from segtrain.errors import UserError
+from segtrain.errors import ConfigError
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 VERSION_BASE = "1.3"
@@ -90,7 +90,7 @@ class TargetsConfig:
     # Where the dense target planes (semantic, heatmap, offsets, weights: 25 bytes a pixel) are built with
     # augment.device=cpu. worker: in the loader workers. device: on the training device from the augmented ids
     # (items then carry 5 bytes a pixel: image + uint16 ids). auto: device when training on CUDA, else worker.
-    # With augment.device=cuda|auto they are always built on the device.
+    # With augment.device=cuda|auto they are always built on the device (segtrain.placement decides).
     where: str = "auto"
 
 
@@ -128,12 +128,21 @@ class DatasetConfig:
     on_error: str = "raise"  # raise | skip
     # Labels neither in `classes` nor in `class_map`: error | drop (background) | ignore (loss-ignore region)
     unlisted: str = "error"
+    # Crowd regions (COCO / COCO panoptic iscrowd, Cityscapes cargroup, persongroup, ...) in the semantic
+    # target and the semantic ground truth: true carries their class, as cityscapesScripts' label images and
+    # Panoptic-DeepLab's reference targets do (centre and offset weights stay 0, no centre); false ignores
+    # them (255). PQ and AP keep them as crowd either way.
+    crowd_in_semantic: bool = True
     # Stat every image file when the annotations load (all missing files in one error); false: an
     # image is checked when it is read (dataset.on_error=skip then skips it)
     check_files: bool = False
     # Largest image (height x width) read, checked from the annotation when it loads and from the file
     # header before any decoding: a hostile or broken file cannot make a worker allocate gigabytes.
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    # Where training JPEGs are decoded, with augment.device=cuda|auto: cpu (loader workers) | device (the
+    # workers read and check the bytes and rasterise; the batch is decoded on the training device, nvjpeg on
+    # CUDA; other files and JPEGs 2x larger than the input stay on the CPU) | auto (device when training on CUDA)
+    decode: str = "auto"
     # Synthetic data and the annotation index cache (<cache_dir>/index) live here
     cache_dir: str = "${oc.env:SEGTRAIN_CACHE,'~/.cache/segtrain'}"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
@@ -295,7 +304,9 @@ class InferenceConfig:
 @dataclass
 class EvaluateConfig:
     resolution: str = "native"  # native: score at the annotation's size; input: at dataset.input_size
-    export: str | None = None  # coco_panoptic: also write predictions as COCO panoptic PNGs + JSON
+    # coco_panoptic: also write predictions as COCO panoptic PNGs + JSON; cityscapes: in the official
+    # Cityscapes result formats (labelIds PNGs, instance masks + txt, panoptic PNG + JSON)
+    export: str | None = None
     panoptic: bool = True  # PQ/SQ/RQ and AP for instance-aware models
 
 
@@ -505,10 +516,6 @@ def _is_free_form(parent: str) -> bool:
     return parent == "dataset.class_map" or parent.startswith("dataset.class_map.")
 
 
-class ConfigError(UserError, ValueError):
-    """A config value is missing or invalid; the message names the key and the fix."""
-
-
 def check_missing(cfg: DictConfig) -> None:
     from segtrain.registry import load
 
@@ -547,6 +554,7 @@ _CHOICES = {
     "dataset.unlisted": UNLISTED,
     "augment.device": ("cpu", "cuda", "auto"),
     "dataset.targets.where": ("auto", "worker", "device"),
+    "dataset.decode": ("auto", "cpu", "device"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.precision": ("fp32", "fp16", "bf16"),
     "trainer.ddp.backend": ("auto", "nccl", "gloo"),
@@ -558,7 +566,7 @@ _CHOICES = {
     "dataset.panoptic.background": PANOPTIC_BACKGROUNDS,
     "inference.mode": INFERENCE_MODES,
     "evaluate.resolution": ("native", "input"),
-    "evaluate.export": (None, "coco_panoptic"),
+    "evaluate.export": (None, "coco_panoptic", "cityscapes"),
     "export.format": EXPORT_FORMATS,
     "model.output_stride": OUTPUT_STRIDES,
 }
@@ -588,11 +596,9 @@ def validate(cfg: DictConfig) -> None:
     check_registered(cfg)
     check_ranges(cfg)
     check_classes(cfg)
-    if cfg.dataset.targets.where == "worker" and cfg.augment.device != "cpu":
-        raise ConfigError(
-            f"dataset.targets.where=worker needs augment.device=cpu: with augment.device={cfg.augment.device} the "
-            "batch is augmented on the device, so its targets can only be built there (use dataset.targets.where=auto)"
-        )
+    from segtrain.placement import check as check_placement  # where each input stage runs: decided there, once
+
+    check_placement(cfg)
     if len(cfg.dataset.input_size) != 2 or min(cfg.dataset.input_size) < 8:
         raise ConfigError(f"dataset.input_size must be [H, W] with H, W >= 8, got {list(cfg.dataset.input_size)}")
     metric = cfg.trainer.checkpoint.metric

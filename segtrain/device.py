@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from segtrain.placement import HOST_KEYS
+
 log = logging.getLogger(__name__)
 
 
@@ -32,8 +34,9 @@ def effective_precision(requested: str, device: torch.device) -> str:
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """Non-blocking copies from pinned memory; integer maps become int64 and uint8 images float on the device."""
-    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    """Non-blocking copies from pinned memory; integer maps become int64 and uint8 images float on the device;
+    encoded JPEG bytes (``HOST_KEYS``) stay on the host, where the GPU decoder reads them."""
+    out = {k: v if k in HOST_KEYS else v.to(device, non_blocking=True) for k, v in batch.items()}
     if "semantic" in out:
         out["semantic"] = out["semantic"].long()
     if out["image"].dtype == torch.uint8:

@@ -20,6 +20,11 @@ class UserError(Exception):
     """Mixed into the error classes whose message tells the user what to change."""
 
 
+class ConfigError(UserError, ValueError):
+    """A config value is missing or invalid; the message names the key and the fix (also importable as
+    ``segtrain.config.ConfigError``)."""
+
+
 class NonFiniteError(UserError, FloatingPointError):
     """A loss or gradient became NaN/inf; the weights of the previous step are intact."""
 

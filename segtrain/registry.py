@@ -54,14 +54,21 @@ class UnknownChoiceError(UserError, ValueError):
 class Registry(Generic[T]):
     """``name -> object`` for the config key ``key`` (e.g. ``"optim.name"``)."""
 
-    def __init__(self, key: str, what: str, import_paths: bool = False) -> None:
-        """``import_paths``: a value may also be an import path (``pkg.module:Name`` or ``pkg.module.Name``,
-        as Hydra's ``_target_``), so a user's own entry works from the command line without registering."""
+    def __init__(self, key: str, what: str | None = None, import_paths: bool | None = None) -> None:
+        """A key of :data:`DECLARED` takes its description and ``import_paths`` from there (said once);
+        a registry of a user's own takes them here. ``import_paths``: a value may also be an import path
+        (``pkg.module:Name`` or ``pkg.module.Name``, as Hydra's ``_target_``), so a user's own entry works from
+        the command line without registering."""
         if key in _ALL:
             raise ValueError(f"a registry for {key!r} exists already")
+        declared = DECLARED.get(key)
+        if what is None:
+            if declared is None:
+                raise ValueError(f"Registry({key!r}) needs what= (it is not one of segtrain's declared registries)")
+            what = declared.what
         self.key = key
         self.what = what
-        self.import_paths = import_paths
+        self.import_paths = import_paths if import_paths is not None else bool(declared and declared.import_paths)
         self._entries: dict[str, T] = {}
         _ALL[key] = self
 

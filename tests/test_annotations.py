@@ -142,6 +142,41 @@ def test_coco_compressed_rle_crowd_and_sparse_category_ids(test_data, tmp_path):
     assert mask.shape == (427, 640) and 255 in classes.tolist()
 
 
+def test_coco_crowd_regions_carry_their_class_in_semantic(test_data, tmp_path):
+    """COCO iscrowd regions: their category in the semantic ground truth and targets by default, as the
+    reference does; no centre, no offset; dataset.crowd_in_semantic=false ignores them (255)."""
+    from segtrain.config import compose
+    from segtrain.data import build_dataset
+
+    root = test_data / "panopticapi_sample"
+    split = [
+        f"dataset.{s}.{k}={v}"
+        for s in ("train", "val")
+        for k, v in (("images", root / "input_images"), ("annotations", root / "panoptic_coco_detection_format.json"))
+    ]
+    base = ["dataset=coco", f"dataset.cache_dir={tmp_path}", "augment=none", "dataset.input_size=[427,640]", *split]
+    seen = 0
+    for crowd_in_semantic in (True, False):
+        cfg = compose([*base, f"dataset.crowd_in_semantic={crowd_in_semantic}"])
+        classes = list(cfg.dataset.classes)
+        for native in (True, False):
+            ds = build_dataset(cfg, "val", native=native)
+            for k, rec in enumerate(ds.records):
+                item = ds[k]
+                inst, sem = item["instance"].numpy(), item["semantic"].numpy()
+                for n, i in enumerate(rec.instances, start=1):
+                    on = inst[: rec.height, : rec.width] == n
+                    if not (i.iscrowd and on.any()):
+                        continue
+                    seen += 1
+                    want = classes.index(i.label) if crowd_in_semantic else 255
+                    assert (sem[: rec.height, : rec.width][on] == want).all(), (i.ann_id, crowd_in_semantic, native)
+                    if not native:  # training items: no centre, no offset on the crowd
+                        assert not item["center_weight"].numpy()[: rec.height, : rec.width][on].any()
+                        assert not item["offset_weight"].numpy()[: rec.height, : rec.width][on].any()
+    assert seen == 2 * 2 * 3  # the sample's three crowd regions, both rules, both item kinds
+
+
 def test_coco_class_map_drop_and_ignore(mmpose):
     recs, _ = load_coco(mmpose / "test_coco.json", mmpose, ClassMap(["background", "human"], {"person": "human"}))
     assert {i.class_id for r in recs for i in r.instances} == {1}

@@ -332,13 +332,106 @@ def test_agreement_axis_aligned_is_exact(tmp_path):
     print("cityscapes agreement, axis-aligned rectangles: 100% (exact)")
 
 
+def _group_scene(rng: np.random.Generator, h: int, w: int, n: int) -> list[dict]:
+    """A street with many groups: road, buildings and sky, then cars, persons, riders, bicycles and their
+    groups (``cargroup``, ``persongroup``, ``bicyclegroup``, ``ridergroup``) overlapping in file order."""
+    objs = [
+        _obj("sky", [(-2, -2), (w + 2, -2), (w + 2, h // 3), (-2, h // 3 + 4)]),
+        _obj("building", [(-2, h // 5), (w // 2, h // 6), (w // 2 + 9, h // 2), (-2, h // 2 + 3)]),
+        _obj("road", [(-3, h // 2), (w + 2, h // 2 - 7), (w + 2, h + 3), (-3, h + 3)]),
+    ]
+    names = ["car", "cargroup", "person", "persongroup", "rider", "ridergroup", "bicycle", "bicyclegroup"]
+    for k in range(n):
+        cx, cy = rng.uniform(0, w), rng.uniform(h / 3, h)
+        kv = int(rng.integers(3, 16))
+        ang = np.sort(rng.uniform(0, 2 * np.pi, kv))
+        r = rng.uniform(4, min(h, w) / 3) * rng.uniform(0.5, 1.0, kv)
+        pts = np.round(np.stack([cx + 1.6 * r * np.cos(ang), cy + r * np.sin(ang)], 1))
+        objs.append(_obj(names[k % len(names)] if k < len(names) else str(rng.choice(names)), pts))
+    return objs
+
+
+def _item_maps(item: dict, rec) -> dict[str, np.ndarray]:
+    """What segtrain gives for one native evaluation item, in the encodings of cityscapesscripts: the semantic
+    ground truth as trainIds; its instance map as json2instanceImg's trainIds (an instance: trainId * 1000 + its
+    number among the earlier instances of its class, in file order; groups, stuff and ignore: the trainId of
+    the pixel) and ids (the same with the label ids of the record's instances)."""
+    sem = item["semantic"].numpy().astype(np.int64)
+    inst = item["instance"].numpy()
+    classes, crowd = item["instance_classes"].numpy(), item["crowd_classes"].numpy()
+    things = [TRAIN_CLASSES.index(c) for c in THING_CLASSES]
+    single = np.isin(classes, things) & (crowd < 0)
+    rank = np.zeros(classes.size, np.int64)
+    for c in things:
+        members = np.flatnonzero(single & (classes == c))
+        rank[members] = np.arange(members.size)
+    by_id = classes * 1000 + rank
+    return {
+        "trainIds": sem,
+        "instance trainIds": np.where(single[inst], by_id[inst], sem),
+        "instance ids": _encode(rec.instances, "ids")[inst],
+    }
+
+
+@needs_cs
+def test_agreement_of_segtrain_labels_on_scenes_with_groups(tmp_path):
+    """Issue 18: the semantic ground truth and instance maps segtrain builds (native evaluation items of
+    ``build_dataset``) against json2labelImg's trainIds and json2instanceImg, on scenes full of ``cargroup``,
+    ``persongroup``, ...: crowd pixels carry their class by default (dataset.crowd_in_semantic=true), as the
+    official label images do; with crowd_in_semantic=false they are ignored and the trainIds disagree there."""
+    from segtrain.config import compose
+    from segtrain.data import build_dataset
+
+    rng = np.random.default_rng(7)
+    paths = [
+        _write(tmp_path, f"grp_{k:06d}_000019", _group_scene(rng, 128, 256, 24), 128, 256, split="val")
+        for k in range(8)
+    ]
+    refs = {}
+    for gt in paths:
+        ann = Annotation()
+        ann.fromJsonFile(str(gt))
+        refs[str(gt)] = {
+            "trainIds": np.asarray(createLabelImage(ann, "trainIds"), np.int64),
+            "instance trainIds": np.asarray(createInstanceImage(ann, "trainIds"), np.int64),
+            "instance ids": np.asarray(createInstanceImage(ann, "ids"), np.int64),
+        }
+    agreement: dict[bool, dict[str, float]] = {}
+    crowd_px = 0
+    for crowd_in_semantic in (True, False):
+        cfg = compose(
+            ["dataset=cityscapes", f"dataset.root={tmp_path}", f"dataset.crowd_in_semantic={crowd_in_semantic}"]
+        )
+        ds = build_dataset(cfg, "val", native=True)
+        ok: dict[str, int] = {}
+        total = 0
+        for k, rec in enumerate(ds.records):
+            item = ds[k]
+            crowd_px += int((item["crowd_classes"].numpy()[item["instance"].numpy()] >= 0).sum())
+            ours, ref = _item_maps(item, rec), refs[rec.source]
+            total += ref["trainIds"].size
+            for name, r in ref.items():
+                ok[name] = ok.get(name, 0) + int((ours[name] == r).sum())
+        agreement[crowd_in_semantic] = {name: v / total for name, v in ok.items()}
+    assert crowd_px / (2 * 8 * 128 * 256) > 0.03, "the scenes must hold groups"
+    for name in agreement[True]:
+        new, old = agreement[True][name], agreement[False][name]
+        print(
+            f"cityscapes agreement, 8 street scenes with groups, {name}: {new:.4%} "
+            f"(dataset.crowd_in_semantic=false: {old:.4%})"
+        )
+        assert new >= MIN_AGREEMENT, name
+    assert agreement[False]["trainIds"] < agreement[True]["trainIds"] - 0.01  # groups are scored by the reference
+
+
 # --------------------------------------------------------------------------- end to end
 def test_build_dataset_end_to_end(tmp_path):
     from segtrain.config import compose
     from segtrain.data import build_dataset
 
     _write(tmp_path, "city_000000_000019", _street(), H, W)
-    cfg = compose(["dataset=cityscapes", f"dataset.root={tmp_path}", "augment=none", f"dataset.input_size=[{H},{W}]"])
+    overrides = ["dataset=cityscapes", f"dataset.root={tmp_path}", "augment=none", f"dataset.input_size=[{H},{W}]"]
+    cfg = compose(overrides)
     ds = build_dataset(cfg, "train")
     item = ds[0]
     sem = item["semantic"].numpy()
@@ -347,8 +440,14 @@ def test_build_dataset_end_to_end(tmp_path):
     assert sem[45, 5] == TRAIN_CLASSES.index("road") and sem[2, 5] == TRAIN_CLASSES.index("sky")
     assert sem[25, 48] == TRAIN_CLASSES.index("person") and sem[22, 35] == TRAIN_CLASSES.index("car")
     assert sem[31, 43] == TRAIN_CLASSES.index("car")  # under the license plate
-    assert sem[27, 80] == IGNORE_LABEL  # cargroup: crowd
+    # cargroup: a crowd region, of class car in semantic as in json2labelImg's trainIds; no centre, no offset
+    assert sem[27, 80] == TRAIN_CLASSES.index("car")
+    assert item["center_weight"][27, 80] == 0 and item["offset_weight"][27, 80] == 0
     assert float(item["center"].max()) == 1.0 and float(item["offset_weight"].sum()) > 0
+    off = build_dataset(compose([*overrides, "dataset.crowd_in_semantic=false"]), "train")[0]
+    assert off["semantic"][27, 80] == IGNORE_LABEL  # the option: crowd pixels ignored
+    same = off["semantic"].numpy() == sem
+    assert (same | (off["semantic"].numpy() == IGNORE_LABEL)).all() and not same.all()
 
 
 def test_experiment_preset_follows_the_reference_recipe():

@@ -59,11 +59,14 @@ def _pil_ids(path: Path) -> np.ndarray:
     return rgb[..., 0] + 256 * rgb[..., 1] + 256 * 256 * rgb[..., 2]
 
 
-def _expected_semantic(ann: dict, cats: dict, classes: list[str], ids: np.ndarray) -> np.ndarray:
-    """Every segment's pixels get its class (crowd -> 255), VOID -> 255."""
+def _expected_semantic(
+    ann: dict, cats: dict, classes: list[str], ids: np.ndarray, crowd_in_semantic: bool = True
+) -> np.ndarray:
+    """Every segment's pixels get its class (crowd too, unless ``crowd_in_semantic`` is false: 255), VOID -> 255."""
     out = np.full(ids.shape, IGNORE_LABEL, np.int64)
     for seg in ann["segments_info"]:
-        out[ids == seg["id"]] = IGNORE_LABEL if seg["iscrowd"] else classes.index(cats[seg["category_id"]]["name"])
+        ignored = seg["iscrowd"] and not crowd_in_semantic
+        out[ids == seg["id"]] = IGNORE_LABEL if ignored else classes.index(cats[seg["category_id"]]["name"])
     return out
 
 
@@ -109,7 +112,8 @@ def test_decode_matches_pillow_and_rasterise_gives_the_segments(sample, ds_cfg):
         # instance k+1 is exactly the pixels of instances[k]'s segment; VOID is the void instance (1)
         for k, i in enumerate(rec.instances, start=1):
             assert np.array_equal(inst == k, ref == i.segment_id), i.ann_id
-        assert np.array_equal(inst_classes[inst], _expected_semantic(ann, cats, classes, ref))
+        # instance classes: crowd segments 255 (their own class is the record's crowd_class)
+        assert np.array_equal(inst_classes[inst], _expected_semantic(ann, cats, classes, ref, crowd_in_semantic=False))
 
 
 def test_unlabeled_background_and_dropped_categories(sample, ds_cfg):
@@ -298,7 +302,17 @@ def test_compose_and_build_dataset(coco_root, sample):
             if not seg["iscrowd"] and cls not in stuff:  # things get a centre
                 assert item["center"][0].numpy()[:h, :w][ref == seg["id"]].max() > 0.0
                 assert (item["offset_weight"].numpy()[:h, :w][ref == seg["id"]] == 1).all()
+            if seg["iscrowd"]:  # crowd: its class in semantic (the default), but no centre, no offset
+                assert (item["center_weight"].numpy()[:h, :w][ref == seg["id"]] == 0).all()
+                assert (item["offset_weight"].numpy()[:h, :w][ref == seg["id"]] == 0).all()
         assert (item["offset_weight"].numpy()[:h, :w][ref == 0] == 0).all()
+    assert any(s["iscrowd"] for a in sample["data"]["annotations"] for s in a["segments_info"])
+    cfg.dataset.crowd_in_semantic = False  # the other rule: crowd pixels ignored
+    ignoring = build_dataset(cfg, "val")
+    for k, ann in enumerate(sample["data"]["annotations"]):
+        ref = _pil_ids(coco_root / "annotations" / "panoptic_val2017" / ann["file_name"])
+        semantic = ignoring[k]["semantic"].numpy().astype(np.int64)[: ref.shape[0], : ref.shape[1]]
+        assert np.array_equal(semantic, _expected_semantic(ann, cats, classes, ref, crowd_in_semantic=False))
     train = build_dataset(cfg, "train")  # random augmentation of the same records
     item = train[(0, 1)]
     assert item["image"].shape == (3, 427, 640) and item["semantic"].shape == (427, 640)

@@ -76,9 +76,10 @@ def batch(rng: np.random.Generator, counts: list[int], h: int, w: int):
     return np.stack(masks), classes, table
 
 
-def assert_targets_equal(tt: dict, masks, classes, valid, **kw) -> None:
+def assert_targets_equal(tt: dict, masks, classes, valid, crowd=None, **kw) -> None:
     for b in range(len(masks)):
-        ref = make_targets(masks[b], classes[b], valid=None if valid is None else valid[b], **kw)
+        own = None if crowd is None else crowd[b]
+        ref = make_targets(masks[b], classes[b], valid=None if valid is None else valid[b], crowd_classes=own, **kw)
         for key in KEYS:
             got = tt[key][b].cpu().numpy()
             assert got.shape == ref[key].shape, key
@@ -98,14 +99,23 @@ def assert_targets_equal(tt: dict, masks, classes, valid, **kw) -> None:
         {"use_valid": True, "stuff_classes": (3,), "small_instance_area": 150, "small_instance_weight": 3.0},
         {"sigma": 3.5, "stuff_classes": (3, 7)},
         {"sigma": 2.0, "use_valid": True, "ignore_label": 2},
+        {"use_valid": True, "stuff_classes": (3,), "crowd": True},
+        {"sigma": 3.0, "crowd": True, "small_instance_area": 150, "small_instance_weight": 2.0},
     ],
 )
 def test_make_targets_torch_matches_numpy(device, case):
     case = dict(case)
     use_valid = case.pop("use_valid", False)
+    with_crowd = case.pop("crowd", False)
     sigma = case.pop("sigma", 8.0)
     rng = np.random.default_rng(len(str(case)) + int(sigma * 10))
     masks, classes, table = batch(rng, [9, 3, 14], 61, 83)
+    if with_crowd:  # crowd regions (class 255) with their own class, padded with -1 as collate does
+        crowd = [np.where(c == 255, rng.choice([1, 2, 3, 255], c.size), -1) for c in classes]
+        crowd_table = np.full(table.shape, -1, np.int64)
+        for b, c in enumerate(crowd):
+            crowd_table[b, : len(c)] = c
+        assert any((c >= 0).any() for c in crowd)
     valid = None
     if use_valid:
         valid = rng.random(masks.shape) > 0.03
@@ -117,6 +127,7 @@ def test_make_targets_torch_matches_numpy(device, case):
         torch.from_numpy(table).to(device),
         sigma,
         valid=None if valid is None else torch.from_numpy(valid).to(device),
+        crowd_classes=torch.from_numpy(crowd_table).to(device) if with_crowd else None,
         **case,
     )
     assert tt["semantic"].dtype == torch.int64
@@ -124,7 +135,10 @@ def test_make_targets_torch_matches_numpy(device, case):
         assert tt[key].dtype == torch.float32
     assert tt["center"].shape == (3, 1, 61, 83) and tt["offset"].shape == (3, 2, 61, 83)
     assert all(t.device.type == device for t in tt.values())
-    assert_targets_equal(tt, masks, classes, valid, sigma=sigma, **case)
+    assert_targets_equal(tt, masks, classes, valid, crowd=crowd if with_crowd else None, sigma=sigma, **case)
+    if with_crowd:  # some crowd pixels carry a class
+        on_crowd = np.stack([np.asarray(c)[m] >= 0 for c, m in zip(crowd, masks, strict=True)])
+        assert (tt["semantic"].cpu().numpy()[on_crowd] != 255).any()
 
 
 def test_make_targets_torch_edge_cases(monkeypatch):

@@ -20,6 +20,7 @@ from segtrain.data.dataset import PolygonDataset, collate
 from segtrain.data.image_io import decode_image, read_encoded
 from segtrain.data.labelme import load_labelme
 from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
+from segtrain.data.pipeline import identity, plan_pipeline
 from segtrain.data.rasterise import rasterise
 from segtrain.data.records import ClassMap
 from segtrain.data.seeding import item_seed
@@ -248,15 +249,15 @@ def test_targets_built_on_the_device_equal_those_built_in_the_worker(test_data):
     compact = PolygonDataset(
         recs, CpuMapper(pipe, TargetSpec(sigma=4.0), targets_on_device=True), classes=dense.classes
     )
-    transform = compact.mapper.batch_transform(torch.device("cpu"), 0, 0)
-    assert dense.mapper.batch_transform(torch.device("cpu"), 0, 0) is None
+    transform = plan_pipeline(compose(["dataset.targets.where=device", "dataset.targets.sigma=4"]), "cpu").batch_step()
+    assert plan_pipeline(compose(["dataset.targets.where=worker"]), "cpu").batch_step() is identity
     padded = 0
     for epoch in range(3):
         for start in range(0, len(recs), 4):
             keys = [(epoch, i) for i in range(start, min(start + 4, len(recs)))]
             items = [compact[k] for k in keys]
             assert all(it["instance"].dtype == torch.uint16 and it["image"].dtype == torch.uint8 for it in items)
-            assert set(items[0]) == {"image", "instance", "instance_classes", "outside", "index"}
+            assert set(items[0]) == {"image", "instance", "instance_classes", "crowd_classes", "outside", "index"}
             padded += sum(bool((it["instance"] == it["outside"]).any()) for it in items)
             got = transform(collate(items), epoch, 0)
             ref = collate([dense[k] for k in keys])
@@ -270,7 +271,7 @@ def test_targets_built_on_the_device_equal_those_built_in_the_worker(test_data):
 
 def test_targets_where_follows_the_training_device():
     from segtrain.config import ConfigError
-    from segtrain.data.mappers import build_mapper
+    from segtrain.data.pipeline import build_mapper
 
     cfg = compose([])
     assert not build_mapper(cfg, True, device=torch.device("cpu")).targets_on_device
@@ -282,6 +283,58 @@ def test_targets_where_follows_the_training_device():
     ).targets_on_device
     with pytest.raises(ConfigError, match="dataset.targets.where=worker needs augment.device=cpu"):
         compose(["dataset.targets.where=worker", "augment.device=cuda"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "device", "train", "where", "mapper", "step"),
+    [
+        ([], "cpu", True, ("worker", "worker", "worker"), "CpuMapper", "identity"),
+        ([], None, True, ("worker", "worker", "worker"), "CpuMapper", "identity"),
+        ([], "cuda:1", True, ("worker", "worker", "device"), "CpuMapper", "BatchTargets"),
+        ([], "cuda", False, ("worker", "worker", "worker"), "CpuMapper", "identity"),
+        (["dataset.targets.where=device"], "cpu", True, ("worker", "worker", "device"), "CpuMapper", "BatchTargets"),
+        (["dataset.targets.where=worker"], "cuda", True, ("worker", "worker", "worker"), "CpuMapper", "identity"),
+        (["augment.device=auto"], "cpu", True, ("worker", "device", "device"), "DeviceMapper", "DeviceBatchAugment"),
+        (["augment.device=cuda"], "cpu", False, ("worker", "worker", "worker"), "CpuMapper", "identity"),
+        (["augment.device=cuda"], "cuda", True, ("device", "device", "device"), "DeviceMapper", "DeviceDecode"),
+        (
+            ["augment.device=auto", "dataset.decode=cpu"],
+            "cuda",
+            True,
+            ("worker", "device", "device"),
+            "DeviceMapper",
+            None,
+        ),
+        (
+            ["augment.device=auto", "dataset.decode=device"],
+            "cpu",
+            True,
+            ("device", "device", "device"),
+            "DeviceMapper",
+            "DeviceDecode",
+        ),
+    ],
+)
+def test_one_plan_decides_the_mapper_and_the_batch_step(overrides, device, train, where, mapper, step):
+    """plan_pipeline is the one decision: where each stage runs, the mapper the workers run and the step
+    that finishes its items on the device agree (build_mapper and the trainer both ask it)."""
+    from segtrain.data.pipeline import build_mapper
+
+    cfg = compose(overrides)
+    plan = plan_pipeline(cfg, device, train=train)
+    assert (plan.decode, plan.augment, plan.targets) == where
+    assert plan.on_device == ("device" in where)
+    built = plan.mapper()
+    assert type(built).__name__ == mapper
+    assert type(build_mapper(cfg, train, device=None if device is None else torch.device(device))) is type(built)
+    if mapper == "CpuMapper":
+        assert built.targets_on_device == (where[2] == "device")
+    else:
+        assert built.decode_on_device == (where[0] == "device")
+    if step is None or (device or "").startswith("cuda") and step != "BatchTargets" and not torch.cuda.is_available():
+        return  # a device generator needs the device
+    got = plan.batch_step(0, 0)
+    assert (got.__name__ if got is identity else type(got).__name__) == step
 
 
 def test_reduced_decode_keeps_image_and_ids_aligned(tmp_path):
@@ -385,7 +438,8 @@ def test_device_items_smaller_than_twice_the_input_are_shipped_as_decoded(test_d
     for i, rec in enumerate(recs):
         np.testing.assert_array_equal(batch["instance"][i, : rec.height, : rec.width], items[i]["instance"])
         assert not batch["instance"][i, rec.height :].any() and not batch["image"][i, :, :, rec.width :].any()
-    out = ds.mapper.batch_transform(torch.device("cpu"), 0, 0)(batch, 0, 0)
+    cfg = compose(["augment.device=cuda", "dataset.input_size=[320,480]", "dataset.targets.sigma=4"])
+    out = plan_pipeline(cfg, "cpu").batch_step()(batch, 0, 0)
     assert out["image"].shape == (len(recs), 3, 320, 480) and out["semantic"].shape == (len(recs), 320, 480)
     assert out["instance"].dtype == torch.int32 and (out["semantic_weight"] > 0).any()
 

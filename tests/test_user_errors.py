@@ -83,7 +83,7 @@ def test_model_key_not_set():
 
 def test_device_augmentation_of_a_custom_pipeline():
     from segtrain.data.augmentations import AUGMENTATIONS, parametric
-    from segtrain.data.mappers import build_mapper
+    from segtrain.data.pipeline import build_mapper
 
     AUGMENTATIONS.register("test_user_pipeline", parametric)
     try:
@@ -105,11 +105,11 @@ def test_device_augmentation_of_a_custom_pipeline():
     ],
 )
 def test_device_augmentation_values(override: str, names: list[str]):
-    from segtrain.data.mappers import build_mapper
+    from segtrain.data.pipeline import plan_pipeline
 
     cfg = compose([*SMOKE, "augment.device=auto", override])
     with pytest.raises(ValueError) as e:
-        build_mapper(cfg, train=True).batch_transform(CPU, 0, 0)
+        plan_pipeline(cfg, CPU).batch_step(0, 0)
     user_error(e, *names)
 
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from segtrain.data.mappers import DeviceMapper as DeviceMapper
     from segtrain.data.mappers import NativeMapper as NativeMapper
     from segtrain.data.mappers import StageTimer as StageTimer
-    from segtrain.data.mappers import build_mapper as build_mapper
+    from segtrain.data.pipeline import build_mapper as build_mapper
 
 _HOMES = {
     "PolygonDataset": "segtrain.data.dataset",
@@ -26,7 +26,7 @@ _HOMES = {
     "DeviceMapper": "segtrain.data.mappers",
     "NativeMapper": "segtrain.data.mappers",
     "StageTimer": "segtrain.data.mappers",
-    "build_mapper": "segtrain.data.mappers",
+    "build_mapper": "segtrain.data.pipeline",
 }
 
 __all__ = sorted(_HOMES)

@@ -22,7 +22,7 @@ from segtrain.data.transforms import AffineCrop, build_transforms
 from segtrain.registry import Registry
 
 Pipeline = Callable[[Any, tuple[int, int]], A.Compose]
-AUGMENTATIONS: Registry[Pipeline] = Registry("augment.name", "augmentation pipeline")
+AUGMENTATIONS: Registry[Pipeline] = Registry("augment.name")
 #: Pipelines that device augmentation reproduces (the parametric one).
 DEVICE_PIPELINES = ("default", "strong", "none")
 

@@ -8,7 +8,9 @@ Cityscapes is evaluated on:
 - objects with ``deleted`` set are skipped;
 - a label that is not in the table but ends in ``group`` (``cargroup``, ``persongroup``) is a group
   of its base label: for a label with instances it is a crowd region (``iscrowd``, class 255 for the
-  loss, ``crowd_class`` its own class), otherwise a plain region of that label;
+  centre and offset targets, ``crowd_class`` its own class, which the semantic target carries as
+  ``json2labelImg``'s trainIds do, unless ``dataset.crowd_in_semantic=false``), otherwise a plain
+  region of that label;
 - labels with a negative id (``license plate``) are not drawn: the car below stays visible;
 - labels whose trainId is 255 (``ignoreInEval``: ``ego vehicle``, ``parking``, ``caravan``, ...) are
   ignore regions (class 255), unless ``dataset.class_map`` maps them onto a class;

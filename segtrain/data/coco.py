@@ -66,7 +66,8 @@ def load_coco(
 
     Polygon segmentations (one or more parts, unioned) and RLE segmentations (compressed string
     counts or uncompressed integer counts) are supported. ``iscrowd`` annotations get class 255
-    (ignored by the loss) and keep their own class in ``crowd_class``. ``area`` and ``bbox`` are
+    (no centre, no offset) and keep their own class in ``crowd_class``, which the semantic target
+    carries unless ``dataset.crowd_in_semantic=false``. ``area`` and ``bbox`` are
     not used. Images without annotations are kept (all background).
 
     ``cache_dir``: cache the built index there (``<cache_dir>/index``; None: no cache).

@@ -19,8 +19,8 @@ instance id, giving the same ``(instance_mask, instance_classes)`` as rasterised
 
 - thing segments -> one instance each, of their class;
 - stuff segments -> instances of their stuff class, like stuff polygons (the targets give stuff no centre);
-- crowd segments (``iscrowd=1``) -> class 255 with ``crowd_class`` = their class (ignored by the loss,
-  forgiven by PQ);
+- crowd segments (``iscrowd=1``) -> class 255 with ``crowd_class`` = their class (no centre, no offset;
+  their class in the semantic target unless ``dataset.crowd_in_semantic=false``; forgiven by PQ);
 - VOID (id 0) -> unannotated, per the format's ``unlabeled`` policy: ``"ignore"`` (COCO panoptic's
   meaning: an ignore region, class 255) or ``"background"`` (instance id 0, the background class);
 - segments whose category ``dataset.class_map`` drops (null) are unannotated too, as dropped polygons are;

@@ -24,9 +24,9 @@ from segtrain.data.mappers import (
     NativeMapper,
     Reader,
     StageTimer,
-    build_mapper,
     inference_size,
 )
+from segtrain.data.pipeline import build_mapper
 from segtrain.data.records import AnnotationError, ImageRecord
 from segtrain.data.seeding import item_seed
 from segtrain.errors import UserError
@@ -113,8 +113,9 @@ PADDED = ("image", "instance")
 
 def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """default_collate, except that per-instance vectors are padded to one length, the maps of items
-    with a ``content`` size are padded to the largest, and skipped evaluation items (``{"skipped": 1}``)
-    are dropped and counted in ``batch["skipped"]``."""
+    with a ``content`` size are padded to the largest, encoded ``jpeg`` bytes are padded to the longest
+    (``jpeg_length`` says how many are real), and skipped evaluation items (``{"skipped": 1}``) are
+    dropped and counted in ``batch["skipped"]``."""
     good = [it for it in items if "skipped" not in it]
     skipped = len(items) - len(good)
     for key, fill in PER_INSTANCE.items():
@@ -125,8 +126,12 @@ def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
                 if c.numel() < k:
                     it[key] = torch.cat([c, c.new_full((k - c.numel(),), fill)])
     padded = {}
-    if good and "content" in good[0] and len({it["image"].shape for it in good}) > 1:
+    if good and "content" in good[0] and len({(it["image"].shape, it["instance"].shape) for it in good}) > 1:
         padded = {key: _stack_padded([it.pop(key) for it in good]) for key in PADDED}
+    if good and "jpeg" in good[0]:  # encoded bytes (dataset.decode=device): zero-padded rows + their lengths
+        encoded = [it.pop("jpeg") for it in good]
+        padded["jpeg_length"] = torch.tensor([int(e.numel()) for e in encoded])
+        padded["jpeg"] = _stack_padded([e.view(1, -1) for e in encoded]).view(len(encoded), -1)
     batch = default_collate(good) if good else {}
     batch.update(padded)
     if skipped:
@@ -196,6 +201,7 @@ def build_dataset(
             inf.mode,
             inference_size(cfg),
             inf.pad_multiple,
+            crowd_in_semantic=bool(getattr(cfg.dataset, "crowd_in_semantic", True)),
             timer=timer,
             reader=reader,
             max_image_pixels=cfg.dataset.max_image_pixels,

@@ -393,5 +393,12 @@ class DeviceBatchAugment:
         rows = torch.arange(h, device=inst.device).view(1, h, 1) < hw[:, 0].view(b, 1, 1)
         valid = rows & (torch.arange(w, device=inst.device).view(1, 1, w) < hw[:, 1].view(b, 1, 1))
         image, inst, valid = self.augment(batch["image"], inst, valid, self.generator, content_hw=hw)
-        targets = make_targets_torch(inst, batch["instance_classes"], self.sigma, valid=valid, **self.targets_kw)
+        targets = make_targets_torch(
+            inst,
+            batch["instance_classes"],
+            self.sigma,
+            valid=valid,
+            crowd_classes=batch.get("crowd_classes"),
+            **self.targets_kw,
+        )
         return {"image": image, "instance": inst, **targets}

@@ -72,6 +72,7 @@ def make_targets_torch(
     valid: Tensor | None = None,
     small_instance_area: int = 0,
     small_instance_weight: float = 1.0,
+    crowd_classes: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Targets of a batch, per image exactly :func:`segtrain.data.targets.make_targets`.
 
@@ -81,6 +82,8 @@ def make_targets_torch(
             with fewer instances pad their row with any class (e.g. 0): slots of absent ids produce nothing.
         sigma, stuff_classes, ignore_label, small_instance_area, small_instance_weight: as in ``make_targets``.
         valid: optional (B, H, W) bool (or 0/1 integer) mask, False on invented pixels.
+        crowd_classes: optional (B, K+1) own class of each crowd id, -1 elsewhere (pad with -1), as in
+            ``make_targets``: crowd pixels then carry that class in ``semantic``.
 
     Returns:
         dict on ``instance.device``: ``semantic`` (B, H, W) int64 (``ignore_label`` on crowd/ignore/invalid),
@@ -119,6 +122,15 @@ def make_targets_torch(
             raise ValueError(f"valid must be bool or integer (nonzero = valid), got {valid.dtype}")
         if valid.device != device:
             raise ValueError(f"valid is on {valid.device}, instance on {device}")
+    if crowd_classes is not None:
+        _check_int("crowd_classes", crowd_classes, 2)
+        if tuple(crowd_classes.shape) != tuple(instance_classes.shape):
+            raise ValueError(
+                f"crowd_classes must have instance_classes' shape {tuple(instance_classes.shape)}, "
+                f"got {tuple(crowd_classes.shape)}"
+            )
+        if crowd_classes.device != device:
+            raise ValueError(f"crowd_classes is on {crowd_classes.device}, instance on {device}")
 
     n_ids = instance_classes.shape[1]
     if device.type == "cpu":  # value checks need the data: free on CPU, a host sync on an accelerator
@@ -130,6 +142,12 @@ def make_targets_torch(
         cmin, cmax = int(instance_classes.min()), int(instance_classes.max())
         if cmin < 0 or cmax > 255:
             raise ValueError(f"instance_classes must be in [0, 255], got values in [{cmin}, {cmax}]")
+        if crowd_classes is not None and crowd_classes.numel():
+            cmin, cmax = int(crowd_classes.min()), int(crowd_classes.max())
+            if cmin < -1 or cmax > 255:
+                raise ValueError(
+                    f"crowd_classes must be -1 (not a crowd) or a class in [0, 255], got values in [{cmin}, {cmax}]"
+                )
 
     # ---------------------------------------------------------------- labels: id, or pseudo-id n_ids if invalid
     # int32 indices throughout: index_add_/index_select are 2-4x faster with them than with int64 on CPU, and every
@@ -168,9 +186,17 @@ def make_targets_torch(
     cy = torch.where(thing, sum_y.double() / area_f, 0.0)
     cx = torch.where(thing, sum_x.double() / area_f, 0.0)
 
+    # Crowd ids (ignored for centres and offsets) may carry their own class in the semantic target.
+    sem_cls, labelled = cls, ~ignored
+    if crowd_classes is not None:
+        own = torch.cat([crowd_classes.long(), torch.full((b, 1), -1, dtype=torch.long, device=device)], dim=1)
+        is_crowd = ignored & (own >= 0) & (own != ignore_label)
+        sem_cls = torch.where(is_crowd, own, cls)
+        labelled = labelled | is_crowd
+
     one = torch.ones((), dtype=torch.float32, device=device)
     zero = torch.zeros((), dtype=torch.float32, device=device)
-    sw_lut = torch.where(ignored, zero, one)
+    sw_lut = torch.where(labelled, one, zero)
     if small_instance_area > 0:
         sw_lut = torch.where(thing & (area < small_instance_area), small_instance_weight, sw_lut)
     cw_lut = torch.where(ignored, zero, one)
@@ -182,7 +208,7 @@ def make_targets_torch(
     def lookup(lut: Tensor) -> Tensor:
         return lut.reshape(-1).index_select(0, flat).view(shape)
 
-    semantic = lookup(cls)
+    semantic = lookup(sem_cls)
     semantic_weight = lookup(sw_lut)
     center_weight = lookup(cw_lut)
     offset_weight = lookup(thing.float())
@@ -242,7 +268,9 @@ class BatchTargets:
 
     def __call__(self, batch: dict[str, Tensor], epoch: int, step: int) -> dict[str, Tensor]:
         inst = batch["instance"].to(torch.int32)  # uint16 has few kernels (no min/max on CPU)
-        targets = make_targets_torch(inst, batch["instance_classes"], self.sigma, **self.targets_kw)
+        targets = make_targets_torch(
+            inst, batch["instance_classes"], self.sigma, crowd_classes=batch.get("crowd_classes"), **self.targets_kw
+        )
         outside = batch["outside"].to(torch.int32).view(-1, 1, 1)
         inst = inst.masked_fill_(inst == outside, 0)
         return {"image": batch["image"], "instance": inst, **targets}

@@ -66,7 +66,7 @@ class DataPathError(UserError, FileNotFoundError):
     """Configured data paths that do not exist (all of them, listed at once)."""
 
 
-FORMATS: Registry[DataFormat] = Registry("dataset.format", "data format")
+FORMATS: Registry[DataFormat] = Registry("dataset.format")
 
 
 def class_map_of(ds: Any) -> ClassMap:

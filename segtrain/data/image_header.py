@@ -56,6 +56,9 @@ class ImageHeader:
     # cannot compress more than 1032:1, so far too few bytes mean a truncated file or a forged header
     data_bytes: int | None = None
     raw_bytes: int | None = None
+    # JPEG: (start-of-frame marker, sample precision in bits, components): which decoders can take it
+    # (nvjpeg: 8-bit baseline/extended/progressive Huffman, 1 or 3 components)
+    jpeg_frame: tuple[int, int, int] | None = None
 
     def orientation(self, convention: str) -> int:
         """The orientation (1-8) to apply to the decoded stored grid for an annotation made under
@@ -172,7 +175,8 @@ def _jpeg(d: bytes) -> ImageHeader | None:
             height, width = struct.unpack_from(">HH", d, pos + 5)  # after length and sample precision
             if height == 0:  # size given later by a DNL marker: leave it to the decoder
                 return None
-            return ImageHeader("JPEG", width, height, exif_orientation=exif or 1)
+            frame = (marker, d[pos + 4], d[pos + 9])  # marker, precision, components (after height, width)
+            return ImageHeader("JPEG", width, height, exif_orientation=exif or 1, jpeg_frame=frame)
         if marker == 0xE1 and exif is None and d.startswith(b"Exif\x00\x00", pos + 4):
             exif = _exif_orientation(d[pos + 4 : pos + 2 + length])  # the first Exif APP1, as PIL reads it
         pos += 2 + length

@@ -7,8 +7,11 @@ when the data set is built, never switched afterwards:
 
 - :class:`CpuMapper`: everything in the loader worker (``augment.device=cpu``).
 - :class:`DeviceMapper`: the worker only reads, decodes, rasterises and fits the image into the
-  input size; :meth:`DeviceMapper.batch_transform` gives the step that augments the collated batch
-  and builds its targets on the training device (``augment.device=cuda|auto``).
+  input size; the collated batch is augmented and its targets built on the training device
+  (``augment.device=cuda|auto``).
+
+Which mapper runs, and the batch step that finishes its items on the device, is decided in one place:
+:func:`segtrain.data.pipeline.plan_pipeline`.
 
 Both draw the item's geometry from the annotation's size before decoding, so that a JPEG the
 geometry shrinks 2x or more is decoded at 1/2, 1/4 or 1/8 of its size (training only; see
@@ -29,11 +32,9 @@ import numpy as np
 import torch
 
 from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, Config, ConfigError, DatasetConfig
-from segtrain.data.augmentations import DEVICE_PIPELINES, build_pipeline, evaluation_pipeline
+from segtrain.data.augmentations import DEVICE_PIPELINES, evaluation_pipeline
 from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
-from segtrain.data.device_augment import DeviceBatchAugment
-from segtrain.data.device_targets import BatchTargets
-from segtrain.data.image_io import decode_image, read_encoded
+from segtrain.data.image_io import decode_image, device_jpeg_orientation, read_encoded
 from segtrain.data.rasterise import rasterise
 from segtrain.data.records import AnnotationError, ImageRecord, crowd_classes
 from segtrain.data.targets import make_targets
@@ -59,6 +60,9 @@ class TargetSpec:
     stuff_ids: tuple[int, ...] = ()
     small_instance_area: int = 0
     small_instance_weight: float = 1.0
+    # ``dataset.crowd_in_semantic``: crowd regions carry their class in ``semantic`` (centre and offset
+    # weights stay 0); false: they are ignored (255) like every ignore region
+    crowd_in_semantic: bool = True
 
     @classmethod
     def from_config(cls, ds: DatasetConfig) -> TargetSpec:
@@ -68,7 +72,13 @@ class TargetSpec:
             stuff_ids=tuple(classes.index(s) for s in ds.stuff_classes),
             small_instance_area=ds.targets.small_instance_area,
             small_instance_weight=ds.targets.small_instance_weight,
+            crowd_in_semantic=bool(getattr(ds, "crowd_in_semantic", True)),
         )
+
+    def crowd(self, rec: ImageRecord, n: int) -> np.ndarray | None:
+        """The ``crowd_classes`` argument of ``make_targets`` for ``rec`` with ``n`` ids (ids past the record's
+        instances, e.g. invented pixels, are no crowd), or None when crowd regions are ignored."""
+        return padded_crowd(rec, n) if self.crowd_in_semantic else None
 
     def kwargs(self) -> dict[str, Any]:
         return {
@@ -160,10 +170,6 @@ class _Mapper:
         inst, inst_classes = self._rasterise(rec)
         return image, inst, inst_classes
 
-    def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment | BatchTargets | None:
-        """The step the trainer applies to each batch on the device (None: items are final)."""
-        return None
-
 
 class CpuMapper(_Mapper):
     """Read, decode, rasterise, augment and build targets in the loader worker.
@@ -177,9 +183,9 @@ class CpuMapper(_Mapper):
 
     With ``targets_on_device`` (``dataset.targets.where=device``, the default when training on CUDA) the
     worker stops after augmenting: items are ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16 with the
-    id ``outside`` on invented pixels, ``instance_classes`` and ``outside`` (), 5 bytes a pixel instead of
-    32, and :meth:`batch_transform` builds the targets on the device
-    (:class:`~segtrain.data.device_targets.BatchTargets`).
+    id ``outside`` on invented pixels, ``instance_classes``, ``crowd_classes`` (with
+    ``dataset.crowd_in_semantic``) and ``outside`` (), 5 bytes a pixel instead of 32, and the batch step
+    builds the targets on the device (:class:`~segtrain.data.device_targets.BatchTargets`).
     """
 
     def __init__(
@@ -220,6 +226,7 @@ class CpuMapper(_Mapper):
             aug = plan.run(image, ids, outside=n, owned=True, reduced=reduced)
         self._clock.lap("augment")
         classes = inst_classes if aug.covered else np.append(inst_classes, IGNORE_LABEL)
+        crowd = self.targets.crowd(rec, len(classes))
         if self.targets_on_device:
             item = {
                 "image": torch.from_numpy(aug.image).permute(2, 0, 1),  # strided views: collate copies once
@@ -227,12 +234,14 @@ class CpuMapper(_Mapper):
                 "instance_classes": torch.from_numpy(classes.astype(np.int64, copy=False)),
                 "outside": torch.tensor(n),
             }
+            if crowd is not None:
+                item["crowd_classes"] = torch.from_numpy(crowd)
             self._clock.lap("to_tensor")
             return item
         # The item's int32 ids are the one contiguous copy of the augmented ids: targets read them
         # (invented pixels still ``n``), then those pixels become 0.
         ids32 = aug.ids.astype(np.int32)
-        tg = make_targets(ids32, classes, self.targets.sigma, **self.targets.kwargs())
+        tg = make_targets(ids32, classes, self.targets.sigma, crowd_classes=crowd, **self.targets.kwargs())
         self._clock.lap("targets")
         item = to_tensors(aug.image, aug.clear_outside(ids32), tg, self.uint8_images)
         if self.eval_info:
@@ -240,20 +249,24 @@ class CpuMapper(_Mapper):
         self._clock.lap("to_tensor")
         return item
 
-    def batch_transform(self, device: torch.device, seed: int, rank: int) -> BatchTargets | None:
-        """With ``targets_on_device``: the targets of the batch, on ``device``."""
-        return BatchTargets(self.targets) if self.targets_on_device else None
-
 
 class DeviceMapper(_Mapper):
     """Read, decode and rasterise in the worker; fit, augment and build targets on the device.
 
     Items: ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16, ``content`` (2,) int64 = the rows and
-    columns of image content at the top-left (the rest is padding), ``instance_classes`` (N+1,) int64.
+    columns of image content at the top-left (the rest is padding), ``instance_classes`` (N+1,) int64
+    (and ``crowd_classes`` with ``dataset.crowd_in_semantic``).
     An image the fit shrinks by less than 2x is shipped as decoded (its native size, at most 2x the input
     size per side): the device fits and augments it in one resample, and the worker makes no pass over its
     pixels. A larger one is decoded smaller (JPEG) and fitted here, content top-left. :func:`collate` pads
     a batch to its largest item.
+
+    With ``decode_on_device`` (``dataset.decode=device``) a JPEG shipped as decoded is not decoded here: the
+    item carries its checked file bytes, ``jpeg`` (L,) uint8, and ``orientation`` () (EXIF, 1-8, under the
+    record's convention), ``image`` is (3,0,0), and ``instance``/``content`` are at the native size;
+    :class:`~segtrain.data.device_decode.DeviceDecode` decodes the batch on the device. Every other image
+    (not a JPEG the device decodes, or one the fit shrinks 2x or more) is decoded here as above, with an empty
+    ``jpeg`` and ``orientation`` 1. :func:`collate` pads ``jpeg`` and records ``jpeg_length``.
     """
 
     def __init__(
@@ -262,6 +275,7 @@ class DeviceMapper(_Mapper):
         augment: Any,
         targets: TargetSpec,
         *,
+        decode_on_device: bool = False,
         timer: StageTimer | None = None,
         reader: Reader | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
@@ -275,11 +289,44 @@ class DeviceMapper(_Mapper):
         self.input_size = (int(input_size[0]), int(input_size[1]))
         self.augment = augment
         self.targets = targets
+        self.decode_on_device = decode_on_device
 
     def __call__(self, rec: ImageRecord, seed: int | None = None) -> dict[str, torch.Tensor]:
         data, what = self._read_timed(rec)
         fit = self.pipeline.transforms[0].sample(None, rec.height, rec.width)  # not random: no stream
         reduce = reduction(fit.k)
+        if self.decode_on_device:
+            # A JPEG shipped as decoded is shipped encoded instead; a larger one is still decoded smaller
+            # here (DCT scaling: a fraction of a full decode, and GPU memory stays bounded by 2x the input).
+            orientation = device_jpeg_orientation(rec, data, what, self.max_image_pixels) if reduce == 1 else None
+            self._clock.lap("read")  # reading includes the header checks
+            if orientation is not None:
+                ids, inst_classes = self._rasterise(rec)
+                item = {
+                    "jpeg": torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                    "orientation": torch.tensor(orientation),
+                    "image": torch.empty((3, 0, 0), dtype=torch.uint8),
+                    "instance": torch.from_numpy(ids),
+                    "content": torch.tensor((rec.height, rec.width)),
+                    "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
+                }
+                self._add_crowd(item, rec, len(inst_classes))
+                self._clock.lap("to_tensor")
+                return item
+        item = self._decoded(rec, data, what, fit, reduce)
+        self._add_crowd(item, rec, len(item["instance_classes"]))
+        if self.decode_on_device:  # decoded here: nothing for the device to decode
+            item["jpeg"] = torch.empty(0, dtype=torch.uint8)
+            item["orientation"] = torch.tensor(1)
+        self._clock.lap("fit")
+        return item
+
+    def _add_crowd(self, item: dict[str, torch.Tensor], rec: ImageRecord, n: int) -> None:
+        crowd = self.targets.crowd(rec, n)
+        if crowd is not None:
+            item["crowd_classes"] = torch.from_numpy(crowd)
+
+    def _decoded(self, rec: ImageRecord, data: bytes, what: str, fit: Any, reduce: int) -> dict[str, torch.Tensor]:
         image, f = self._decode(rec, data, what, reduce)  # a JPEG shrunk 2x or more: decoded smaller
         ids, inst_classes = self._rasterise(rec)
         if reduce == 1:  # shipped as it is
@@ -288,18 +335,12 @@ class DeviceMapper(_Mapper):
             img, inst = warp(image, fit, cv2.INTER_LINEAR, 0, f), warp(ids, fit, cv2.INTER_NEAREST_EXACT, 0)
             assert inst.box is not None  # the fit does not rotate: the content is a rectangle
             image, ids, content = img.array, inst.array, (inst.box[1], inst.box[3])
-        item = {
+        return {
             "image": torch.from_numpy(image).permute(2, 0, 1),
             "instance": torch.from_numpy(ids),
             "content": torch.tensor(content),
             "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
         }
-        self._clock.lap("fit")
-        return item
-
-    def batch_transform(self, device: torch.device, seed: int, rank: int) -> DeviceBatchAugment:
-        """Augmentation and targets of the batch, on ``device``."""
-        return DeviceBatchAugment(self.augment, self.input_size, self.targets, device, seed, rank)
 
 
 class NativeMapper(_Mapper):
@@ -321,6 +362,7 @@ class NativeMapper(_Mapper):
         input_size: tuple[int, int],
         pad_multiple: int = 32,
         *,
+        crowd_in_semantic: bool = True,
         timer: StageTimer | None = None,
         reader: Reader | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
@@ -331,6 +373,7 @@ class NativeMapper(_Mapper):
         self.mode = mode
         self.input_size = (int(input_size[0]), int(input_size[1]))
         self.pad_multiple = max(int(pad_multiple), 1)
+        self.crowd_in_semantic = bool(crowd_in_semantic)
 
     @property
     def random(self) -> bool:
@@ -341,7 +384,8 @@ class NativeMapper(_Mapper):
         h, w = inst.shape
         model_input, scale = prepare_input(image, self.mode, self.input_size, self.pad_multiple, self.pipeline)
         self._clock.lap("fit")
-        semantic = semantic_of(inst, inst_classes)
+        crowd = padded_crowd(rec, len(inst_classes)) if self.crowd_in_semantic else None
+        semantic = semantic_of(inst, inst_classes, crowd)
         return {
             "image": torch.from_numpy(np.ascontiguousarray(model_input)).permute(2, 0, 1),
             "scale": torch.tensor([scale], dtype=torch.float64),
@@ -377,18 +421,29 @@ def prepare_input(
     return out, 1.0
 
 
-def semantic_of(inst: np.ndarray, inst_classes: np.ndarray) -> np.ndarray:
-    """(H,W) uint8 class of every pixel (255 on crowd/ignore regions): the semantic ground truth."""
-    return inst_classes.astype(np.uint8)[inst]
+def semantic_of(inst: np.ndarray, inst_classes: np.ndarray, crowd: np.ndarray | None = None) -> np.ndarray:
+    """(H,W) uint8 class of every pixel (255 on ignore regions): the semantic ground truth. ``crowd``: the
+    own class of each crowd id (-1 elsewhere), which its pixels then carry (as ``make_targets``); None:
+    crowd regions are 255 too."""
+    lut = inst_classes.astype(np.int64)
+    if crowd is not None:
+        lut = np.where((lut == IGNORE_LABEL) & (crowd >= 0) & (crowd != IGNORE_LABEL), crowd, lut)
+    return lut.astype(np.uint8)[inst]
+
+
+def padded_crowd(rec: ImageRecord, n: int) -> np.ndarray:
+    """(n,) int64 ``crowd_classes(rec)`` padded with -1 (ids past the record's instances: invented pixels)."""
+    crowd = crowd_classes(rec)
+    if crowd.size < n:
+        crowd = np.concatenate([crowd, np.full(n - crowd.size, -1, np.int64)])
+    return crowd[:n]
 
 
 def instance_info(
     rec: ImageRecord, inst_classes: np.ndarray, valid: np.ndarray | None, shape: tuple[int, ...]
 ) -> dict[str, torch.Tensor]:
     """What evaluation needs besides the targets: per-id classes (padded per batch by ``collate``) and ``valid``."""
-    crowd = crowd_classes(rec)
-    if crowd.size < inst_classes.size:  # an id past the record's instances (invented pixels): no crowd
-        crowd = np.concatenate([crowd, np.full(inst_classes.size - crowd.size, -1, np.int64)])
+    crowd = padded_crowd(rec, max(inst_classes.size, len(rec.instances) + 1))
     return {
         "instance_classes": torch.from_numpy(inst_classes.astype(np.int64, copy=False)),
         "crowd_classes": torch.from_numpy(crowd),
@@ -407,40 +462,3 @@ def to_tensors(
         "instance": torch.from_numpy(inst.astype(np.int32, copy=False)),
         **{k: torch.from_numpy(v) for k, v in tg.items()},
     }
-
-
-def targets_on_device(cfg: Config, device: torch.device | None) -> bool:
-    """Are training targets built on the training ``device`` (None: not known, e.g. a data tool)?
-    ``dataset.targets.where``: auto = on CUDA devices; always with device augmentation."""
-    where = cfg.dataset.targets.where
-    if cfg.augment.device != "cpu" or where == "device":
-        return True
-    return where == "auto" and device is not None and device.type == "cuda"
-
-
-def build_mapper(
-    cfg: Config,
-    train: bool,
-    *,
-    device: torch.device | None = None,
-    timer: StageTimer | None = None,
-    reader: Reader | None = None,
-) -> CpuMapper | DeviceMapper:
-    """The mapper ``cfg`` asks for: device augmentation for training with ``augment.device != cpu``;
-    ``device`` (the training device) settles ``dataset.targets.where=auto``."""
-    size = (cfg.dataset.input_size[0], cfg.dataset.input_size[1])
-    targets = TargetSpec.from_config(cfg.dataset)
-    cap = cfg.dataset.max_image_pixels
-    if train and cfg.augment.device != "cpu":
-        return DeviceMapper(size, cfg.augment, targets, timer=timer, reader=reader, max_image_pixels=cap)
-    pipeline = build_pipeline(cfg.augment if train else None, size, train)
-    on_device = train and targets_on_device(cfg, device)
-    return CpuMapper(
-        pipeline,
-        targets,
-        eval_info=not train,
-        targets_on_device=on_device,
-        timer=timer,
-        reader=reader,
-        max_image_pixels=cap,
-    )

@@ -9,7 +9,8 @@ Rule for ground truth (``panoptic_ground_truth``), per image:
   pixels, as COCO panoptic and Cityscapes define stuff;
 - the crowd regions of one class (instance class ``ignore_label`` with ``crowd_classes[k] = c``) are one
   ``iscrowd`` segment of class c: PQ forgives a prediction of class c lying on it, AP ignores
-  detections matching it;
+  detections matching it (whatever ``dataset.crowd_in_semantic`` says: that option is about the
+  semantic target and mIoU only);
 - ignore regions (class ``ignore_label`` without a crowd class, e.g. LabelMe ``__ignore__``) are VOID;
 - unannotated pixels (instance id 0, and instances whose class is ``background_class``) are VOID
   when ``background="void"``, COCO panoptic's convention for unlabelled pixels and the right one for

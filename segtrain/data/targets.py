@@ -4,20 +4,41 @@ Building targets runs in the data loader for every sample, so it must cost about
 its ~25 bytes/pixel of outputs, not a full-image pass per instance as in Panoptic-DeepLab's reference
 generator.  Hence all per-pixel work is done on *row runs* (maximal stretches of one id within one
 image row): a mask has thousands of runs but millions of pixels.  Centres of mass and areas are exact
-integer sums over runs; every output that is constant along a run is written by one run-length decode
-(``np.repeat``); the x offset, the only output that varies inside a run, is decoded in cache-sized
-float64 blocks.  The only full-image temporary is one bool plane.  Gaussians are pasted by a loop over
-instances touching (6 sigma + 3)^2 windows only: measured 2-3x faster than gathering all window indices
-for ``np.maximum.at`` (0.22 vs 0.72 ms for 60 instances at 1024x2048).
+integer sums over runs.
+
+Two bit-identical implementations of the per-pixel work:
+
+- compiled kernels (targets_kernels.py, numba; used whenever numba imports): find the runs in one
+  read of the mask, then write every output pixel exactly once in one fused loop per run, so the
+  whole call costs 1.5-1.8x merely writing the outputs (``scripts/bench_targets.py``);
+- ``_targets_numpy`` (NumPy/cv2 only; without numba, and for uint64 or non-native masks): every
+  output that is constant along a run is written by one run-length decode (``np.repeat``); the x
+  offset, the only output that varies inside a run, is decoded in cache-sized float64 blocks.  The
+  only full-image temporary is one bool plane.  Gaussians are pasted by a loop over instances touching
+  (6 sigma + 3)^2 windows only: measured 2-3x faster than gathering all window indices for
+  ``np.maximum.at`` (0.22 vs 0.72 ms for 60 instances at 1024x2048).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from functools import lru_cache
+from types import ModuleType
 
 import cv2
 import numpy as np
+
+_kernels: ModuleType | None
+try:
+    from segtrain.data import targets_kernels as _kernels
+except ImportError as _exc:  # numba missing or built for another NumPy: the (bit-identical) NumPy path
+    _kernels = None
+    logging.getLogger(__name__).warning(
+        "numba is unavailable (%s): targets are built by the NumPy path, identical but about 2x slower "
+        "per image. Fix: pip install 'numba>=0.60' matching your NumPy",
+        _exc,
+    )
 
 __all__ = ["gaussian_kernel", "gaussian_radius", "make_targets"]
 
@@ -78,6 +99,7 @@ def make_targets(
     valid: np.ndarray | None = None,
     small_instance_area: int = 0,
     small_instance_weight: float = 1.0,
+    crowd_classes: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Semantic, centre-heatmap and offset targets (plus loss weights) for one image.
 
@@ -96,11 +118,18 @@ def make_targets(
             in ``semantic_weight`` (Panoptic-DeepLab up-weights small instances so they are not drowned
             by large ones in the pixel-averaged semantic loss).
         small_instance_weight: see above.
+        crowd_classes: optional (N+1,) own class of each crowd id (an id of class ``ignore_label``), -1
+            for every other id.  Given, crowd pixels carry that class in ``semantic`` with semantic
+            weight 1, as cityscapesScripts' label images and Panoptic-DeepLab's reference generator
+            (``IGNORE_CROWD_IN_SEMANTIC = False``) do; their centre and offset weights stay 0 and they
+            get no centre.  None: crowd pixels are ``ignore_label`` like every ignore region
+            (``dataset.crowd_in_semantic=false``).
 
     Returns:
         dict of C-contiguous NumPy arrays:
 
-        - ``semantic`` (H, W) uint8: class of each pixel; ``ignore_label`` on crowd/ignore and invalid.
+        - ``semantic`` (H, W) uint8: class of each pixel; ``ignore_label`` on ignore regions and invalid
+          pixels, and on crowd regions unless ``crowd_classes`` gives their class.
         - ``center`` (1, H, W) float32: per thing instance, a Gaussian
           ``exp(-(dx^2+dy^2) / (2 sigma^2))`` truncated to a (2r+1)^2 window (r = ceil(3 sigma) + 1,
           i.e. Panoptic-DeepLab's 6 sigma + 3 for integer sigma), clipped at the border, peaking at
@@ -111,7 +140,7 @@ def make_targets(
           (unrounded) centre of mass of the instance's valid pixels, i.e. the vector a pixel votes with
           at inference; computed in float64 and rounded once to float32.  0 elsewhere.
         - ``semantic_weight`` (H, W) float32: 1, ``small_instance_weight`` on small things, 0 on
-          crowd/ignore/invalid.
+          ignore/invalid (and crowd without ``crowd_classes``).
         - ``center_weight`` (H, W) float32: 1, 0 on crowd/ignore/invalid: a crowd contains
           unannotated centres, so penalising the heatmap there would teach the net to miss real ones.
         - ``offset_weight`` (H, W) float32: 1 on valid non-crowd thing pixels, 0 elsewhere (offsets are
@@ -152,19 +181,186 @@ def make_targets(
     small_instance_weight = float(small_instance_weight)
     if not np.isfinite(small_instance_weight):
         raise ValueError(f"small_instance_weight must be finite, got {small_instance_weight}")
-    vflat = None
     if valid is not None:
         valid = np.asarray(valid)
         if valid.shape != mask.shape:
             raise ValueError(f"valid must have the mask's shape {mask.shape}, got {valid.shape}")
         if valid.dtype.kind not in "biu":
             raise ValueError(f"valid must be bool or integer (nonzero = valid), got {valid.dtype}")
-        vflat = np.ascontiguousarray(valid, dtype=bool).reshape(-1)
+        valid = np.ascontiguousarray(valid, dtype=bool)
+    crowd = None
+    if crowd_classes is not None:
+        crowd = _as_int_array("crowd_classes", crowd_classes, 1)
+        if crowd.shape != classes.shape:
+            raise ValueError(f"crowd_classes must have instance_classes' shape {classes.shape}, got {crowd.shape}")
+        if crowd.size and (crowd.min() < -1 or crowd.max() > 255):
+            raise ValueError(
+                f"crowd_classes must be -1 (not a crowd) or a class in [0, 255], got values in "
+                f"[{crowd.min()}, {crowd.max()}]"
+            )
+
+    # A strided mask (e.g. an augmented window) is copied once: both paths read it row-contiguously.
+    mask = np.ascontiguousarray(mask)
+    args = (mask, classes, sigma, stuff, ignore_label, valid, int(small_instance_area), small_instance_weight, crowd)
+    if _kernels is not None and mask.dtype.isnative and mask.dtype != np.uint64:
+        return _targets_kernels(*args)
+    return _targets_numpy(*args)
+
+
+def _check_ids(lo: int, hi: int, n_ids: int) -> None:
+    """Every id must be in [0, n_ids): lo/hi are the smallest/largest id over all pixels."""
+    if lo < 0:
+        raise ValueError(f"instance_mask contains negative id {lo}")
+    if hi >= n_ids:
+        raise ValueError(
+            f"instance_mask contains id {hi} but instance_classes has only {n_ids} entries "
+            f"(ids 0..{n_ids - 1}); pass one class per id, index 0 = background"
+        )
+
+
+def _id_tables(
+    area: np.ndarray,
+    sum_y: np.ndarray,
+    sum_x: np.ndarray,
+    classes: np.ndarray,
+    stuff: np.ndarray,
+    ignore_label: int,
+    small_instance_area: int,
+    small_instance_weight: float,
+    crowd: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-label tables (labels 0..N = ids, N+1 = invalid pixels) from exact per-label sums.
+
+    Returns ``(sem_cls, thing, cy, cx, lut)``: the semantic class (``ignore_label`` for invalid pixels
+    and for crowd ids without a class in ``crowd``), thing flag, centre of mass (0 for non-things) and
+    the float32 values of the three weight planes (semantic, centre, offset).  The sums are exact
+    integers (< 2**53), so cy/cx equal numpy's mean of the pixel coordinates bit for bit whether they
+    come as int64 or float64.
+    """
+    n_ids = classes.size
+    n_lut = n_ids + 1
+    cls = np.empty(n_lut, np.intp)
+    cls[:n_ids] = classes
+    cls[n_ids] = ignore_label
+    ignored = cls == ignore_label
+    thing = ~ignored & (cls != cls[0]) & (area > 0)
+    thing[0] = False
+    if stuff.size:  # a 256-entry table: np.isin costs ~30 us a call
+        is_stuff = np.zeros(256, bool)
+        is_stuff[stuff[(stuff >= 0) & (stuff <= 255)]] = True
+        thing &= ~is_stuff[cls]  # cls is in [0, 255]
+    area_or_1 = np.maximum(area, 1)  # things have area > 0: their centres are exact means
+    cy = np.where(thing, sum_y / area_or_1, 0.0)
+    cx = np.where(thing, sum_x / area_or_1, 0.0)
+
+    # Crowd ids (ignored for centres and offsets) may carry their own class in the semantic target.
+    sem_cls = cls
+    labelled = ~ignored
+    if crowd is not None:
+        own = np.full(n_lut, -1, np.intp)
+        own[:n_ids] = crowd
+        is_crowd = ignored & (own >= 0) & (own != ignore_label)
+        sem_cls = np.where(is_crowd, own, cls)
+        labelled = labelled | is_crowd
+
+    lut = np.empty((3, n_lut), np.float32)
+    lut[0] = labelled
+    lut[1] = ~ignored
+    lut[0, thing & (area < small_instance_area)] = small_instance_weight
+    lut[2] = thing
+    return sem_cls, thing, cy, cx, lut
+
+
+def _centres(cy: np.ndarray, cx: np.ndarray, thing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Heatmap peaks of the things: centres of mass rounded half to even."""
+    ids = np.flatnonzero(thing)
+    return np.rint(cy[ids]).astype(np.intp), np.rint(cx[ids]).astype(np.intp)
+
+
+def _result(semantic: np.ndarray, center: np.ndarray, planes: np.ndarray) -> dict[str, np.ndarray]:
+    """The output dict; ``planes`` = semantic, centre and offset weights, y and x offsets."""
+    return {
+        "semantic": semantic,
+        "center": center,
+        "offset": planes[3:],
+        "semantic_weight": planes[0],
+        "center_weight": planes[1],
+        "offset_weight": planes[2],
+    }
+
+
+# (1, 1) placeholder passed for ``valid`` when there is none (the kernel does not read it).
+_NO_VALID = np.ones((1, 1), bool)
+
+
+def _targets_kernels(
+    mask: np.ndarray,
+    classes: np.ndarray,
+    sigma: float,
+    stuff: np.ndarray,
+    ignore_label: int,
+    valid: np.ndarray | None,
+    small_instance_area: int,
+    small_instance_weight: float,
+    crowd: np.ndarray | None,
+) -> dict[str, np.ndarray]:
+    """make_targets by the compiled kernels: one read of the mask, each output pixel written once."""
+    assert _kernels is not None  # only called when the kernels imported
+    height, width = mask.shape
+    n_ids = classes.size
+    # Typical masks have ~10 runs a row; the kernel stops before a row that might not fit and the
+    # arrays are doubled (e.g. a noise mask, one run per pixel).
+    cap = 16 * height + width
+    starts, lengths, labels = (np.empty(cap, np.int64) for _ in range(3))
+    row_ptr = np.empty(height + 1, np.int64)
+    lohi = np.array([np.iinfo(np.int64).max, np.iinfo(np.int64).min], np.int64)
+    has_valid = valid is not None
+    v = valid if valid is not None else _NO_VALID
+    y, n = _kernels.row_runs(mask, v, has_valid, n_ids, starts, lengths, labels, row_ptr, 0, 0, lohi)
+    while y < height:
+        cap *= 2
+        grown = [np.empty(cap, np.int64) for _ in range(3)]
+        for new, old in zip(grown, (starts, lengths, labels)):
+            new[:n] = old[:n]
+        starts, lengths, labels = grown
+        y, n = _kernels.row_runs(mask, v, has_valid, n_ids, starts, lengths, labels, row_ptr, y, n, lohi)
+    _check_ids(int(lohi[0]), int(lohi[1]), n_ids)  # before any id indexes a table
+
+    area, sum_y, sum_x = _kernels.run_sums(starts, lengths, labels, row_ptr, n_ids + 1)
+    sem_cls, thing, cy, cx, lut = _id_tables(
+        area, sum_y, sum_x, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd
+    )
+    peak_y, peak_x = _centres(cy, cx, thing)
+    order = np.argsort(peak_y, kind="stable")
+    semantic = np.empty((height, width), np.uint8)
+    planes = np.empty((5, height, width), np.float32)
+    center = np.empty((1, height, width), np.float32)
+    _kernels.write_runs(
+        starts, lengths, labels, row_ptr, sem_cls.astype(np.uint8), lut, thing, cy, cx,
+        gaussian_kernel(sigma), peak_y[order], peak_x[order], semantic, planes, center[0],
+    )  # fmt: skip
+    return _result(semantic, center, planes)
+
+
+def _targets_numpy(
+    mask: np.ndarray,
+    classes: np.ndarray,
+    sigma: float,
+    stuff: np.ndarray,
+    ignore_label: int,
+    valid: np.ndarray | None,
+    small_instance_area: int,
+    small_instance_weight: float,
+    crowd: np.ndarray | None,
+) -> dict[str, np.ndarray]:
+    """make_targets with NumPy and cv2 only (see the module docstring); bit-identical to the kernels."""
+    height, width = mask.shape
+    n_ids = classes.size
+    vflat = None if valid is None else valid.reshape(-1)
 
     # ---------------------------------------------------------------- row runs
-    # A strided mask (e.g. an augmented window) is copied once: the flat comparison below runs 2-3x
-    # faster than the same comparison row by row on a 2-D view.
-    flat = np.ascontiguousarray(mask).reshape(-1)
+    # The flat comparison below runs 2-3x faster than the same comparison row by row on a 2-D view.
+    flat = mask.reshape(-1)
     npix = flat.size
     # is_start[p]: pixel p starts a run (differs from its left neighbour, or starts a row).  Padded to
     # whole 8-byte words so the (sparse) starts can be found word-wise: scanning 8x fewer elements
@@ -184,14 +380,7 @@ def make_targets(
     np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
     lengths[-1] = npix - starts[-1]
     labels = flat[starts]  # every pixel lies in a run, so min/max over runs validate the whole mask
-    lo, hi = labels.min(), labels.max()
-    if lo < 0:
-        raise ValueError(f"instance_mask contains negative id {lo}")
-    if hi >= n_ids:
-        raise ValueError(
-            f"instance_mask contains id {hi} but instance_classes has only {n_ids} entries "
-            f"(ids 0..{n_ids - 1}); pass one class per id, index 0 = background"
-        )
+    _check_ids(int(labels.min()), int(labels.max()), n_ids)
     labels = labels.astype(np.intp)
     inv = n_ids  # pseudo-id of invalid pixels
     if vflat is not None:
@@ -200,30 +389,14 @@ def make_targets(
     xs = starts - rows * width
 
     # ---------------------------------------------------------------- per-id statistics (exact)
-    # Integer-valued float64 sums are exact (< 2**53), so cy/cx equal numpy's mean of the pixel
-    # coordinates bit for bit.
+    # Integer-valued float64 sums are exact (< 2**53).
     n_lut = n_ids + 1
     area = np.bincount(labels, weights=lengths, minlength=n_lut)
     sum_y = np.bincount(labels, weights=lengths * rows, minlength=n_lut)
     sum_x = np.bincount(labels, weights=lengths * xs + (lengths * (lengths - 1)) // 2, minlength=n_lut)
-
-    cls = np.empty(n_lut, np.intp)
-    cls[:n_ids] = classes
-    cls[inv] = ignore_label
-    ignored = cls == ignore_label
-    thing = ~ignored & (cls != cls[0]) & (area > 0)
-    thing[0] = False
-    if stuff.size:
-        thing &= ~np.isin(cls, stuff)
-    area_or_1 = np.maximum(area, 1)  # things have area > 0: their centres are exact means
-    cy = np.where(thing, sum_y / area_or_1, 0.0)
-    cx = np.where(thing, sum_x / area_or_1, 0.0)
-
-    # Per-id float32 values of the weight planes: semantic, centre, offset.
-    lut = np.empty((3, n_lut), np.float32)
-    lut[0] = lut[1] = ~ignored
-    lut[0, thing & (area < small_instance_area)] = small_instance_weight
-    lut[2] = thing
+    sem_cls, thing, cy, cx, lut = _id_tables(
+        area, sum_y, sum_x, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd
+    )
 
     # ---------------------------------------------------------------- constant-per-run outputs
     # One run-length decode writes the three weight planes and both offset planes: the y offset is
@@ -235,8 +408,7 @@ def make_targets(
     vals[3:] = 0.0
     np.subtract(cy[labels], rows, out=vals[3], where=run_thing, casting="same_kind")
     planes = np.repeat(vals, lengths, axis=1).reshape(5, height, width)
-    semantic = np.repeat(cls.astype(np.uint8)[labels], lengths).reshape(height, width)
-    semantic_weight, center_weight, offset_weight = planes[0], planes[1], planes[2]
+    semantic = np.repeat(sem_cls.astype(np.uint8)[labels], lengths).reshape(height, width)
     offset = planes[3:]
 
     # ---------------------------------------------------------------- offsets
@@ -270,24 +442,14 @@ def make_targets(
 
     # ---------------------------------------------------------------- centre heatmap
     center = np.zeros((1, height, width), np.float32)
-    ids = np.flatnonzero(thing)
-    if ids.size:
+    cys, cxs = _centres(cy, cx, thing)
+    if cys.size:
         g = gaussian_kernel(sigma)
         r = gaussian_radius(sigma)
-        cys = np.rint(cy[ids]).astype(np.intp)
-        cxs = np.rint(cx[ids]).astype(np.intp)
         heat = center[0]
         for yc, xc in zip(cys.tolist(), cxs.tolist()):
             y0, y1 = max(0, yc - r), min(height, yc + r + 1)
             x0, x1 = max(0, xc - r), min(width, xc + r + 1)
             win = heat[y0:y1, x0:x1]
             np.maximum(win, g[y0 - yc + r : y1 - yc + r, x0 - xc + r : x1 - xc + r], out=win)
-
-    return {
-        "semantic": semantic,
-        "center": center,
-        "offset": offset,
-        "semantic_weight": semantic_weight,
-        "center_weight": center_weight,
-        "offset_weight": offset_weight,
-    }
+    return _result(semantic, center, planes)

@@ -23,6 +23,7 @@ from segtrain.console import progress_bar
 from segtrain.data import PolygonDataset, build_dataset, build_mapper
 from segtrain.data.formats import check_paths
 from segtrain.data.loaders import build_loader, fit_batch_to_data, per_rank_batch
+from segtrain.data.pipeline import plan_pipeline
 from segtrain.device import configure_determinism, effective_precision
 from segtrain.distributed import DistInfo, broadcast_object
 from segtrain.engine.ema import ModelEMA
@@ -67,11 +68,10 @@ def _build(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: 
         if not native
         else PolygonDataset(val_set.records, build_mapper(cfg, train=False), classes=val_set.classes, name=val_set.name)
     )
-    batch_step = train_set.mapper.batch_transform(dist.device, int(tr.seed), dist.rank)
-    if cfg.augment.device != "cpu":
-        log.info("augment.device=%s: augmentation and targets run on %s", cfg.augment.device, dist.device)
-    elif batch_step is not None:
-        log.info("dataset.targets.where=%s: targets are built on %s", cfg.dataset.targets.where, dist.device)
+    plan = plan_pipeline(cfg, dist.device)  # the same decision build_dataset's mapper came from
+    batch_step = plan.batch_step(int(tr.seed), dist.rank)
+    if plan.on_device:
+        log.info("input pipeline: %s", plan.describe())
     if fit_batch_to_data(tr, len(train_set), dist.world_size, dist.is_main) is not None and dist.is_main:
         write_effective_config(cfg, run_dir)
     per_rank = per_rank_batch(int(tr.batch_size), dist.world_size)

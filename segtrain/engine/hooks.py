@@ -68,7 +68,7 @@ class HookBase:
 
 
 #: User hooks by name: a class (or factory) called with the entry's keyword arguments.
-HOOKS: Registry[type[HookBase]] = Registry("trainer.hooks", "hook", import_paths=True)
+HOOKS: Registry[type[HookBase]] = Registry("trainer.hooks")
 
 
 # --------------------------------------------------------------------------- built-in hooks

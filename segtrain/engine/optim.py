@@ -19,8 +19,8 @@ from segtrain.registry import Registry
 
 OptimizerBuilder = Callable[[list[dict[str, Any]], OptimConfig], torch.optim.Optimizer]
 Schedule = Callable[[float, int, ScheduleConfig], float]
-OPTIMIZERS: Registry[OptimizerBuilder] = Registry("optim.name", "optimiser")
-SCHEDULES: Registry[Schedule] = Registry("schedule.name", "LR schedule")
+OPTIMIZERS: Registry[OptimizerBuilder] = Registry("optim.name")
+SCHEDULES: Registry[Schedule] = Registry("schedule.name")
 
 
 def param_groups(model: nn.Module, weight_decay: float, no_decay_norm_bias: bool) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from segtrain.registry import Registry
 Builder = Callable[["ModelSpec"], nn.Module]
 B = TypeVar("B", bound=Builder)
 
-MODELS: Registry[Builder] = Registry("model.name", "model")
+MODELS: Registry[Builder] = Registry("model.name")
 
 
 @dataclasses.dataclass(frozen=True)

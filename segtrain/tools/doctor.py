@@ -23,10 +23,12 @@ from torch.utils.data import DataLoader
 from segtrain.config import Config
 from segtrain.data import PolygonDataset, StageTimer, build_dataset, collate
 from segtrain.data.loaders import per_rank_batch, worker_init
+from segtrain.data.pipeline import plan_pipeline
 from segtrain.data.rasterise import rasterise
 from segtrain.data.records import Instance
 from segtrain.distributed import DistInfo
 from segtrain.engine.build import step_trainer
+from segtrain.placement import DEVICE
 
 log = logging.getLogger("segtrain.doctor")
 
@@ -205,8 +207,8 @@ def model_throughput(
 ADVICE = {
     "read": "reading files dominates: copy the data set to local SSD/NVMe (or page cache) instead of a NAS, "
     "or cache decoded images in memory when the set fits",
-    "decode": "JPEG decoding dominates: store images at the training resolution, cache decoded images, "
-    "or use more loader workers",
+    "decode": "JPEG decoding dominates: decode on the GPU (augment.device=cuda, with dataset.decode=auto|device), "
+    "store images at the training resolution, cache decoded images, or use more loader workers",
     "rasterise": "polygon rasterisation dominates: simplify very dense polygons or use more loader workers",
     "augment": "CPU augmentation dominates: set augment.device=cuda to augment on the GPU, or use more loader workers",
     "targets": "target building dominates: dataset.targets.where=device (the default on CUDA) builds heatmaps/offsets "
@@ -216,6 +218,8 @@ ADVICE = {
     "(uint8 images cross to the GPU)",
 }
 CPU_ADVICE = {
+    "decode": "JPEG decoding dominates: store images at the training resolution, cache decoded images, "
+    "or use more loader workers if cores are free",
     "augment": "augmentation dominates: lighter augmentation (augment=none, or lower augment.rotate_p, "
     "augment.noise_p, augment.shadow_p, augment.scale_max), a smaller dataset.input_size, "
     "or more loader workers if cores are free",
@@ -262,9 +266,10 @@ def diagnose(cfg: Config, dist: DistInfo, dataset: Any = None) -> dict[str, Any]
     workers = sorted({int(w) for w in cfg.doctor.workers} | {int(tr.num_workers)})
     report["loader"] = [loader_throughput(dataset, bs, w, batches, pin) for w in workers]
     sample = collate([dataset[(0, i % len(dataset))] for i in range(bs)])
-    transform = dataset.mapper.batch_transform(dist.device, int(tr.seed), dist.rank)
-    report["augment_device"] = str(dist.device) if cfg.augment.device != "cpu" else "cpu (loader workers)"
-    report["targets_device"] = str(dist.device) if transform is not None else "cpu (loader workers)"
+    plan = plan_pipeline(cfg, dist.device)
+    transform = plan.batch_step(int(tr.seed), dist.rank)
+    for stage in ("decode", "augment", "targets"):
+        report[f"{stage}_device"] = str(dist.device) if getattr(plan, stage) == DEVICE else "cpu (loader workers)"
     report["model_step"] = model_throughput(cfg, sample, dist, cfg.doctor.steps, transform)
     report.update(verdict(report, int(tr.num_workers), cfg))
     return report

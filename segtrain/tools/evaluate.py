@@ -20,6 +20,7 @@ from segtrain.data import build_dataset
 from segtrain.data.loaders import build_loader
 from segtrain.device import effective_precision
 from segtrain.distributed import DistInfo
+from segtrain.evaluation.cityscapes_export import CityscapesExport
 from segtrain.evaluation.evaluator import PanopticSpec, evaluate, evaluators_for
 from segtrain.evaluation.inference import model_from_checkpoint, native_forward
 from segtrain.evaluation.panoptic_export import CocoPanopticExport
@@ -42,6 +43,11 @@ def evaluate_checkpoint(cfg: Config, blob: Any, dist: DistInfo, run_dir: Path) -
             f"evaluate.export=coco_panoptic needs panoptic predictions, but {why}, or drop evaluate.export"
         )
     native = cfg.evaluate.resolution == "native"
+    if cfg.evaluate.export == "cityscapes" and not native:
+        raise ConfigError(
+            "evaluate.export=cityscapes writes predictions at the annotation's size, which cityscapesScripts "
+            "compares with its label images; set evaluate.resolution=native, or drop evaluate.export"
+        )
     dataset = build_dataset(cfg, "val", native=native)
     loader = build_loader(dataset, dist, cfg.trainer, train=False, batch_size=1 if native else None)
     exporter = None
@@ -50,6 +56,10 @@ def evaluate_checkpoint(cfg: Config, blob: Any, dist: DistInfo, run_dir: Path) -
             run_dir / "coco_panoptic", dataset, PanopticSpec.from_config(cfg).categories(), dist.is_main
         )
     evaluators = evaluators_for(cfg, model, dist.device, panoptic=panoptic, on_image=exporter)
+    if cfg.evaluate.export == "cityscapes":  # official result formats: an evaluator that writes, not scores
+        spec = PanopticSpec.from_config(cfg) if panoptic else None
+        classes = [str(c) for c in cfg.dataset.classes]
+        evaluators.append(CityscapesExport(run_dir / "cityscapes", dataset, classes, spec, dist.is_main))
     where = (
         f"native resolution, inference.mode={cfg.inference.mode}"
         if native
