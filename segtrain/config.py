@@ -16,9 +16,26 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from segtrain.errors import ConfigError
+from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 VERSION_BASE = "1.3"
 IGNORE_LABEL = 255
+
+
+@dataclass(frozen=True)
+class PostprocessDefaults:
+    """Panoptic-DeepLab's post-processing defaults, in one place: the schema's ``dataset.panoptic``,
+    ``PanopticSpec`` and ``panoptic_segmentation``'s signature all read them from :data:`POSTPROCESS`
+    (COCO uses nms_kernel 41, stuff_area 4096)."""
+
+    label_divisor: int = 1000  # panoptic id = class * label_divisor + instance
+    stuff_area: int = 2048  # a stuff class keeps its pixels only where its area is at least this
+    threshold: float = 0.1  # centre heatmap peaks above this are instance centres
+    nms_kernel: int = 7  # a peak must be the maximum of its nms_kernel x nms_kernel window
+    top_k: int = 200  # at most this many centres per image
+
+
+POSTPROCESS = PostprocessDefaults()
 
 
 def config_dir() -> Path:
@@ -79,13 +96,13 @@ class TargetsConfig:
 
 @dataclass
 class PanopticConfig:
-    """Panoptic post-processing and scoring (Panoptic-DeepLab's defaults; COCO uses nms_kernel 41, stuff_area 4096)."""
+    """Panoptic post-processing and scoring; the defaults are :data:`POSTPROCESS` (see there)."""
 
-    label_divisor: int = 1000  # panoptic id = class * label_divisor + instance
-    stuff_area: int = 2048  # a stuff class keeps its pixels only where its area is at least this
-    threshold: float = 0.1  # centre heatmap peaks above this are instance centres
-    nms_kernel: int = 7  # a peak must be the maximum of its nms_kernel x nms_kernel window
-    top_k: int = 200  # at most this many centres per image
+    label_divisor: int = POSTPROCESS.label_divisor
+    stuff_area: int = POSTPROCESS.stuff_area
+    threshold: float = POSTPROCESS.threshold
+    nms_kernel: int = POSTPROCESS.nms_kernel
+    top_k: int = POSTPROCESS.top_k
     # Unannotated pixels in the ground truth: void (COCO panoptic's rule; PQ is then over the
     # annotated classes) or stuff (the background class is one scored stuff segment).
     background: str = "void"
@@ -124,7 +141,7 @@ class DatasetConfig:
     allow_outside_paths: bool = False
     # Largest image (height x width) read, checked from the annotation when it loads and from the file
     # header before any decoding: a hostile or broken file cannot make a worker allocate gigabytes.
-    max_image_pixels: int = 2**28
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     # Where training JPEGs are decoded, with augment.device=cuda|auto: cpu (loader workers) | device (the
     # workers read and check the bytes and rasterise; the batch is decoded on the training device, nvjpeg on
     # CUDA; other files and JPEGs 2x larger than the input stay on the CPU) | auto (device when training on CUDA)
@@ -337,6 +354,12 @@ class SegtrainConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
 
 
+#: What a function reading the whole config takes: the composed DictConfig, whose layout is the schema's.
+#: Typed as the union so that mypy checks every ``cfg.section.key`` against the dataclasses above and
+#: knows each value's type (no ``int(cfg...)`` re-casts), while a DictConfig is still accepted.
+Config = SegtrainConfig | DictConfig
+
+
 def _register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="segtrain_schema", node=SegtrainConfig)
@@ -423,6 +446,7 @@ def check_overrides(overrides: list[str]) -> None:
             continue
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(schema, parent) if parent else schema
+        check_override_type(schema, ov)
         if node is None:
             raise ConfigError(f"unknown config key {key!r}: there is no section {parent!r}")
         if not isinstance(node, DictConfig):
@@ -434,6 +458,40 @@ def check_overrides(overrides: list[str]) -> None:
                 f"unknown config key {key!r}.{hint} Valid keys of {parent or 'the root'}: "
                 f"{', '.join(map(str, node.keys()))}"
             )
+
+
+_TYPE_NAMES = {"IntegerNode": "an integer", "FloatNode": "a number", "BooleanNode": "true or false"}
+
+
+def check_override_type(schema: DictConfig, override: str) -> None:
+    """``trainer.epochs=three``: the value must have the schema's type. Checked here, before Hydra composes,
+    so the message is one line naming the key, the value and the type (Hydra's own names neither clearly)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf.errors import OmegaConfBaseException
+
+    key, _, raw = override.partition("=")
+    key = key.lstrip("+~")
+    try:
+        parsed = OverridesParser.create().parse_overrides([override])[0]
+    except Exception:  # noqa: BLE001 - a syntax error: Hydra reports it with its position
+        return
+    parent_key, _, name = key.rpartition(".")
+    if parsed.is_delete() or parsed.is_sweep_override() or _is_free_form(parent_key):
+        return
+    parent = OmegaConf.select(schema, parent_key) if parent_key else schema
+    try:
+        leaf = parent._get_node(name) if isinstance(parent, DictConfig) else None
+    except OmegaConfBaseException:
+        leaf = None
+    if leaf is None:  # an unknown key: check_overrides names it
+        return
+    try:
+        OmegaConf.update(schema, key, parsed.value(), merge=True)
+    except OmegaConfBaseException:
+        wanted = _TYPE_NAMES.get(type(leaf).__name__)
+        if wanted is None and OmegaConf.is_list(leaf):
+            wanted = "a list such as [1,2]"
+        raise ConfigError(f"{key}={raw}: must be {wanted or 'of the type the schema gives'}") from None
 
 
 def given_on_command_line(key: str) -> bool:
@@ -489,9 +547,16 @@ def check_missing(cfg: DictConfig) -> None:
 
 # Fixed sets of values. Sets that grow (models, data formats, augmentation pipelines, optimisers,
 # schedules, hooks) are registries (segtrain.registry): their allowed values come from there.
+# The lists the code branches on are defined here once and imported by it (config imports no package).
+ON_ERROR = ("raise", "skip")  # segtrain.data.records.Collector, data.loading
+UNLISTED = ("error", "drop", "ignore")  # segtrain.data.records.ClassMap
+INFERENCE_MODES = ("fit", "pad", "sliding")  # segtrain.data.mappers.NativeMapper
+PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.panoptic_gt
+EXPORT_FORMATS = ("onnx", "torchscript")  # segtrain.tools.export
+OUTPUT_STRIDES = (8, 16, 32)  # segtrain.models.backbones
 _CHOICES = {
-    "dataset.on_error": ("raise", "skip"),
-    "dataset.unlisted": ("error", "drop", "ignore"),
+    "dataset.on_error": ON_ERROR,
+    "dataset.unlisted": UNLISTED,
     "augment.device": ("cpu", "cuda", "auto"),
     "dataset.targets.where": ("auto", "worker", "device"),
     "dataset.decode": ("auto", "cpu", "device"),
@@ -503,10 +568,11 @@ _CHOICES = {
     "trainer.profile.mode": ("off", "torch"),
     "trainer.on_nonfinite": ("stop", "skip_step"),
     "trainer.val_resolution": ("input", "native"),
-    "dataset.panoptic.background": ("void", "stuff"),
-    "inference.mode": ("fit", "pad", "sliding"),
+    "dataset.panoptic.background": PANOPTIC_BACKGROUNDS,
+    "inference.mode": INFERENCE_MODES,
     "evaluate.resolution": ("native", "input"),
-    "export.format": ("onnx", "torchscript"),
+    "export.format": EXPORT_FORMATS,
+    "model.output_stride": OUTPUT_STRIDES,
 }
 
 
@@ -556,66 +622,161 @@ SEMANTIC_METRICS = ("miou", "pixel_acc")
 PANOPTIC_METRICS = ("pq", "sq", "rq", "pq_th", "pq_st", "ap", "ap50", "ap75", "aps", "apm", "apl")
 VALIDATION_METRICS = SEMANTIC_METRICS + PANOPTIC_METRICS
 
-# key: (lowest allowed value, inclusive?) -- None values are allowed where the schema says Optional
-_RANGES: dict[str, tuple[float, bool]] = {
-    "trainer.epochs": (1, True),
-    "trainer.max_steps": (1, True),
-    "trainer.batch_size": (1, True),
-    "trainer.val_batch_size": (1, True),
-    "trainer.num_workers": (0, True),
-    "trainer.prefetch_factor": (1, True),
-    "trainer.cpu_threads": (1, True),
-    "trainer.log_every": (1, True),
-    "trainer.val_every": (1, True),
-    "trainer.accumulate": (1, True),
-    "trainer.nonfinite_limit": (1, True),
-    "trainer.grad_clip": (0, True),
-    "trainer.num_log_images": (0, True),
-    "trainer.checkpoint.every_steps": (0, True),
-    "trainer.checkpoint.keep_last": (0, True),
-    "trainer.early_stop.patience": (0, True),
-    "trainer.early_stop.min_delta": (0, True),
-    "trainer.ema.decay": (0, True),
-    "trainer.ema.warmup_steps": (0, True),
-    "trainer.ddp.timeout_s": (1, True),
-    "trainer.profile.wait": (0, True),
-    "trainer.profile.warmup": (0, True),
-    "trainer.profile.active": (1, True),
-    "optim.lr": (0, False),
-    "optim.weight_decay": (0, True),
-    "schedule.warmup_steps": (0, True),
-    "schedule.min_lr": (0, True),
-    "dataset.targets.sigma": (0, False),
-    "dataset.targets.small_instance_area": (0, True),
-    "dataset.targets.small_instance_weight": (0, True),
-    "dataset.max_image_pixels": (1, True),
-    "dataset.panoptic.label_divisor": (1, True),
-    "dataset.panoptic.stuff_area": (0, True),
-    "dataset.panoptic.threshold": (0, True),
-    "dataset.panoptic.nms_kernel": (1, True),
-    "dataset.panoptic.top_k": (1, True),
-    "inference.pad_multiple": (1, True),
-    "inference.overlap": (0, True),
+
+@dataclass(frozen=True)
+class Bound:
+    """The numbers a key may hold: ``low``/``high`` (None: unbounded; ``*_open``: that end excluded), and why.
+    A list value (``optim.betas``) is checked element by element."""
+
+    low: float | None = None
+    high: float | None = None
+    why: str = ""
+    low_open: bool = False
+    high_open: bool = False
+
+    def admits(self, v: float) -> bool:
+        """False for NaN and for +-inf wherever an end is finite (comparisons with NaN are all False)."""
+        above = self.low is None or v > self.low or (not self.low_open and v == self.low)
+        below = self.high is None or v < self.high or (not self.high_open and v == self.high)
+        return bool(above and below) and v == v
+
+    def text(self) -> str:
+        """``>= 1``, ``> 0``, ``>= 0 and < 1``."""
+        ends = []
+        if self.low is not None:
+            ends.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+        if self.high is not None:
+            ends.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+        return " and ".join(ends)
+
+
+_POSITIVE = Bound(0, None, low_open=True)
+_AT_LEAST_0 = Bound(0, None)
+_AT_LEAST_1 = Bound(1, None)
+
+#: Values that cannot be right, declared once: key -> allowed range, checked by :func:`check_ranges` for a
+#: user's config and a checkpoint's stored one alike (config_from_checkpoint finalises it). None passes
+#: where the schema says Optional. Add a key here rather than a check elsewhere.
+BOUNDS: dict[str, Bound] = {
+    "trainer.epochs": _AT_LEAST_1,
+    "trainer.max_steps": _AT_LEAST_1,
+    "trainer.batch_size": _AT_LEAST_1,
+    "trainer.val_batch_size": _AT_LEAST_1,
+    "trainer.num_workers": _AT_LEAST_0,
+    "trainer.prefetch_factor": _AT_LEAST_1,
+    "trainer.cpu_threads": _AT_LEAST_1,
+    "trainer.log_every": _AT_LEAST_1,
+    "trainer.val_every": _AT_LEAST_1,
+    "trainer.accumulate": _AT_LEAST_1,
+    "trainer.nonfinite_limit": _AT_LEAST_1,
+    "trainer.grad_clip": _AT_LEAST_0,
+    "trainer.num_log_images": _AT_LEAST_0,
+    "trainer.data_wait_warn": _AT_LEAST_0,
+    "trainer.loss.semantic": _AT_LEAST_0,
+    "trainer.loss.center": _AT_LEAST_0,
+    "trainer.loss.offset": _AT_LEAST_0,
+    "trainer.loss.top_k_percent": Bound(0, 1, "the fraction of pixels whose losses are averaged", low_open=True),
+    "trainer.checkpoint.every_steps": _AT_LEAST_0,
+    "trainer.checkpoint.keep_last": _AT_LEAST_0,
+    "trainer.early_stop.patience": _AT_LEAST_0,
+    "trainer.early_stop.min_delta": _AT_LEAST_0,
+    "trainer.ema.decay": Bound(0, 1, "0 turns EMA off", high_open=True),
+    "trainer.ema.warmup_steps": _AT_LEAST_0,
+    "trainer.ddp.timeout_s": _AT_LEAST_1,
+    "trainer.profile.wait": _AT_LEAST_0,
+    "trainer.profile.warmup": _AT_LEAST_0,
+    "trainer.profile.active": _AT_LEAST_1,
+    "optim.lr": _POSITIVE,
+    "optim.weight_decay": _AT_LEAST_0,
+    "optim.momentum": Bound(0, 1, "the fraction of the last update kept", high_open=True),
+    "optim.betas": Bound(0, 1, "Adam's decay rates of the moment estimates", high_open=True),
+    "schedule.warmup_steps": _AT_LEAST_0,
+    "schedule.warmup_factor": Bound(0, 1, "the first step's fraction of optim.lr"),
+    "schedule.power": _AT_LEAST_0,
+    "schedule.min_lr": _AT_LEAST_0,
+    "schedule.step_size": _AT_LEAST_1,
+    "schedule.gamma": _POSITIVE,
+    "model.width": Bound(1, 1024, "the tiny model's channels; its widest layers have 4x as many"),
+    "model.decoder_channels": Bound(1, 4096, "channels of a layer"),
+    "model.head_channels": Bound(1, 4096, "channels of a layer"),
+    "dataset.targets.sigma": _POSITIVE,
+    "dataset.targets.small_instance_area": _AT_LEAST_0,
+    "dataset.targets.small_instance_weight": _AT_LEAST_0,
+    "dataset.max_image_pixels": _AT_LEAST_1,
+    "dataset.panoptic.label_divisor": _AT_LEAST_1,
+    "dataset.panoptic.stuff_area": _AT_LEAST_0,
+    "dataset.panoptic.threshold": _AT_LEAST_0,
+    "dataset.panoptic.nms_kernel": _AT_LEAST_1,
+    "dataset.panoptic.top_k": _AT_LEAST_1,
+    "inference.input_size": Bound(8, None, "pixels of a side"),
+    "inference.pad_multiple": _AT_LEAST_1,
+    "inference.overlap": Bound(0, 0.75, "each pixel runs through the network up to 1/(1-overlap)^2 times: 16 at 0.75"),
+    "doctor.num_images": _AT_LEAST_1,
+    "doctor.steps": _AT_LEAST_1,
+    "doctor.workers": _AT_LEAST_0,
 }
+#: Keys holding a fixed number of values.
+_LENGTHS = {"optim.betas": 2, "inference.input_size": 2}
+#: Most sliding windows one image may take (``inference.mode=sliding``), checked before the first one runs.
+MAX_SLIDING_WINDOWS = 4096
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def check_ranges(cfg: DictConfig) -> None:
-    """Numbers that cannot be right (zero epochs, sigma <= 0, ...) fail before any work, naming the key."""
-    for key, (low, inclusive) in _RANGES.items():
+    """Numbers that cannot be right (zero epochs, a NaN rate, sigma <= 0, ...) fail before any work: one line
+    naming the key, the value and the allowed range (:data:`BOUNDS`)."""
+    check_finite(cfg)
+    for key, bound in BOUNDS.items():
         value = OmegaConf.select(cfg, key)
         if value is None:
             continue
-        if isinstance(value, bool) or (value < low if inclusive else value <= low):
-            bound = f">= {low}" if inclusive else f"> {low}"
-            raise ConfigError(f"{key}={value!r} must be {bound}")
-    if not 0.0 < cfg.trainer.loss.top_k_percent <= 1.0:
-        raise ConfigError(f"trainer.loss.top_k_percent={cfg.trainer.loss.top_k_percent} must be in (0, 1]")
-    if cfg.trainer.ema.decay >= 1.0:
-        raise ConfigError(f"trainer.ema.decay={cfg.trainer.ema.decay} must be below 1 (0 turns EMA off)")
-    if cfg.inference.overlap >= 1.0:
-        raise ConfigError(f"inference.overlap={cfg.inference.overlap} must be below 1")
-    if cfg.dataset.panoptic.nms_kernel % 2 == 0:
-        raise ConfigError(f"dataset.panoptic.nms_kernel={cfg.dataset.panoptic.nms_kernel} must be odd")
+        values = list(value) if OmegaConf.is_list(value) or isinstance(value, list | tuple) else [value]
+        if key in _LENGTHS and len(values) != _LENGTHS[key]:
+            raise ConfigError(f"{key}={values} must hold {_LENGTHS[key]} values")
+        for v in values:
+            if not _is_number(v) or not bound.admits(v):
+                why = f" ({bound.why})" if bound.why else ""
+                shown = values if len(values) > 1 or key in _LENGTHS else v
+                raise ConfigError(f"{key}={shown!r} must be {bound.text()}{why}")
+    pan = cfg.dataset.panoptic
+    if pan.nms_kernel % 2 == 0:
+        raise ConfigError(f"dataset.panoptic.nms_kernel={pan.nms_kernel} must be odd")
+    # label_divisor > top_k: check_data_values (it runs first, before class discovery)
+    exports = cfg.evaluate.export
+    named = [exports] if isinstance(exports, str) else list(exports or [])
+    panoptic_exports = [n for n in named if str(n).split(",")[0].strip() in PANOPTIC_EXPORTS]
+    if panoptic_exports and not cfg.evaluate.panoptic:
+        raise ConfigError(
+            f"evaluate.export={panoptic_exports[0]} writes panoptic predictions, which evaluate.panoptic=false turns "
+            "off: set evaluate.panoptic=true or drop evaluate.export"
+        )
+
+
+#: ``evaluate.export`` names that write panoptic predictions (tools/evaluate.py's EXPORTS say so too; a
+#: test keeps them equal), checked with the config so the mistake is reported before torch loads.
+PANOPTIC_EXPORTS = ("coco_panoptic", "coco_instances", "coco")
+
+
+def check_finite(cfg: DictConfig) -> None:
+    """NaN or infinity in any number of the schema (``optim.lr=nan``) is refused, naming the key. User hooks'
+    own arguments (``trainer.hooks``) are theirs to check."""
+    import math
+
+    stack: list[tuple[str, Any]] = [("", OmegaConf.to_container(cfg, resolve=True))]
+    while stack:
+        prefix, node = stack.pop()
+        if prefix == "trainer.hooks":
+            continue
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            key = f"{prefix}.{k}" if prefix and isinstance(k, str) else f"{prefix}[{k}]" if prefix else str(k)
+            if isinstance(v, dict | list):
+                stack.append((key, v))
+            elif isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{key}={v} must be a finite number")
 
 
 #: Largest ``dataset.max_image_pixels``: a 65536 x 65536 image, 12 GiB as RGB; no loader worker decodes more.
@@ -643,7 +804,7 @@ def check_data_values(cfg: DictConfig) -> None:
     if type(pixels) is not int or not 1 <= pixels <= MAX_IMAGE_PIXELS_CAP:
         raise ConfigError(
             f"dataset.max_image_pixels={pixels!r} must be an integer in [1, 2**32] (2**32: a 65536 x 65536 image, "
-            "12 GiB as RGB; the default 2**28 fits any camera)"
+            f"12 GiB as RGB; the default {DEFAULT_MAX_IMAGE_PIXELS:,} fits any camera)"
         )
     for key in ("dataset.input_size", "dataset.synthetic.image_size"):
         h, w = _pair(cfg, key)
@@ -728,7 +889,7 @@ def check_registered(cfg: DictConfig) -> None:
                 raise ConfigError(str(e)) from None
 
 
-def to_container(cfg: DictConfig) -> dict:
+def to_container(cfg: DictConfig | object) -> dict:
     """Plain dicts/lists/strings: what checkpoints store (never a DictConfig)."""
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
 
@@ -741,14 +902,56 @@ CHECKPOINT_SECTIONS = ("model", "dataset")
 _NOT_FROM_CHECKPOINT = ("cache_dir", "synthetic", "max_image_pixels", "allow_outside_paths")
 
 
-def config_from_checkpoint(cli_cfg: DictConfig, stored: dict | None, overrides: list[str]) -> DictConfig:
+#: A checkpoint's stored config holding more values, or nested deeper, than this is no segtrain config (a
+#: real one holds a few hundred values, a few thousand with the largest class lists and maps, 5 levels).
+MAX_STORED_VALUES = 100_000
+MAX_STORED_DEPTH = 32
+
+
+def check_stored_size(stored: object, origin: str) -> None:
+    """Bound a stored config's size before anything parses it: the walk stops at the first value over
+    :data:`MAX_STORED_VALUES` (shared sub-lists count each time they appear: they would be copied)."""
+    count = 0
+    stack: list[tuple[object, int]] = [(stored, 0)]
+    while stack:
+        node, depth = stack.pop()
+        children = list(node.values()) if isinstance(node, dict) else node if isinstance(node, list | tuple) else ()
+        count += 1 + len(children)
+        if count > MAX_STORED_VALUES or depth > MAX_STORED_DEPTH:
+            raise ConfigError(
+                f"{origin}: its stored config holds over {MAX_STORED_VALUES:,} values or nests over "
+                f"{MAX_STORED_DEPTH} levels deep, so it is no segtrain config; refusing to read it (a state dict "
+                "of the weights alone, with the model and data set given on the command line, loads)"
+            )
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list | tuple))
+
+
+def config_from_checkpoint(
+    cli_cfg: DictConfig, stored: dict | None, overrides: list[str], origin: str = "the checkpoint"
+) -> DictConfig:
     """The config to rebuild a checkpoint's model: ``model`` and ``dataset`` from the checkpoint's
     stored config, everything else from the current command line; then every command-line
     override is applied on top (a group override such as ``dataset=labelme`` takes that whole
     section from the current configs). A bare state dict has no stored config: ``cli_cfg`` is used.
+
+    The stored config passes the checks a user's does (schema, bounds, choices), after its size is
+    bounded: a file cannot ask for a network or an allocation that the command line could not.
     """
     if not stored:
         return cli_cfg
+    check_stored_size(stored, origin)
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return _config_from_checkpoint(cli_cfg, stored, overrides)
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: its stored config (model, dataset) with this command line: {e}") from e
+    except OmegaConfBaseException as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{origin}: its stored config (model, dataset) does not fit the schema: {first}") from e
+
+
+def _config_from_checkpoint(cli_cfg: DictConfig, stored: dict, overrides: list[str]) -> DictConfig:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     base = OmegaConf.structured(SegtrainConfig)

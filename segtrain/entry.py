@@ -48,6 +48,7 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
     try:
         check_overrides([a for a in argv if not a.startswith("-")])
         check_resume_target(config_name, argv)
+        check_run_dir(argv)
     except ConfigError as e:
         _user_error(e, debug)
     sys.argv = [sys.argv[0], *follower_overrides(argv)]
@@ -143,6 +144,22 @@ def check_resume_target(config_name: str, argv: list[str]) -> None:
     )
 
 
+def check_run_dir(argv: list[str]) -> None:
+    """``hydra.run.dir`` must name a folder, or a path that can become one: Hydra would create it (and its
+    parents) with a traceback where a file stands in the way."""
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key.lstrip("+") != "hydra.run.dir" or not value or "${" in value:
+            continue
+        path = Path(value.strip("'\"")).expanduser()
+        for p in (path, *path.parents):
+            if p.exists():
+                if not p.is_dir():
+                    where = "is a file" if p == path else f"has a file in its path: {p}"
+                    raise ConfigError(f"hydra.run.dir={value} {where}; name a folder (created when missing)")
+                break
+
+
 def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
     """``cfg`` with model/dataset taken from the checkpoint named by ``ckpt=``, and the loaded file."""
     if not cfg.ckpt:
@@ -151,4 +168,4 @@ def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
 
     blob = read_checkpoint(cfg.ckpt, trust=cfg.trust_checkpoint, what="ckpt")
     stored = blob.get("config") if isinstance(blob, dict) and isinstance(blob.get("config"), dict) else None
-    return config_from_checkpoint(cfg, stored, list(HydraConfig.get().overrides.task)), blob
+    return config_from_checkpoint(cfg, stored, list(HydraConfig.get().overrides.task), f"ckpt={cfg.ckpt}"), blob

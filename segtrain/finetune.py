@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from segtrain.config import Config
 from segtrain.entry import checkpoint_config, run_entry
 
 log = logging.getLogger("segtrain.finetune")
@@ -22,16 +23,17 @@ def job(cfg: DictConfig, output_dir: str) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.build import fit
     from segtrain.engine.session import session
+
     cfg, blob = checkpoint_config(cfg, "finetune")
     with session(cfg, output_dir, "train.log") as (dist, run_dir):
         fit(cfg, run_dir, dist, init_weights=blob, classes=class_change(blob, cfg))
 
 
-def class_change(blob: Any, cfg: DictConfig) -> tuple[int, int] | None:
+def class_change(blob: Any, cfg: Config) -> tuple[int, int] | None:
     """(old, new) class counts when the checkpoint was trained on another number of classes."""
     stored = blob.get("config") if isinstance(blob, dict) else None
     old = (stored or {}).get("model", {}).get("num_classes")
-    new = int(cfg.model.num_classes)
+    new = cfg.model.num_classes
     if old is None or int(old) == new:
         return None
     old_names = (stored or {}).get("dataset", {}).get("classes") or []

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from segtrain.checkpoint import io
 from segtrain.checkpoint.io import CheckpointError, is_training_checkpoint, read_checkpoint
 from segtrain.checkpoint.state import load_weights, restore_rng
-from segtrain.config import ConfigError, to_container
+from segtrain.config import Config, ConfigError, to_container
 
 if TYPE_CHECKING:
     from segtrain.engine.trainer import Trainer
@@ -31,19 +31,19 @@ _MODEL_KEYS_IGNORED = ("pretrained",)
 _MODEL_KEYS_UNUSED = {"tiny_panoptic": ("backbone", "output_stride")}
 
 
-def find_resume_checkpoint(cfg: Any, run_dir: Path) -> tuple[Path, Any] | None:
+def find_resume_checkpoint(cfg: Config, run_dir: Path) -> tuple[Path, Any] | None:
     """(path, loaded file) to resume from, or None for a fresh start."""
     if not cfg.resume:
         return None
-    if str(cfg.resume) != "auto":
-        path = Path(str(cfg.resume))
+    if cfg.resume != "auto":
+        path = Path(cfg.resume)
         if path.is_dir():
             hint = io.path_of(path, io.LAST) if io.folder_of(path).is_dir() else path / f"{io.LAST}.pt"
             raise CheckpointError(
                 f"resume={cfg.resume} is a directory; pass a checkpoint file (e.g. resume={hint}), or continue a run "
                 f"in place with resume=auto hydra.run.dir={path}"
             )
-        return path, read_checkpoint(path, trust=bool(cfg.trust_checkpoint), what="resume")
+        return path, read_checkpoint(path, trust=cfg.trust_checkpoint, what="resume")
     folder = io.folder_of(run_dir)
     last = io.path_of(run_dir, io.LAST)
     candidates = [last, *reversed(io.periodic_checkpoints(folder)), io.path_of(run_dir, io.BEST)]
@@ -53,7 +53,7 @@ def find_resume_checkpoint(cfg: Any, run_dir: Path) -> tuple[Path, Any] | None:
         if not path.is_file():
             continue
         try:
-            blob = read_checkpoint(path, trust=bool(cfg.trust_checkpoint), what="resume")
+            blob = read_checkpoint(path, trust=cfg.trust_checkpoint, what="resume")
         except CheckpointError as e:
             broken.append(f"{path.name} ({str(e).split(': ', 1)[-1][:120]})")
             continue

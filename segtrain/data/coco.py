@@ -37,7 +37,6 @@ from segtrain.data.index_cache import cached_index, file_fingerprint
 from segtrain.data.json_chunks import NotSplittable, Structure, iter_chunks, skeleton
 from segtrain.data.loading import Problems, bounded_list, finish, parse_json, read_annotation_file
 from segtrain.data.records import (
-    DEFAULT_MAX_IMAGE_PIXELS,
     MAX_ANNOTATION_BYTES,
     MAX_POLYGON_VERTICES,
     AnnotationError,
@@ -47,6 +46,7 @@ from segtrain.data.records import (
 )
 from segtrain.data.rle import coco_rle
 from segtrain.fileio import is_regular_file
+from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 #: Annotations converted per step when the document was parsed whole (see CHUNK_BYTES otherwise).
 CHUNK = 8192

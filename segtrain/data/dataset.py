@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
+from segtrain.config import Config
 from segtrain.data.formats import check_paths, load_split
 from segtrain.data.image_io import SKIP_HINT, ImageReadError
 from segtrain.data.mappers import (
@@ -164,7 +164,7 @@ def _stack_padded(maps: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def load_records(cfg: Any, split: str) -> Sequence[ImageRecord]:
+def load_records(cfg: Config, split: str) -> Sequence[ImageRecord]:
     """Parse the annotations of one split (fails before any work when a path is missing, listing every
     missing path of the split at once); logs what was skipped."""
     check_paths(cfg.dataset, (split,))
@@ -187,7 +187,7 @@ def load_records(cfg: Any, split: str) -> Sequence[ImageRecord]:
 
 
 def build_dataset(
-    cfg: Any,
+    cfg: Config,
     split: str,
     *,
     native: bool = False,
@@ -206,13 +206,13 @@ def build_dataset(
     if native:
         inf = cfg.inference
         mapper: CpuMapper | DeviceMapper | NativeMapper = NativeMapper(
-            str(inf.mode),
+            inf.mode,
             inference_size(cfg),
-            int(inf.pad_multiple),
+            inf.pad_multiple,
             crowd_in_semantic=bool(getattr(cfg.dataset, "crowd_in_semantic", True)),
             timer=timer,
             reader=reader,
-            max_image_pixels=int(cfg.dataset.max_image_pixels),
+            max_image_pixels=cfg.dataset.max_image_pixels,
         )
     else:
         mapper = build_mapper(cfg, train=(split == "train"), device=device, timer=timer, reader=reader)
@@ -220,8 +220,8 @@ def build_dataset(
         load_records(cfg, split),
         mapper,
         classes=list(cfg.dataset.classes),
-        seed=int(cfg.trainer.seed),
-        on_error=str(cfg.dataset.on_error),
+        seed=cfg.trainer.seed,
+        on_error=cfg.dataset.on_error,
         name=f"{cfg.dataset.name}/{split}",
         replace_bad=(split == "train"),
     )

@@ -33,7 +33,6 @@ from segtrain.data.index import RecordIndex
 from segtrain.data.index_cache import cached_index, content_hash
 from segtrain.data.loading import Problems, finish, parse_json, read_annotation_file
 from segtrain.data.records import (
-    DEFAULT_MAX_IMAGE_PIXELS,
     IGNORE,
     MAX_LABELME_BYTES,
     MAX_POLYGON_VERTICES,
@@ -46,6 +45,7 @@ from segtrain.data.records import (
 )
 from segtrain.data.rle import box_mask_counts, encode_counts
 from segtrain.fileio import open_regular
+from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 #: LabelMe shape types that are not areas: skipped silently.
 NON_AREA_SHAPES = frozenset({"line", "linestrip", "line_strip", "point", "points"})

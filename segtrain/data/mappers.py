@@ -31,7 +31,7 @@ import cv2
 import numpy as np
 import torch
 
-from segtrain.config import IGNORE_LABEL, ConfigError
+from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, Config, ConfigError, DatasetConfig
 from segtrain.data.augmentations import DEVICE_PIPELINES, evaluation_pipeline
 from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
 from segtrain.data.image_io import decode_image, device_jpeg_orientation, read_encoded
@@ -65,13 +65,13 @@ class TargetSpec:
     crowd_in_semantic: bool = True
 
     @classmethod
-    def from_config(cls, ds: Any) -> TargetSpec:
+    def from_config(cls, ds: DatasetConfig) -> TargetSpec:
         classes = list(ds.classes)
         return cls(
-            sigma=float(ds.targets.sigma),
+            sigma=ds.targets.sigma,
             stuff_ids=tuple(classes.index(s) for s in ds.stuff_classes),
-            small_instance_area=int(ds.targets.small_instance_area),
-            small_instance_weight=float(ds.targets.small_instance_weight),
+            small_instance_area=ds.targets.small_instance_area,
+            small_instance_weight=ds.targets.small_instance_weight,
             crowd_in_semantic=bool(getattr(ds, "crowd_in_semantic", True)),
         )
 
@@ -354,7 +354,7 @@ class NativeMapper(_Mapper):
     ``instance_classes``, ``crowd_classes``, ``valid``. Sizes differ per image: batch size 1.
     """
 
-    MODES = ("fit", "pad", "sliding")
+    MODES = INFERENCE_MODES  # the schema's choices for inference.mode
 
     def __init__(
         self,
@@ -396,7 +396,7 @@ class NativeMapper(_Mapper):
         }
 
 
-def inference_size(cfg: Any) -> tuple[int, int]:
+def inference_size(cfg: Config) -> tuple[int, int]:
     """``inference.input_size``, else ``dataset.input_size``: the fit size and the sliding window."""
     h, w = (int(v) for v in (cfg.inference.input_size or cfg.dataset.input_size))
     return h, w

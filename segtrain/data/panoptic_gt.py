@@ -34,15 +34,16 @@ from typing import Any
 
 import numpy as np
 
+from segtrain.config import PANOPTIC_BACKGROUNDS, POSTPROCESS
+
 __all__ = ["VOID", "panoptic_categories", "panoptic_from_prediction", "panoptic_ground_truth"]
 
 VOID = 0
-_BACKGROUND_MODES = ("void", "stuff")
 
 
 def _check_background(background: str) -> None:
-    if background not in _BACKGROUND_MODES:
-        raise ValueError(f"background must be one of {_BACKGROUND_MODES}, got {background!r}")
+    if background not in PANOPTIC_BACKGROUNDS:
+        raise ValueError(f"background must be one of {PANOPTIC_BACKGROUNDS}, got {background!r}")
 
 
 def panoptic_categories(
@@ -157,7 +158,7 @@ def panoptic_ground_truth(
 
 def panoptic_from_prediction(
     panoptic_map: np.ndarray | Any,
-    label_divisor: int = 1000,
+    label_divisor: int = POSTPROCESS.label_divisor,
     void_label: int = -1,
     background_class: int = 0,
     background: str = "void",

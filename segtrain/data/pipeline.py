@@ -39,6 +39,7 @@ from segtrain.placement import DEVICE, decide
 if TYPE_CHECKING:
     import torch
 
+    from segtrain.config import Config
     from segtrain.data.mappers import CpuMapper, DeviceMapper, Reader, StageTimer
 
 #: What the trainer applies to each collated batch on the device: ``step(batch, epoch, step_in_epoch)``.
@@ -61,7 +62,7 @@ class PipelinePlan:
     augment: str
     targets: str
     device: str | None  # the training device ("cuda:0", "cpu"); None: not known (a data tool)
-    cfg: Any = field(repr=False, compare=False, hash=False)
+    cfg: Config = field(repr=False, compare=False, hash=False)
 
     @property
     def on_device(self) -> bool:
@@ -82,9 +83,9 @@ class PipelinePlan:
         from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
 
         cfg = self.cfg
-        size = (int(cfg.dataset.input_size[0]), int(cfg.dataset.input_size[1]))
+        size = (cfg.dataset.input_size[0], cfg.dataset.input_size[1])
         targets = TargetSpec.from_config(cfg.dataset)
-        cap = int(cfg.dataset.max_image_pixels)
+        cap = cfg.dataset.max_image_pixels
         if self.augment == DEVICE:
             return DeviceMapper(
                 size,
@@ -132,7 +133,7 @@ class PipelinePlan:
         return BatchTargets(targets)
 
 
-def plan_pipeline(cfg: Any, device: torch.device | str | None, *, train: bool = True) -> PipelinePlan:
+def plan_pipeline(cfg: Config, device: torch.device | str | None, *, train: bool = True) -> PipelinePlan:
     """The plan for ``cfg``'s ``train`` (or evaluation) items when training on ``device`` (None: not
     known, e.g. a data tool; ``auto`` options then keep work in the workers). Raises ConfigError for
     option combinations that cannot run."""
@@ -143,7 +144,7 @@ def plan_pipeline(cfg: Any, device: torch.device | str | None, *, train: bool = 
 
 
 def build_mapper(
-    cfg: Any,
+    cfg: Config,
     train: bool,
     *,
     device: torch.device | None = None,

@@ -14,15 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
+from segtrain.config import ON_ERROR, UNLISTED
 from segtrain.errors import UserError
 
 IGNORE = "__ignore__"
-ON_ERROR = ("raise", "skip")
-UNLISTED = ("error", "drop", "ignore")
 
-#: Default of ``dataset.max_image_pixels``: 2**28 = 268,435,456 pixels (e.g. 16384 x 16384). An image
-#: declared larger than this is an error naming it: decoding it would need gigabytes per loader worker.
-DEFAULT_MAX_IMAGE_PIXELS = 1 << 28
 #: A single polygon with more vertices than this is garbage, not an outline (COCO's largest have ~1000).
 MAX_POLYGON_VERTICES = 100_000
 #: Largest annotation file read (COCO train2017 is 0.45 GB, LVIS v1 train 1.1 GB).

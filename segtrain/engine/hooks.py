@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from segtrain.checkpoint import io
-from segtrain.config import VALIDATION_METRICS, ConfigError
+from segtrain.config import POSTPROCESS, VALIDATION_METRICS, ConfigError, ProfileConfig
 from segtrain.console import progress_bar
 from segtrain.data import collate
 from segtrain.device import to_device
@@ -134,11 +134,11 @@ class MetricsLogger(HookBase):
 class ProfilerHook(HookBase):
     """``trainer.profile.mode=torch``: profile wait/warmup/active steps, write the trace, stop the run."""
 
-    def __init__(self, cfg: Any, out_dir: Path) -> None:
+    def __init__(self, cfg: ProfileConfig, out_dir: Path) -> None:
         self.cfg = cfg
         self.out_dir = out_dir
         self.profiler: torch.profiler.profile | None = None
-        self.steps = int(cfg.wait) + int(cfg.warmup) + int(cfg.active)
+        self.steps = cfg.wait + cfg.warmup + cfg.active
 
     def before_train(self) -> None:
         t = self.trainer
@@ -280,7 +280,7 @@ class TensorBoardImages(HookBase):
         spec = self.spec if "center" in out else None
         names = list(spec.class_names) if spec is not None else self.class_names
         skip = (0,) if spec is None or spec.background_class == 0 else ()
-        divisor = spec.label_divisor if spec is not None else 1000
+        divisor = spec.label_divisor if spec is not None else POSTPROCESS.label_divisor
 
         def classes_of(labels: torch.Tensor) -> np.ndarray:  # class map drawn with overlay_panoptic's colours
             lab = labels.to(torch.int64).cpu().numpy()

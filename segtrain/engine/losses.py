@@ -14,12 +14,11 @@ global batch, even when ranks hold different numbers of valid pixels.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from segtrain.config import IGNORE_LABEL
+from segtrain.config import IGNORE_LABEL, LossConfig
 from segtrain.distributed import all_reduce_, is_dist
 
 SEMANTIC_ONLY = ("semantic",)
@@ -31,7 +30,7 @@ def loss_terms(model: torch.nn.Module) -> tuple[str, ...]:
     return PANOPTIC if getattr(model, "instance_aware", False) else SEMANTIC_ONLY
 
 
-def loss_denominators(batch: dict[str, torch.Tensor], cfg: Any, terms: Sequence[str]) -> torch.Tensor:
+def loss_denominators(batch: dict[str, torch.Tensor], cfg: LossConfig, terms: Sequence[str]) -> torch.Tensor:
     """This (micro-)batch's share of each term's denominator, in ``terms`` order (no communication)."""
     target, sem_w = batch["semantic"], batch["semantic_weight"]
     out = []
@@ -63,7 +62,7 @@ def global_denominators(local_sum: torch.Tensor) -> torch.Tensor:
 def compute_losses(
     outputs: dict[str, torch.Tensor],
     batch: dict[str, torch.Tensor],
-    cfg: Any,
+    cfg: LossConfig,
     denominators: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """-> {"semantic", ["center", "offset"], "total"}; ``cfg`` is ``trainer.loss`` (weights).

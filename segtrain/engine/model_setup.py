@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from segtrain.checkpoint.state import load_checkpoint_weights
+from segtrain.config import Config, LossConfig
 from segtrain.data.dataset import collate
 from segtrain.device import autocast, to_device
 from segtrain.distributed import DistInfo, all_reduce_
@@ -27,17 +28,15 @@ log = logging.getLogger("segtrain.model")
 
 
 def prepare_model(
-    cfg: Any, dist: DistInfo, init_weights: Any = None, classes: tuple[int, int] | None = None
+    cfg: Config, dist: DistInfo, init_weights: Any = None, classes: tuple[int, int] | None = None
 ) -> nn.Module:
     """Built, with ``init_weights`` (a loaded ``ckpt=`` file: fine-tuning) loaded, SyncBN, frozen, on the device.
 
     ``classes=(old, new)``: fine-tuning onto another class count re-initialises the class-dependent layers.
     """
-    model = build_model(cfg.model, trust=bool(cfg.trust_checkpoint))
+    model = build_model(cfg.model, trust=cfg.trust_checkpoint)
     if init_weights is not None:
-        load_checkpoint_weights(
-            model, init_weights, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), classes=classes, asked=cfg
-        )
+        load_checkpoint_weights(model, init_weights, str(cfg.ckpt), strict=cfg.ckpt_strict, classes=classes, asked=cfg)
     if cfg.trainer.sync_bn:
         if dist.distributed:
             model = convert_sync_batchnorm(model, dist.device)
@@ -51,7 +50,7 @@ def prepare_model(
 
 
 def find_unused_parameters(
-    model: nn.Module, batch: dict[str, torch.Tensor], loss_cfg: Any, precision: str
+    model: nn.Module, batch: dict[str, torch.Tensor], loss_cfg: LossConfig, precision: str
 ) -> list[str]:
     """Names of parameters that require grad but receive none from one real forward/backward.
 
@@ -67,7 +66,7 @@ def find_unused_parameters(
 
 
 def wrap_model(
-    model: nn.Module, dist: DistInfo, cfg: Any, probe: Callable[[], dict[str, torch.Tensor]], precision: str
+    model: nn.Module, dist: DistInfo, cfg: Config, probe: Callable[[], dict[str, torch.Tensor]], precision: str
 ) -> nn.Module:
     """DDP (when world_size > 1) with find_unused_parameters decided from evidence, then compile."""
     tr = cfg.trainer

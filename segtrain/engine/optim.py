@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from segtrain.config import ConfigError
+from segtrain.config import ConfigError, OptimConfig, ScheduleConfig
 from segtrain.registry import Registry
 
-OptimizerBuilder = Callable[[list[dict[str, Any]], Any], torch.optim.Optimizer]
-Schedule = Callable[[float, int, Any], float]
+OptimizerBuilder = Callable[[list[dict[str, Any]], OptimConfig], torch.optim.Optimizer]
+Schedule = Callable[[float, int, ScheduleConfig], float]
 OPTIMIZERS: Registry[OptimizerBuilder] = Registry("optim.name")
 SCHEDULES: Registry[Schedule] = Registry("schedule.name")
 
@@ -42,60 +42,62 @@ def param_groups(model: nn.Module, weight_decay: float, no_decay_norm_bias: bool
 
 
 @OPTIMIZERS.register("sgd")
-def _sgd(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
+def _sgd(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0)
 
 
 @OPTIMIZERS.register("adam")
-def _adam(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
-    return torch.optim.Adam(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+def _adam(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.Adam(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]))
 
 
 @OPTIMIZERS.register("adamw")
-def _adamw(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]))
 
 
-def build_optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     """``cfg`` is ``cfg.optim``."""
-    return OPTIMIZERS.get(str(cfg.name))(param_groups(model, cfg.weight_decay, cfg.no_decay_norm_bias), cfg)
+    return OPTIMIZERS.get(cfg.name)(param_groups(model, cfg.weight_decay, cfg.no_decay_norm_bias), cfg)
 
 
 @SCHEDULES.register("poly")
-def _poly(t: float, step: int, cfg: Any) -> float:
+def _poly(t: float, step: int, cfg: ScheduleConfig) -> float:
     return (1 - t) ** cfg.power
 
 
 @SCHEDULES.register("cosine")
-def _cosine(t: float, step: int, cfg: Any) -> float:
+def _cosine(t: float, step: int, cfg: ScheduleConfig) -> float:
     return 0.5 * (1 + math.cos(math.pi * t))
 
 
 @SCHEDULES.register("step")
-def _step(t: float, step: int, cfg: Any) -> float:
+def _step(t: float, step: int, cfg: ScheduleConfig) -> float:
     return cfg.gamma ** (step // max(cfg.step_size, 1))
 
 
 @SCHEDULES.register("constant")
-def _constant(t: float, step: int, cfg: Any) -> float:
+def _constant(t: float, step: int, cfg: ScheduleConfig) -> float:
     return 1.0
 
 
-def lr_factor(step: int, total_steps: int, cfg: Any) -> float:
+def lr_factor(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
     """Multiplier of the base LR after ``step`` optimiser steps (warmup, then the schedule)."""
     if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
         alpha = step / cfg.warmup_steps
         return cfg.warmup_factor * (1 - alpha) + alpha
     t = min(max(step - cfg.warmup_steps, 0) / max(total_steps - cfg.warmup_steps, 1), 1.0)
-    return SCHEDULES.get(str(cfg.name))(t, step, cfg)
+    return SCHEDULES.get(cfg.name)(t, step, cfg)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Any, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """``cfg`` is ``cfg.schedule``; stepped once per optimiser step. ``min_lr`` is a floor on every group.
 
     The schedule is a function of the step count alone, which the scheduler's state holds: a resumed
     run continues the curve exactly (never restarting a poly decay)."""
-    SCHEDULES.get(str(cfg.name))  # unknown names fail here, not at the first step
+    SCHEDULES.get(cfg.name)  # unknown names fail here, not at the first step
     base = [g["lr"] for g in optimizer.param_groups]
 
     def make(b: float):

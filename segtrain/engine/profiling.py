@@ -7,9 +7,10 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
+
+from segtrain.config import ProfileConfig
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class Nvtx:
             torch.cuda.nvtx.range_pop()
 
 
-def torch_profiler(cfg: Any, out_dir: Path, rank: int) -> torch.profiler.profile | None:
+def torch_profiler(cfg: ProfileConfig, out_dir: Path, rank: int) -> torch.profiler.profile | None:
     """``trainer.profile.mode=torch``: wait/warmup/active schedule, one Chrome/Perfetto trace per rank."""
     if cfg.mode != "torch":
         return None

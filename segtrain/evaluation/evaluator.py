@@ -19,7 +19,7 @@ from torch import nn
 from tqdm import tqdm
 
 from segtrain.checkpoint.state import unwrap
-from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL
+from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL, POSTPROCESS, Config
 from segtrain.data.coco import coco_ids
 from segtrain.data.panoptic_gt import panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
 from segtrain.device import autocast, to_device
@@ -97,15 +97,15 @@ class PanopticSpec:
     thing_ids: tuple[int, ...]
     stuff_ids: tuple[int, ...]
     background_class: int  # -1 when unannotated pixels are ignore regions (Cityscapes): no background class
-    label_divisor: int = 1000
-    stuff_area: int = 2048
-    threshold: float = 0.1
-    nms_kernel: int = 7
-    top_k: int = 200
+    label_divisor: int = POSTPROCESS.label_divisor
+    stuff_area: int = POSTPROCESS.stuff_area
+    threshold: float = POSTPROCESS.threshold
+    nms_kernel: int = POSTPROCESS.nms_kernel
+    top_k: int = POSTPROCESS.top_k
     background: str = "void"
 
     @classmethod
-    def from_config(cls, cfg: Any) -> PanopticSpec:
+    def from_config(cls, cfg: Config) -> PanopticSpec:
         from segtrain.data.formats import FORMATS
 
         ds = cfg.dataset
@@ -123,12 +123,12 @@ class PanopticSpec:
             things,
             tuple(sorted(stuff)),
             background_class,
-            int(pan.label_divisor),
-            int(pan.stuff_area),
-            float(pan.threshold),
-            int(pan.nms_kernel),
-            int(pan.top_k),
-            str(pan.background),
+            pan.label_divisor,
+            pan.stuff_area,
+            pan.threshold,
+            pan.nms_kernel,
+            pan.top_k,
+            pan.background,
         )
 
     def segment(self, semantic: torch.Tensor, center: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -299,7 +299,7 @@ class PanopticEvaluator:
 
 
 def evaluators_for(
-    cfg: Any,
+    cfg: Config,
     model: nn.Module,
     device: torch.device,
     panoptic: bool = True,
@@ -309,7 +309,7 @@ def evaluators_for(
     """Semantic metrics always; panoptic metrics for instance-aware models (unless turned off). ``records``:
     the validation data set's (``dataset.records``): AP then scores against the annotations themselves,
     and an out-of-range label names its image."""
-    evs: list[Evaluator] = [SemanticEvaluator(int(cfg.model.num_classes), device, records)]
+    evs: list[Evaluator] = [SemanticEvaluator(cfg.model.num_classes, device, records)]
     if panoptic and getattr(unwrap(model), "instance_aware", False):
         size = (int(cfg.dataset.input_size[0]), int(cfg.dataset.input_size[1]))
         evs.append(

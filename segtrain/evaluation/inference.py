@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from segtrain.checkpoint.state import load_checkpoint_weights
+from segtrain.config import MAX_SLIDING_WINDOWS, Config, ConfigError
 from segtrain.data.mappers import inference_size, prepare_input
 from segtrain.device import autocast
 from segtrain.models import build_model
@@ -26,10 +27,10 @@ log = logging.getLogger("segtrain.inference")
 Outputs = dict[str, torch.Tensor]
 
 
-def model_from_checkpoint(cfg: Any, blob: Any, device: torch.device) -> nn.Module:
+def model_from_checkpoint(cfg: Config, blob: Any, device: torch.device) -> nn.Module:
     """The checkpoint's network in eval mode; its EMA weights when it has them."""
     model = build_model(cfg.model)
-    load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), prefer_ema=True, asked=cfg)
+    load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=cfg.ckpt_strict, prefer_ema=True, asked=cfg)
     return model.to(device).eval()
 
 
@@ -46,10 +47,17 @@ def sliding_window(net: nn.Module, image: torch.Tensor, window: tuple[int, int],
         out = list(range(0, max(size - win, 0) + 1, stride))
         return out if out[-1] == size - win else [*out, size - win]
 
+    rows, cols = starts(h, wh), starts(w, ww)
+    if len(rows) * len(cols) > MAX_SLIDING_WINDOWS:
+        raise ConfigError(
+            f"inference.mode=sliding: a {h}x{w} image takes {len(rows) * len(cols):,} windows of {wh}x{ww} at "
+            f"inference.overlap={overlap:g}, over the {MAX_SLIDING_WINDOWS} allowed: raise inference.input_size, "
+            "lower inference.overlap, or use inference.mode=pad"
+        )
     total: Outputs = {}
     count = torch.zeros((1, 1, h, w), device=image.device)
-    for y in starts(h, wh):
-        for x in starts(w, ww):
+    for y in rows:
+        for x in cols:
             out = net(image[:, :, y : y + wh, x : x + ww])
             for k, v in out.items():
                 acc = total.setdefault(k, torch.zeros((1, v.shape[1], h, w), device=v.device, dtype=torch.float32))

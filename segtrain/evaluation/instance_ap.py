@@ -31,6 +31,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import Tensor
 
+from segtrain.config import POSTPROCESS
 from segtrain.data.coco_panoptic import read_segment_ids
 from segtrain.data.records import ImageRecord, Instance
 from segtrain.distributed import all_gather_object
@@ -109,7 +110,10 @@ def encode_masks(masks: np.ndarray | Tensor) -> list[dict]:
 
 
 def instance_scores(
-    panoptic: Tensor, semantic_prob: Tensor, instances: Mapping[str, Tensor], label_divisor: int = 1000
+    panoptic: Tensor,
+    semantic_prob: Tensor,
+    instances: Mapping[str, Tensor],
+    label_divisor: int = POSTPROCESS.label_divisor,
 ) -> Tensor:
     """Score of each instance of ``panoptic_segmentation``: mean probability of its class inside its mask
     times the centre heatmap value at its centre (``instances["center_score"]``).
@@ -143,7 +147,7 @@ def instances_from_panoptic(
     panoptic: Tensor,
     instances: Mapping[str, Tensor],
     semantic_prob: Tensor | None = None,
-    label_divisor: int = 1000,
+    label_divisor: int = POSTPROCESS.label_divisor,
 ) -> list[dict[str, Any]]:
     """Predicted instances for ``InstanceAP``: ``[{"segmentation": RLE, "category_id": class, "score"}]``.
 

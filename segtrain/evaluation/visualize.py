@@ -8,6 +8,8 @@ import cv2
 import numpy as np
 import torch
 
+from segtrain.config import POSTPROCESS
+
 
 def palette(n: int) -> np.ndarray:
     """A fixed, distinguishable colour per class (PASCAL VOC's bit-interleaving scheme); 255 -> white."""
@@ -93,7 +95,7 @@ def overlay_panoptic(
     image: np.ndarray,
     panoptic: np.ndarray | torch.Tensor,
     class_names: Sequence[str],
-    label_divisor: int = 1000,
+    label_divisor: int = POSTPROCESS.label_divisor,
     void_label: int = -1,
     thing_ids: Iterable[int] = (),
     alpha: float = 0.55,

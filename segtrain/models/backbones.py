@@ -13,12 +13,11 @@ from torch import Tensor, nn
 from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.models.resnet import BasicBlock
 
-from segtrain.config import ConfigError
+from segtrain.config import OUTPUT_STRIDES, ConfigError
 
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101")
 MOBILENETS = ("mobilenet_v3_large", "mobilenet_v3_small")
 SUPPORTED_BACKBONES = RESNETS + MOBILENETS
-OUTPUT_STRIDES = (8, 16, 32)
 
 # Feature names every backbone here returns: stride 4, stride 8, deepest (stride = output_stride).
 FEATURES = ("res2", "res3", "res5")

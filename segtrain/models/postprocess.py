@@ -52,6 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from segtrain.config import POSTPROCESS
+
 __all__ = ["find_instance_centers", "panoptic_segmentation", "panoptic_segmentation_batch"]
 
 # Tiles x centres held at once when pruning candidates (float64 bounds): a few MB.
@@ -86,7 +88,10 @@ def _window_max(x: Tensor, k: int) -> Tensor:
 
 
 def find_instance_centers(
-    center: Tensor, threshold: float = 0.1, nms_kernel: int = 7, top_k: int | None = 200
+    center: Tensor,
+    threshold: float = POSTPROCESS.threshold,
+    nms_kernel: int = POSTPROCESS.nms_kernel,
+    top_k: int | None = POSTPROCESS.top_k,
 ) -> tuple[Tensor, Tensor]:
     """Centres of a (1, H, W) or (H, W) heatmap as the reference finds them.
 
@@ -261,12 +266,12 @@ def panoptic_segmentation(
     center: Tensor,
     offset: Tensor,
     thing_ids: Iterable[int],
-    label_divisor: int = 1000,
-    stuff_area: int = 2048,
+    label_divisor: int = POSTPROCESS.label_divisor,
+    stuff_area: int = POSTPROCESS.stuff_area,
     void_label: int = -1,
-    threshold: float = 0.1,
-    nms_kernel: int = 7,
-    top_k: int | None = 200,
+    threshold: float = POSTPROCESS.threshold,
+    nms_kernel: int = POSTPROCESS.nms_kernel,
+    top_k: int | None = POSTPROCESS.top_k,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Panoptic map of one image from Panoptic-DeepLab's three outputs (see the module docstring).
 
@@ -366,12 +371,12 @@ def panoptic_segmentation_batch(
     center: Tensor,
     offset: Tensor,
     thing_ids: Iterable[int],
-    label_divisor: int = 1000,
-    stuff_area: int = 2048,
+    label_divisor: int = POSTPROCESS.label_divisor,
+    stuff_area: int = POSTPROCESS.stuff_area,
     void_label: int = -1,
-    threshold: float = 0.1,
-    nms_kernel: int = 7,
-    top_k: int | None = 200,
+    threshold: float = POSTPROCESS.threshold,
+    nms_kernel: int = POSTPROCESS.nms_kernel,
+    top_k: int | None = POSTPROCESS.top_k,
 ) -> tuple[Tensor, list[dict[str, Tensor]]]:
     """``panoptic_segmentation`` for a batch: semantic (B, H, W) or (B, 1, H, W), center (B, 1, H, W),
     offset (B, 2, H, W) -> ((B, H, W) int64 panoptic maps, list of B instance dicts)."""

@@ -20,6 +20,7 @@ import psutil
 import torch
 from torch.utils.data import DataLoader
 
+from segtrain.config import Config
 from segtrain.data import PolygonDataset, StageTimer, build_dataset, collate
 from segtrain.data.loaders import per_rank_batch, worker_init
 from segtrain.data.pipeline import plan_pipeline
@@ -240,12 +241,12 @@ def stage_advice(stage: str, cuda: bool) -> str:
     return ADVICE.get(stage, f"speed up the {stage} stage")
 
 
-def diagnose(cfg: Any, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
+def diagnose(cfg: Config, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
     """Measure and decide: input-bound or compute-bound, by how much, which stage, and what to try."""
     tr = cfg.trainer
     dataset = dataset if dataset is not None else build_dataset(cfg, "train", device=dist.device, timer=StageTimer())
     bs = per_rank_batch(int(tr.batch_size), dist.world_size)
-    n_img = int(cfg.doctor.num_images)
+    n_img = cfg.doctor.num_images
     report: dict[str, Any] = {
         "dataset": cfg.dataset.name,
         "images": len(dataset),
@@ -269,14 +270,14 @@ def diagnose(cfg: Any, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
     transform = plan.batch_step(int(tr.seed), dist.rank)
     for stage in ("decode", "augment", "targets"):
         report[f"{stage}_device"] = str(dist.device) if getattr(plan, stage) == DEVICE else "cpu (loader workers)"
-    report["model_step"] = model_throughput(cfg, sample, dist, int(cfg.doctor.steps), transform)
+    report["model_step"] = model_throughput(cfg, sample, dist, cfg.doctor.steps, transform)
     report.update(verdict(report, int(tr.num_workers), cfg))
     return report
 
 
-def smaller_model(cfg: Any) -> str:
+def smaller_model(cfg: Config) -> str:
     """The CPU remedy for a slow model: the tiny one, or, already on it, fewer channels."""
-    if str(cfg.model.name) == "tiny_panoptic":
+    if cfg.model.name == "tiny_panoptic":
         return "a smaller model (a lower model.width / model.decoder_channels)"
     return "a smaller model (model=tiny, or a lighter model.backbone)"
 

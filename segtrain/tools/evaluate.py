@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from segtrain.config import ConfigError
+from segtrain.config import Config, ConfigError
 from segtrain.console import progress_bar
 from segtrain.data import build_dataset
 from segtrain.data.coco import coco_ids
@@ -183,11 +183,11 @@ def _on_image(exports: Sequence[Export]) -> Callable[..., None] | None:
 
 
 # ------------------------------------------------------------------------------------------- the tool
-def evaluate_checkpoint(cfg: Any, blob: Any, dist: DistInfo, run_dir: Path) -> dict[str, Any]:
+def evaluate_checkpoint(cfg: Config, blob: Any, dist: DistInfo, run_dir: Path) -> dict[str, Any]:
     """Metrics of the checkpoint in ``cfg.ckpt`` on ``dataset.val``; rank 0 prints them and writes ``eval.json``."""
     names = export_names(cfg.evaluate.export)
     model = model_from_checkpoint(cfg, blob, dist.device)
-    panoptic = bool(cfg.evaluate.panoptic) and bool(getattr(model, "instance_aware", False))
+    panoptic = cfg.evaluate.panoptic and bool(getattr(model, "instance_aware", False))
     for name in names:
         if EXPORTS[name].needs_panoptic and not panoptic:  # before the data set loads
             why = (

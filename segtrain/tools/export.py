@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 import segtrain
 from segtrain.checkpoint.state import load_checkpoint_weights
-from segtrain.config import ConfigError, to_container
+from segtrain.config import EXPORT_FORMATS, Config, ConfigError, to_container
 from segtrain.models import build_model
 
 log = logging.getLogger("segtrain.export")
@@ -61,7 +61,6 @@ __all__ = [
     "verify_export",
 ]
 
-EXPORT_FORMATS = ("onnx", "torchscript")
 OUTPUT_NAMES = ("semantic", "center", "offset")  # the order of ONNX outputs
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".torchscript.pt"}
 METADATA_KEY = "segtrain"  # ONNX metadata_props key; TorchScript extra file "segtrain.json"
@@ -304,7 +303,7 @@ def verify_export(
     return diffs
 
 
-def model_metadata(cfg: Any, weights: str) -> dict[str, Any]:
+def model_metadata(cfg: Config, weights: str) -> dict[str, Any]:
     """What a user of the exported file needs besides the outputs: classes and which are things."""
     classes = [str(c) for c in cfg.dataset.classes]
     stuff = {classes.index(str(s)) for s in cfg.dataset.stuff_classes}
@@ -320,19 +319,17 @@ def model_metadata(cfg: Any, weights: str) -> dict[str, Any]:
     }
 
 
-def export_checkpoint(cfg: Any, blob: Any) -> ExportResult:
+def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
     """``python -m segtrain.export``: rebuild the checkpoint's model (EMA weights when present), export it to
     ``export.output`` (default :func:`default_output`), verify it (``export.verify``) and log the result."""
     ex = cfg.export
-    fmt = str(ex.format)
+    fmt = ex.format
     if fmt == "onnx":
         check_onnx_dependencies()  # before any work
     model = build_model(cfg.model)
-    report = load_checkpoint_weights(
-        model, blob, str(cfg.ckpt), strict=bool(cfg.ckpt_strict), prefer_ema=True, asked=cfg
-    )
+    report = load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=cfg.ckpt_strict, prefer_ema=True, asked=cfg)
     model = model.to("cpu").eval()
-    output = Path(str(ex.output)) if ex.output else default_output(cfg.ckpt, fmt)
+    output = Path(str(ex.output)) if ex.output else default_output(str(cfg.ckpt), fmt)
     log.info("exporting %s (%s weights of %s) as %s to %s", cfg.model.name, report.weights, cfg.ckpt, fmt, output)
     result = export_model(
         model,

@@ -29,6 +29,7 @@ import cv2
 import numpy as np
 import torch
 
+from segtrain.config import POSTPROCESS, Config
 from segtrain.data.image_io import read_image_file
 from segtrain.device import effective_precision
 from segtrain.errors import UserError
@@ -80,7 +81,7 @@ def _write_png(path: Path, image: np.ndarray) -> None:
 
 
 @torch.no_grad()
-def predict(cfg: Any, blob: Any, device: torch.device) -> list[Path]:
+def predict(cfg: Config, blob: Any, device: torch.device) -> list[Path]:
     """Write the outputs for every input image; returns the files written."""
     if not cfg.input:
         raise PredictInputError("segtrain.predict needs input=FILE_OR_FOLDER (and output=FOLDER)")
@@ -96,14 +97,14 @@ def predict(cfg: Any, blob: Any, device: torch.device) -> list[Path]:
     skip = (0,) if spec is not None and spec.background_class == 0 else ()
     written: list[Path] = []
     for path in files:
-        rgb = read_image_file(path, int(cfg.dataset.max_image_pixels))
+        rgb = read_image_file(path, cfg.dataset.max_image_pixels)
         out = predict_image(model, rgb, cfg, device, precision)
         logits = out["semantic"][0]
         labels = logits.argmax(0)
         base = out_dir / names[path]
         base.parent.mkdir(parents=True, exist_ok=True)
         files_out = {f"{base}_labels.png": labels.to(torch.uint8).cpu().numpy()}
-        divisor = spec.label_divisor if spec is not None else 1000
+        divisor = spec.label_divisor if spec is not None else POSTPROCESS.label_divisor
         semantic_map = (labels.to(torch.int64) * divisor).cpu().numpy()
         files_out[f"{base}_semantic.png"] = overlay_panoptic(rgb, semantic_map, classes, divisor, skip_classes=skip)
         if spec is not None:

@@ -1,0 +1,118 @@
+"""Every default and every choice list has one source: the schema (segtrain.config) and the code that uses
+them read the same object, so changing a default or adding a choice is one edit, not a hunt."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from segtrain import config
+from segtrain.config import POSTPROCESS, PanopticConfig
+
+ROOT = Path(__file__).resolve().parents[1] / "segtrain"
+POSTPROCESS_FIELDS = [f.name for f in dataclasses.fields(POSTPROCESS)]
+
+
+def defaults_of(fn) -> dict[str, object]:
+    return {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
+
+
+def test_postprocess_defaults_are_the_schemas():
+    from segtrain.evaluation.evaluator import PanopticSpec
+    from segtrain.models.postprocess import find_instance_centers, panoptic_segmentation, panoptic_segmentation_batch
+
+    expected = dataclasses.asdict(POSTPROCESS)
+    schema = OmegaConf.to_container(OmegaConf.structured(PanopticConfig))
+    assert {k: schema[k] for k in POSTPROCESS_FIELDS} == expected
+    for fn in (panoptic_segmentation, panoptic_segmentation_batch):
+        assert {k: v for k, v in defaults_of(fn).items() if k in expected} == expected, fn.__name__
+    centres = defaults_of(find_instance_centers)
+    assert centres == {k: expected[k] for k in ("threshold", "nms_kernel", "top_k")}
+    spec = PanopticSpec(("background", "a"), (1,), (), 0)
+    assert {k: getattr(spec, k) for k in POSTPROCESS_FIELDS} == expected
+
+
+def test_label_divisor_default_everywhere_is_the_schemas():
+    """Every function taking ``label_divisor`` defaults it to the schema's value."""
+    from segtrain.data.panoptic_gt import panoptic_from_prediction
+    from segtrain.evaluation.instance_ap import instance_scores, instances_from_panoptic
+    from segtrain.evaluation.visualize import overlay_panoptic
+
+    for fn in (panoptic_from_prediction, instance_scores, instances_from_panoptic, overlay_panoptic):
+        assert defaults_of(fn)["label_divisor"] == POSTPROCESS.label_divisor, fn.__name__
+
+
+def test_no_second_copy_of_a_default_in_the_source():
+    """A literal default written again somewhere (``label_divisor: int = 1000``, ``2**28``) is a second source."""
+    copies = {
+        r"label_divisor\s*(:\s*int)?\s*=\s*\d": "config.py",
+        r"else\s+1000\b": None,
+        r"2\s*\*\*\s*28|1\s*<<\s*28": "image_limits.py",
+    }
+    for pattern, allowed in copies.items():
+        found = [
+            f"{p.relative_to(ROOT)}:{i}"
+            for p in ROOT.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1)
+            if re.search(pattern, line.split("#")[0]) and p.name != allowed
+        ]
+        assert not found, f"{pattern!r} outside {allowed}: {found}"
+
+
+def test_schema_choices_are_the_modules_tuples():
+    from segtrain.data import loading, mappers, panoptic_gt, records
+    from segtrain.tools import export
+
+    choices = config._CHOICES
+    assert choices["dataset.on_error"] is records.ON_ERROR is loading.ON_ERROR
+    assert choices["dataset.unlisted"] is records.UNLISTED
+    assert choices["inference.mode"] is mappers.NativeMapper.MODES
+    assert choices["dataset.panoptic.background"] is panoptic_gt.PANOPTIC_BACKGROUNDS
+    assert choices["export.format"] is export.EXPORT_FORMATS
+    assert set(export.SUFFIXES) == set(export.EXPORT_FORMATS)
+
+
+def test_model_spec_mirrors_the_model_section():
+    """ModelSpec (what builders get) has exactly the schema's fields, with the same types."""
+    from segtrain.models.registry import ModelSpec
+
+    def fields(cls) -> dict[str, str]:
+        return {f.name: str(f.type) for f in dataclasses.fields(cls)}
+
+    assert fields(ModelSpec) == fields(config.ModelConfig)
+
+
+def test_validation_reports_every_metric_the_config_accepts(smoke_batches):
+    """``trainer.checkpoint.metric`` accepts VALIDATION_METRICS: the evaluators report exactly those names."""
+    from segtrain.data import build_dataset, collate
+    from segtrain.evaluation.evaluator import evaluators_for
+    from segtrain.models import build_model
+
+    cfg, _ = smoke_batches
+    val = build_dataset(cfg, "val")
+    batch = collate([val[(0, i)] for i in range(2)])
+    model = build_model(cfg.model).eval()
+    evaluators = evaluators_for(cfg, model, torch.device("cpu"))
+    with torch.no_grad():
+        out = model(batch["image"])
+    reported: set[str] = set()
+    for ev in evaluators:
+        ev.process(batch, out)
+        reported |= {k for k, v in ev.result().items() if isinstance(v, float)}
+    assert set(config.VALIDATION_METRICS) == reported - {"val_panoptic_time_s"}
+
+
+def test_panoptic_exports_known_to_the_config_are_the_tools():
+    """The config check refuses panoptic exports with evaluate.panoptic=false before torch loads; its list is
+    the tool's table (groups expanded)."""
+    from segtrain.config import PANOPTIC_EXPORTS
+    from segtrain.tools.evaluate import EXPORT_GROUPS, EXPORTS
+
+    panoptic = {n for n, fmt in EXPORTS.items() if fmt.needs_panoptic}
+    groups = {g for g, names in EXPORT_GROUPS.items() if set(names) & panoptic}
+    assert set(PANOPTIC_EXPORTS) == panoptic | groups
