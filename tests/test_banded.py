@@ -159,14 +159,7 @@ def test_overlay_segments_is_the_same_for_any_band_height():
 
 
 # --------------------------------------------------------------------------- memory, on a real process
-PEAK_SCRIPT = """
-import resource, runpy, sys
-sys.argv = ["segtrain.predict", *sys.argv[1:]]
-try:
-    runpy.run_module("segtrain.predict", run_name="__main__")
-finally:
-    print("PEAK_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
-"""
+BAND_ALLOWANCE = 64 * 2**20
 
 
 def _predict_peak_mb(tmp_path, ckpt, image, tag) -> float:
@@ -195,12 +188,15 @@ def _predict_peak_mb(tmp_path, ckpt, image, tag) -> float:
 
 
 @pytest.mark.slow
-def test_predict_peak_memory_is_bounded_by_the_uint8_int32_outputs(tmp_path):
-    """A 5000x5000 image through a real predict process: the peak over the same process on a 64x64 image
-    stays under 12 bytes per pixel.  What must exist at native size: the image (3 B/px), the class map
-    (1), the segment-index map (4) and one picture being written (3) plus its PNG stream (compressed, here
-    < 1): ~11 B/px.  The one-shot path held C + 3 float32 planes (28 B/px for 4 classes) before its int64
-    maps (8 B/px each) and float32 pictures (12 B/px): ~50 B/px."""
+def test_predict_peak_memory_is_bounded_by_the_native_size_outputs(tmp_path):
+    """A 2000x2000 image through a real predict process: the peak over the same process on a 64x64 image stays
+    under 12 bytes per pixel plus a fixed allowance for one band's working set.
+
+    What must exist at native size: the image (3 B/px), the class map (1), the segment-index map (2) and one
+    picture being written (3) plus its PNG stream (compressed, here < 1): ~10 B/px.  A band (>= 64 rows, ~256k
+    pixels) holds a few dozen float32/int64 temporaries of <= 2 MB each: BAND_ALLOWANCE.  The one-shot path
+    held C + 3 float32 planes (28 B/px for 4 classes), then int64 maps (8 B/px each) and float32 pictures
+    (12 B/px): ~50 B/px."""
     from segtrain.models import build_model
 
     cfg = compose(["experiment=cpu_smoke"])
@@ -211,11 +207,11 @@ def test_predict_peak_memory_is_bounded_by_the_uint8_int32_outputs(tmp_path):
         model.heads.semantic[1].bias.copy_(torch.tensor([0.0, 1.0, 1.0, 1.0]))
     ckpt = tmp_path / "tiny.pt"
     torch.save(model.state_dict(), ckpt)
-    big = 5000
+    big = 2000
     yy, xx = np.mgrid[0:big, 0:big]
     rgb = np.stack([(xx * 7) % 256, (yy * 3) % 256, ((xx + yy) // 40 % 2) * 200], -1).astype(np.uint8)
-    cv2.circle(rgb, (1500, 1500), 900, (250, 40, 40), -1)
-    cv2.rectangle(rgb, (2800, 2600), (4400, 4500), (30, 240, 60), -1)
+    cv2.circle(rgb, (600, 600), 400, (250, 40, 40), -1)
+    cv2.rectangle(rgb, (1100, 1000), (1800, 1900), (30, 240, 60), -1)
     del yy, xx
     image = tmp_path / "big.png"
     cv2.imwrite(str(image), rgb)
@@ -225,7 +221,7 @@ def test_predict_peak_memory_is_bounded_by_the_uint8_int32_outputs(tmp_path):
     base = _predict_peak_mb(tmp_path, ckpt, small, "small")
     peak = _predict_peak_mb(tmp_path, ckpt, image, "big")
     extra = peak - base
-    bound = 12 * big * big / 2**20
+    bound = (12 * big * big + BAND_ALLOWANCE) / 2**20
     assert extra < bound, (
         f"predict on {big}x{big} peaked {peak:.0f} MB, {extra:.0f} MB over a 64x64 run (> {bound:.0f})"
     )

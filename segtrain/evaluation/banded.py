@@ -4,8 +4,8 @@
 then build int64 panoptic maps and float copies of the image for its pictures: ~50 bytes per pixel, 4.5 GB
 for 81 megapixels.  Here the network's outputs stay at the model's input size (:class:`NativeOutputs`), and
 each band of rows is resampled when it is needed and dropped after; what is kept at native size is only
-what the outputs are made of: the class map (uint8), one int32 map of segment indices and, while it is
-written, one uint8 picture.
+what the outputs are made of: the class map (uint8), one uint16 map of segment indices (int32 beyond 65536
+(instance, class) pairs) and, while it is written, one uint8 picture.
 
 Every result equals the one-shot path bit for bit (``to_native`` + ``panoptic_segmentation`` +
 ``panoptic_from_prediction`` + ``instance_scores`` + the overlays), which ``tests/test_banded.py`` checks:
@@ -41,8 +41,8 @@ from segtrain.evaluation.panoptic_export import encode_ids
 from segtrain.evaluation.visualize import band_rows, overlay_heatmap, overlay_segments
 from segtrain.models.postprocess import _nearest_center, find_instance_centers, panoptic_table
 
-#: Native pixels per band: a band's float32 copies of C + 3 output planes are a few MB each.
-BAND_PIXELS = 1 << 20
+#: Native pixels per band (at least 64 rows): a band's float32 copies of C + 3 output planes are ~1 MB each.
+BAND_PIXELS = 1 << 18
 
 
 class NativeOutputs:
@@ -134,7 +134,7 @@ def find_centers_banded(
 class BandedPrediction:
     """One image's prediction at native size, held compactly.
 
-    ``labels`` (H, W) class ids (uint8, int32 beyond 256 classes); ``index`` (H, W) int32 index into
+    ``labels`` (H, W) class ids (uint8, int32 beyond 256 classes); ``index`` (H, W) uint16/int32 index into
     ``values``, the sorted panoptic ids present (None for semantic-only models); ``areas`` pixels per value;
     ``instances`` as ``panoptic_segmentation`` returns them."""
 
@@ -176,7 +176,9 @@ def segment_banded(out: NativeOutputs, spec: PanopticSpec | None, step: int | No
     k = int(points.shape[0])
     grouped = k > 0 and bool(thing_list)
     rows = 2 * k if grouped else 1
-    index = np.zeros((h, w), np.int32)  # first each pixel's instance row, then its segment index
+    # First each pixel's instance row, then its segment index (fewer than rows * n_cls values): 2 bytes a pixel
+    # unless there are more than 65536 (instance, class) pairs.
+    index = np.zeros((h, w), np.uint16 if rows * n_cls <= 1 << 16 else np.int32)
     counts = torch.zeros(rows * n_cls, dtype=torch.int64, device=dev)
     for y0, y1 in _bands(h, step):
         sem = torch.from_numpy(labels[y0:y1]).to(dev).long().reshape(-1)
@@ -193,7 +195,7 @@ def segment_banded(out: NativeOutputs, spec: PanopticSpec | None, step: int | No
     )
     lut_np, used = lut.cpu().numpy(), (table > 0).cpu().numpy()
     values = np.unique(lut_np[used])
-    entry = np.searchsorted(values, lut_np).clip(max=max(values.size - 1, 0)).astype(np.int32)
+    entry = np.searchsorted(values, lut_np).clip(max=max(values.size - 1, 0)).astype(index.dtype)
     areas = np.bincount(entry[used], weights=table.cpu().numpy()[used], minlength=values.size).astype(np.int64)
     for y0, y1 in _bands(h, step):
         index[y0:y1] = entry[index[y0:y1], labels[y0:y1]]

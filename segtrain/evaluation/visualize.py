@@ -134,7 +134,7 @@ def overlay_panoptic(
 
 
 #: Image pixels blended at once by ``overlay_segments`` (float32 working copies of one band only).
-BAND_PIXELS = 1 << 20
+BAND_PIXELS = 1 << 18
 
 
 def band_rows(width: int, pixels: int = BAND_PIXELS) -> int:
