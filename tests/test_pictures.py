@@ -110,8 +110,7 @@ RECTS = {  # (class, y0, y1, x0, x1): two circles, a square, a triangle
 
 def fake_outputs(image: np.ndarray) -> dict[str, torch.Tensor]:
     """The network's outputs (at the image's size) for a known scene: one-hot semantic logits, a centre peak per
-    rectangle,
-    zero offsets (every pixel votes for the nearest centre)."""
+    rectangle, zero offsets (every pixel votes for the nearest centre)."""
     semantic = torch.zeros(1, 4, H, W)
     semantic[0, 0] = 10.0
     center = torch.zeros(1, 1, H, W)
