@@ -12,26 +12,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+# predict runs under a small launcher that reports its child's peak: ru_maxrss of a vfork/exec'd child includes
+# its parent's peak RSS, and this script's own (it draws the image) must not count.
+LAUNCHER = (
+    "import resource, subprocess, sys; rc = subprocess.call([sys.executable, *sys.argv[1:]]); "
+    "print('PEAK_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)"
+)
+
 
 def run(repo: Path, args: list[str], cwd: Path) -> tuple[float, float, int]:
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "SEGTRAIN_CACHE": str(cwd / "cache")}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "segtrain.predict", *args], cwd=cwd, env=env, capture_output=True, text=True
-    )
+    cmd = [sys.executable, "-c", LAUNCHER, "-m", "segtrain.predict", *args]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     if proc.returncode != 0:
         print(proc.stderr[-2000:], file=sys.stderr)
-    return max(peak, before) / 1024, seconds, proc.returncode
+    return int(proc.stdout.split("PEAK_KB")[-1]) / 1024, seconds, proc.returncode
 
 
 def main() -> None:
