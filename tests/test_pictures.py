@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from segtrain.config import compose
+from segtrain.evaluation.banded import NativeOutputs
 from segtrain.evaluation.visualize import PANEL_TITLES, overlay_panoptic, title_strip, titled_row, to_uint8_image
 from segtrain.tools import predict as predict_images
 
@@ -108,8 +109,8 @@ RECTS = {  # (class, y0, y1, x0, x1): two circles, a square, a triangle
 
 
 def fake_outputs(image: np.ndarray) -> dict[str, torch.Tensor]:
-    """What predict_image returns, for a known scene: one-hot semantic logits, a centre peak per rectangle,
-    zero offsets (every pixel votes for the nearest centre)."""
+    """The network's outputs (at the image's size) for a known scene: one-hot semantic logits, a centre peak per
+    rectangle, zero offsets (every pixel votes for the nearest centre)."""
     semantic = torch.zeros(1, 4, H, W)
     semantic[0, 0] = 10.0
     center = torch.zeros(1, 1, H, W)
@@ -171,7 +172,9 @@ def test_predict_legend_swatches_have_the_colours_the_segments_show(tmp_path, mo
     out = tmp_path / "out"
     cfg = compose(["experiment=cpu_smoke", f"input={src}", f"output={out}"], config_name="predict")
     monkeypatch.setattr(predict_images, "model_from_checkpoint", lambda *a: types.SimpleNamespace(instance_aware=True))
-    monkeypatch.setattr(predict_images, "predict_image", lambda model, rgb, *a: fake_outputs(rgb))
+    monkeypatch.setattr(
+        predict_images, "network_outputs", lambda model, rgb, *a: NativeOutputs(fake_outputs(rgb), 1.0, rgb.shape[:2])
+    )
     predict_images.predict(cfg, {}, torch.device("cpu"))
 
     labels = read_rgb(out / "scene_labels.png")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import cv2
 import numpy as np
@@ -114,115 +114,181 @@ def overlay_panoptic(
     """
     if isinstance(panoptic, torch.Tensor):
         panoptic = panoptic.detach().cpu().numpy()
-    image = np.ascontiguousarray(image)  # OpenCV draws only on C-contiguous arrays
     pan = np.asarray(panoptic)
     if pan.ndim == 3 and pan.shape[0] == 1:
         pan = pan[0]
     if image.ndim != 3 or image.shape[2] != 3 or pan.shape != image.shape[:2]:
         raise ValueError(f"image (H, W, 3) and panoptic (H, W) must match, got {image.shape} and {pan.shape}")
-    h, w = pan.shape
+    values, inverse = np.unique(pan, return_inverse=True)
+    inverse = inverse.reshape(pan.shape)
+    return overlay_segments(
+        image,
+        lambda a, b: inverse[a:b],
+        values,
+        class_names,
+        label_divisor,
+        void_label,
+        thing_ids,
+        alpha,
+        skip_classes,
+        legend,
+    )
+
+
+#: Image pixels blended at once by ``overlay_segments`` (float32 working copies of one band only).
+BAND_PIXELS = 1 << 18
+
+
+def band_rows(width: int, pixels: int = BAND_PIXELS) -> int:
+    """Rows per band of a ``width``-wide image: about ``pixels`` pixels, a multiple of 64 rows (so a band
+    starts at a pixel index that is a multiple of 64: vectorised kernels see the whole image's alignment)."""
+    return max(64, pixels // max(int(width), 1) // 64 * 64)
+
+
+def overlay_segments(
+    image: np.ndarray,
+    index_rows: Callable[[int, int], np.ndarray],
+    values: np.ndarray,
+    class_names: Sequence[str],
+    label_divisor: int = POSTPROCESS.label_divisor,
+    void_label: int = -1,
+    thing_ids: Iterable[int] = (),
+    alpha: float = 0.55,
+    skip_classes: Iterable[int] = (),
+    legend: bool | str = True,
+    rows_per_band: int | None = None,
+) -> np.ndarray:
+    """``overlay_panoptic`` of the map ``values[index]``, given as ``index_rows(a, b)`` -> (b - a, W) indices
+    into the sorted ``values`` (the panoptic ids present) for image rows ``a:b``.
+
+    The picture is made band by band (float32 copies of one band; the legend's place is chosen before
+    the picture exists), so a picture of a huge image costs its uint8 output, not float copies of it;
+    the result is the same, bit for bit, for any band height."""
+    image = np.ascontiguousarray(image)  # OpenCV draws only on C-contiguous arrays
+    h, w = image.shape[:2]
+    values = np.asarray(values)
     things = {int(t) for t in thing_ids}
     skip = {int(c) for c in skip_classes}
-    values, inverse = np.unique(pan, return_inverse=True)
-    inverse = inverse.reshape(h, w)
     cls = values // label_divisor
     is_void = (values == void_label) | np.isin(cls, list(skip))
     is_thing = ~is_void & np.isin(cls, list(things)) & (values % label_divisor != 0)
-    colours = np.zeros((values.size, 3), np.uint8)
+    n = values.size
+    colours = np.zeros((n, 3), np.uint8)
     colours[is_thing] = distinct_colours(int(is_thing.sum()))
     n_cls = max(len(class_names), int(cls.max(initial=0)) + 1)
     stuff = ~is_void & ~is_thing
     colours[stuff] = _class_colours(n_cls)[cls[stuff].clip(0, n_cls - 1)]
-
-    out = image.astype(np.float32)
-    paint = ~is_void[inverse]
-    out[paint] = (1 - alpha) * out[paint] + alpha * colours[inverse[paint]]
-    shown = _mean_colours(np.floor(out.clip(0, 255)), inverse, values.size)
-    # Outlines: pixels whose right or lower neighbour is another segment (vectorised), a white core
-    # inside a black halo.
-    edge = np.zeros((h, w), bool)
-    dx = inverse[:, 1:] != inverse[:, :-1]
-    dy = inverse[1:, :] != inverse[:-1, :]
-    edge[:, 1:] |= dx
-    edge[1:, :] |= dy
-    halo = cv2.dilate(edge.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
-    out[halo] = 0
-    out[edge] = 255
-    out = out.clip(0, 255).astype(np.uint8)
+    painted = ~is_void
 
     def name(c: int) -> str:
         return str(class_names[c]) if 0 <= c < len(class_names) else f"class {c}"
 
     scale = float(np.clip(min(h, w) / 700.0, 0.3, 1.0))
-    if values.size and is_thing.any():
+    rows = _legend_rows(cls, is_thing, is_void, name) if legend else []
+    place = _legend_place(
+        rows, scale, h, w, legend, lambda y, x, bh, bw: int(painted[index_rows(y, y + bh)[:, x : x + bw]].sum())
+    )
+    out = np.empty((h + (place[4] if place is not None and place[0] else 0), w, 3), np.uint8)
+
+    labelled = bool(n and is_thing.any())
+    sums = np.zeros((n, 3), np.float64)
+    area = np.zeros(n, np.int64)
+    sy, sx = np.zeros(n, np.float64), np.zeros(n, np.float64)
+    xmin, xmax = np.full(n, w), np.full(n, -1)
+    step = rows_per_band or band_rows(w, BAND_PIXELS)
+    kernel = np.ones((3, 3), np.uint8)
+    for y0 in range(0, h, step):
+        y1 = min(h, y0 + step)
+        a, b = max(0, y0 - 2), min(h, y1 + 2)  # outlines need two rows above and one below
+        ext = index_rows(a, b)
+        inv = ext[y0 - a : y1 - a]
+        band = image[y0:y1].astype(np.float32)
+        paint = painted[inv]
+        band[paint] = (1 - alpha) * band[paint] + alpha * colours[inv[paint]]
+        # Legend swatches show each segment's mean colour in the picture (integer sums: exact in any order).
+        seg = inv.reshape(-1)
+        flat = np.floor(band.clip(0, 255)).reshape(-1, 3)
+        area += np.bincount(seg, minlength=n)
+        for ch in range(3):
+            sums[:, ch] += np.bincount(seg, flat[:, ch], minlength=n)
+        # Outlines: pixels whose right or lower neighbour is another segment, a white core in a black halo.
+        edge = np.zeros(ext.shape, bool)
+        edge[:, 1:] |= ext[:, 1:] != ext[:, :-1]
+        edge[1:, :] |= ext[1:, :] != ext[:-1, :]
+        halo = cv2.dilate(edge.astype(np.uint8), kernel).astype(bool)
+        band[halo[y0 - a : y1 - a]] = 0
+        band[edge[y0 - a : y1 - a]] = 255
+        out[y0:y1] = band.clip(0, 255).astype(np.uint8)
+        if labelled:
+            ys = np.repeat(np.arange(y0, y1), w)
+            xs = np.tile(np.arange(w), y1 - y0)
+            sy += np.bincount(seg, ys, minlength=n)
+            sx += np.bincount(seg, xs, minlength=n)
+            np.minimum.at(xmin, seg, xs)
+            np.maximum.at(xmax, seg, xs)
+    shown = np.rint(sums / np.maximum(area, 1)[:, None]).clip(0, 255).astype(np.uint8)
+    picture = out[:h]  # a view: text is clipped at the image's border, as on the image alone
+    if labelled:
         # Class name on each instance whose box can hold it.
-        seg = inverse.reshape(-1)
-        ys, xs = np.divmod(np.arange(h * w), w)
-        n = values.size
-        area = np.bincount(seg, minlength=n)
-        cy = np.bincount(seg, ys, minlength=n) / np.maximum(area, 1)
-        cx = np.bincount(seg, xs, minlength=n) / np.maximum(area, 1)
-        xmin = np.full(n, w)
-        xmax = np.full(n, -1)
-        np.minimum.at(xmin, seg, xs)
-        np.maximum.at(xmax, seg, xs)
+        cy, cx = sy / np.maximum(area, 1), sx / np.maximum(area, 1)
         for j in np.flatnonzero(is_thing):
             label = name(int(cls[j]))
             (tw, th), _ = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, scale, max(1, round(scale * 2)))
             if xmax[j] - xmin[j] + 1 >= tw and area[j] >= 2 * tw * th:
-                _text(out, label, (int(cx[j] - tw / 2), int(cy[j] + th / 2)), scale)
-    if legend:  # swatches in the colours the segments show (blended with the image), not the pure ones
-        out = _draw_legend(out, paint, cls, is_thing, is_void, shown, name, scale, legend)
+                _text(picture, label, (int(cx[j] - tw / 2), int(cy[j] + th / 2)), scale)
+    if place is not None:  # swatches in the colours the segments show (blended with the image), not the pure ones
+        _draw_legend(out, rows, shown, place, scale)
     return out
 
 
-def _mean_colours(out: np.ndarray, inverse: np.ndarray, n: int) -> np.ndarray:
-    """(n, 3) uint8: the mean colour of each segment's pixels in ``out`` (H, W, 3) - what a legend swatch must
-    show to match the overlay; over a uniform background it is exactly the segment's colour."""
-    seg = inverse.reshape(-1)
-    area = np.maximum(np.bincount(seg, minlength=n), 1)
-    sums = np.stack([np.bincount(seg, out[..., ch].reshape(-1), minlength=n) for ch in range(3)], axis=1)
-    return np.rint(sums / area[:, None]).clip(0, 255).astype(np.uint8)
-
-
-def _draw_legend(out, painted, cls, is_thing, is_void, colours, name, scale, mode) -> np.ndarray:
-    """Class names with colour swatches: in the image corner that hides the fewest coloured pixels when
-    it hides none (or ``mode="corner"``), else in a strip added below the image (``mode="strip"`` always).
-    ``colours``: per segment, the swatch colour (the segment's mean colour in the overlay)."""
+def _legend_rows(cls, is_thing, is_void, name) -> list[tuple[str, np.ndarray]]:
+    """(text, segment indices of its swatches) per class present: thing classes with their instance count."""
     rows = []
     for c in np.unique(cls[~is_void]).tolist():
         sel = np.flatnonzero((cls == c) & ~is_void)
         inst = sel[is_thing[sel]]
         if inst.size:
-            rows.append((f"{name(c)} x{inst.size}", colours[inst[:4]]))
+            rows.append((f"{name(c)} x{inst.size}", inst[:4]))
         else:
-            rows.append((name(c), colours[sel[:1]]))
+            rows.append((name(c), sel[:1]))
+    return rows
+
+
+def _legend_place(rows, scale, h, w, mode, hidden_in) -> tuple[bool, int, int, int, int, int, int] | None:
+    """Where the legend goes: ``(strip, y0, x0, bw, bh, line, swatch)``, None without rows.  In the image corner
+    that hides the fewest coloured pixels when it hides none (or ``mode="corner"``), else in a strip added
+    below the image (``mode="strip"`` always).  ``hidden_in(y, x, bh, bw)``: coloured pixels in that box."""
     if not rows:
-        return out
+        return None
     thick = max(1, round(scale * 2))
     line = int(cv2.getTextSize("Ag", cv2.FONT_HERSHEY_SIMPLEX, scale, thick)[0][1] * 1.9) + 2
     sw = max(4, line - 4)
     widths = [cv2.getTextSize(t, cv2.FONT_HERSHEY_SIMPLEX, scale, thick)[0][0] + len(c) * (sw + 1) for t, c in rows]
-    h, w = out.shape[:2]
     bw, bh = min(w, max(widths) + sw + 10), min(h, line * len(rows) + 6)
     corners = [(0, 0), (0, w - bw), (h - bh, 0), (h - bh, w - bw)]
-    hidden = [int(painted[c[0] : c[0] + bh, c[1] : c[1] + bw].sum()) for c in corners]
+    hidden = [hidden_in(y, x, bh, bw) for y, x in corners]
     if mode == "strip" or (mode != "corner" and min(hidden) > 0):
-        bh = line * len(rows) + 6
-        out = np.concatenate([out, np.full((bh, w, 3), 40, np.uint8)], axis=0)  # below: hides nothing
-        y0, x0 = h, 0
+        return True, h, 0, bw, line * len(rows) + 6, line, sw  # below: hides nothing
+    y0, x0 = corners[int(np.argmin(hidden))]
+    return False, y0, x0, bw, bh, line, sw
+
+
+def _draw_legend(out: np.ndarray, rows, colours: np.ndarray, place, scale: float) -> None:
+    """Class names with colour swatches at ``place`` (``_legend_place``); ``colours``: per segment, the swatch
+    colour (the segment's mean colour in the overlay).  ``out`` already has the strip's rows, if any."""
+    strip, y0, x0, bw, bh, line, sw = place
+    if strip:
+        out[y0 : y0 + bh] = 40
     else:
-        y0, x0 = corners[int(np.argmin(hidden))]
         box = out[y0 : y0 + bh, x0 : x0 + bw].astype(np.float32)
         out[y0 : y0 + bh, x0 : x0 + bw] = (box * 0.35).astype(np.uint8)  # darkened box: white text readable
-    for r, (text, swatches) in enumerate(rows):
+    for r, (text, segments) in enumerate(rows):
         y = y0 + 3 + r * line
         x = x0 + 4
-        for col in swatches:
+        for col in colours[segments]:
             cv2.rectangle(out, (x, y + 2), (x + sw - 1, y + sw + 1), tuple(int(v) for v in col), -1)
             x += sw + 1
         _text(out, text, (x + 3, y + sw), scale)
-    return out
 
 
 #: The tiles of a validation panel, left to right (instance-free models: the first three).

@@ -54,7 +54,7 @@ from torch import Tensor
 
 from segtrain.config import POSTPROCESS
 
-__all__ = ["find_instance_centers", "panoptic_segmentation", "panoptic_segmentation_batch"]
+__all__ = ["find_instance_centers", "panoptic_segmentation", "panoptic_segmentation_batch", "panoptic_table"]
 
 # Tiles x centres held at once when pruning candidates (float64 bounds): a few MB.
 _TILE_BUDGET = 1 << 19
@@ -194,26 +194,34 @@ def _candidate_tables(
     return ncand, first, table
 
 
-def _assign_exact(inst: Tensor, sel: Tensor, cand: Tensor, offset: Tensor, width: int, centres: Tensor) -> None:
-    """inst[sel] = the nearest of the (n, c) candidate centres, with the reference's float32 expression."""
+def _assign_exact(
+    inst: Tensor, sel: Tensor, cand: Tensor, offset: Tensor, width: int, centres: Tensor, row0: int = 0
+) -> None:
+    """inst[sel] = the nearest of the (n, c) candidate centres, with the reference's float32 expression.
+
+    ``offset`` may be a band of rows of the image starting at row ``row0`` (pixel rows are ``row0 + i``)."""
     c = cand.shape[1]
     step = max(1, _PAIR_BUDGET // c)
     for i in range(0, sel.numel(), step):
         s = sel[i : i + step]
         cs = cand[i : i + step]
         # The reference's target: float32 coordinate + float32 offset, one rounding.
-        ty = offset[0].reshape(-1)[s] + torch.div(s, width, rounding_mode="floor").to(torch.float32)
+        ty = offset[0].reshape(-1)[s] + (torch.div(s, width, rounding_mode="floor") + row0).to(torch.float32)
         tx = offset[1].reshape(-1)[s] + (s % width).to(torch.float32)
         # Reference: torch.norm(int64 centre - float32 target, dim=-1); int64 -> float32 is exact here.
         dist = torch.norm(centres[cs] - torch.stack((ty, tx), dim=-1)[:, None, :], dim=-1)
         inst[s] = cs.gather(1, dist.argmin(dim=1, keepdim=True)).squeeze(1)
 
 
-def _nearest_center(offset: Tensor, active: Tensor, points: Tensor) -> Tensor:
+def _nearest_center(offset: Tensor, active: Tensor, points: Tensor, row0: int = 0, height: int | None = None) -> Tensor:
     """(H*W,) int64: for active pixels the index of the centre nearest to their target; any index in
-    [0, 2K) elsewhere."""
+    [0, 2K) elsewhere.
+
+    ``offset`` may be the rows ``row0 ..`` of an image ``height`` rows high (``points`` in the image's
+    coordinates): the answer for those rows is the whole image's, as the choice is exact for any tiling."""
     dev = offset.device
     _, h, w = offset.shape
+    full_h = h if height is None else int(height)
     k = points.shape[0]
     if k == 1:
         return torch.zeros(h * w, dtype=torch.int64, device=dev)
@@ -234,8 +242,9 @@ def _nearest_center(offset: Tensor, active: Tensor, points: Tensor) -> Tensor:
     tid = torch.add(idx[1], idx[0], alpha=ntx + 2).to(torch.int64).reshape(-1)
     del idx
     # Rounding of the tile coordinate is far below this margin, so each target lies in its tile.
-    margin = 0.05 + 4e-6 * (h + w + 2 * m + tile)
-    ncand, first, table = _candidate_tables(centres, (-m - tile, -m - tile), tile, (nty + 2, ntx + 2), margin)
+    margin = 0.05 + 4e-6 * (full_h + w + 2 * m + tile)
+    origin = (row0 - m - tile, -m - tile)
+    ncand, first, table = _candidate_tables(centres, origin, tile, (nty + 2, ntx + 2), margin)
     ring = torch.ones(nty + 2, ntx + 2, dtype=torch.bool, device=dev)
     ring[1:-1, 1:-1] = False
     ring = ring.reshape(-1)
@@ -257,8 +266,64 @@ def _nearest_center(offset: Tensor, active: Tensor, points: Tensor) -> Tensor:
                 cand = everyone.expand(int(group.sum()), k)
             else:
                 cand = table[tsel[group], :c]
-            _assign_exact(inst, sel[group], cand, offset, w, centres)
+            _assign_exact(inst, sel[group], cand, offset, w, centres, row0)
     return inst
+
+
+def panoptic_table(
+    counts: Tensor,
+    points: Tensor,
+    scores: Tensor,
+    things: Tensor,
+    is_thing: Tensor,
+    label_divisor: int,
+    stuff_area: int,
+    void_label: int,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Steps 3-4 from the (rows, n_cls) int64 counts of (instance row, class) pixel pairs: the (rows, n_cls)
+    table of panoptic ids (``lut[row, class]``) and the instances dict of ``panoptic_segmentation``.
+
+    ``rows`` is 1 without centres or thing classes, else 2K (K = ``points.shape[0]``); ``things`` the sorted
+    thing ids (int64), ``is_thing`` (n_cls,) bool.  Shared with banded post-processing (the counts of
+    an image summed band by band), so both give the same ids."""
+    rows, n_cls = counts.shape
+    k = points.shape[0]
+    dev = counts.device
+    area = counts.sum(0)
+    cls = torch.arange(n_cls, device=dev)
+    stuff_lut = torch.where((area >= stuff_area) & ~is_thing, cls * label_divisor, void_label)
+    lut = stuff_lut.expand(rows, n_cls).clone()  # thing classes with no instance: void
+    empty = torch.zeros(0, dtype=torch.int64, device=dev)
+    instances = {
+        "id": empty,
+        "class": empty,
+        "center": empty.reshape(0, 2),
+        "center_score": torch.zeros(0, dtype=torch.float32, device=dev),
+        "area": empty,
+    }
+    if rows > 1:
+        votes = counts[:k, things]  # (K, things): majority = first maximum = smallest class id
+        inst_area = votes.sum(1)
+        present = inst_area > 0
+        major = votes.argmax(1)
+        onehot = torch.zeros_like(votes)
+        onehot[torch.arange(k, device=dev), major] = present.long()
+        number = onehot.cumsum(0).gather(1, major[:, None]).squeeze(1)  # 1, 2, ... per class, centre order
+        if bool((number >= label_divisor).any()):
+            raise ValueError(
+                f"more than {label_divisor - 1} instances of one class: raise label_divisor or lower top_k"
+            )
+        inst_class = things[major]
+        inst_id = torch.where(present, inst_class * label_divisor + number, void_label)
+        lut[:k, things] = inst_id[:, None]
+        instances = {
+            "id": inst_id[present],
+            "class": inst_class[present],
+            "center": points[present],
+            "center_score": scores[present].to(torch.float32),
+            "area": inst_area[present],
+        }
+    return lut, instances
 
 
 def panoptic_segmentation(
@@ -328,40 +393,8 @@ def panoptic_segmentation(
     key = torch.add(sem, inst, alpha=n_cls)
     del inst
     counts = torch.bincount(key, minlength=rows * n_cls).reshape(rows, n_cls)
-    area = counts.sum(0)
-    cls = torch.arange(n_cls, device=dev)
-    stuff_lut = torch.where((area >= int(stuff_area)) & ~is_thing, cls * label_divisor, void_label)
-    lut = stuff_lut.expand(rows, n_cls).clone()  # thing classes with no instance: void
-    empty = torch.zeros(0, dtype=torch.int64, device=dev)
-    instances = {
-        "id": empty,
-        "class": empty,
-        "center": empty.reshape(0, 2),
-        "center_score": torch.zeros(0, dtype=torch.float32, device=dev),
-        "area": empty,
-    }
-    if rows > 1:
-        votes = counts[:k, things]  # (K, things): majority = first maximum = smallest class id
-        inst_area = votes.sum(1)
-        present = inst_area > 0
-        major = votes.argmax(1)
-        onehot = torch.zeros_like(votes)
-        onehot[torch.arange(k, device=dev), major] = present.long()
-        number = onehot.cumsum(0).gather(1, major[:, None]).squeeze(1)  # 1, 2, ... per class, centre order
-        if bool((number >= label_divisor).any()):
-            raise ValueError(
-                f"more than {label_divisor - 1} instances of one class: raise label_divisor or lower top_k"
-            )
-        inst_class = things[major]
-        inst_id = torch.where(present, inst_class * label_divisor + number, void_label)
-        lut[:k, things] = inst_id[:, None]
-        instances = {
-            "id": inst_id[present],
-            "class": inst_class[present],
-            "center": points[present],
-            "center_score": scores[present].to(torch.float32),
-            "area": inst_area[present],
-        }
+    stuff_area = int(stuff_area)
+    lut, instances = panoptic_table(counts, points, scores, things, is_thing, label_divisor, stuff_area, void_label)
     pan = lut.reshape(-1).index_select(0, key).reshape(1, h, w)
     return pan, instances
 

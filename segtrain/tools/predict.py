@@ -25,18 +25,24 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import torch
 
-from segtrain.config import POSTPROCESS, Config
+from segtrain.config import Config
 from segtrain.data.image_io import read_image_file
 from segtrain.device import effective_precision
 from segtrain.errors import UserError
+from segtrain.evaluation.banded import (
+    describe_banded,
+    network_outputs,
+    pictures,
+    png_bytes,
+    segment_banded,
+    segments_banded,
+)
 from segtrain.evaluation.evaluator import PanopticSpec
-from segtrain.evaluation.inference import model_from_checkpoint, predict_image
-from segtrain.evaluation.panoptic_export import encode_ids, with_boxes
-from segtrain.evaluation.visualize import overlay_heatmap, overlay_panoptic
+from segtrain.evaluation.inference import model_from_checkpoint
+from segtrain.evaluation.panoptic_export import with_boxes
 from segtrain.fileio import atomic_write_bytes
 
 log = logging.getLogger("segtrain.predict")
@@ -73,11 +79,8 @@ def output_names(root: Path, files: list[Path]) -> dict[Path, Path]:
 
 
 def _write_png(path: Path, image: np.ndarray) -> None:
-    data = image if image.ndim == 2 else cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
-    ok, buf = cv2.imencode(".png", data)
-    if not ok:
-        raise OSError(f"could not encode {path}")
-    atomic_write_bytes(path, buf.tobytes())
+    """``image`` (RGB turned to BGR in place: the caller drops it) as a PNG file."""
+    atomic_write_bytes(path, png_bytes(image))  # type: ignore[arg-type]  # any buffer is written as is
 
 
 @torch.no_grad()
@@ -94,34 +97,24 @@ def predict(cfg: Config, blob: Any, device: torch.device) -> list[Path]:
     precision = effective_precision(cfg.trainer.precision, device)
     classes = [str(c) for c in cfg.dataset.classes]
     spec = PanopticSpec.from_config(cfg) if getattr(model, "instance_aware", False) else None
-    skip = (0,) if spec is not None and spec.background_class == 0 else ()
     written: list[Path] = []
     for path in files:
         rgb = read_image_file(path, cfg.dataset.max_image_pixels)
-        out = predict_image(model, rgb, cfg, device, precision)
-        logits = out["semantic"][0]
-        labels = logits.argmax(0)
+        # Outputs stay at the model's size; the native grid is made band by band (memory: see README, predict).
+        out = network_outputs(model, rgb, cfg, device, precision)
+        pred = segment_banded(out, spec)
         base = out_dir / names[path]
         base.parent.mkdir(parents=True, exist_ok=True)
-        files_out = {f"{base}_labels.png": labels.to(torch.uint8).cpu().numpy()}
-        divisor = spec.label_divisor if spec is not None else POSTPROCESS.label_divisor
-        semantic_map = (labels.to(torch.int64) * divisor).cpu().numpy()
-        files_out[f"{base}_semantic.png"] = overlay_panoptic(rgb, semantic_map, classes, divisor, skip_classes=skip)
+        seg_ids = None
         if spec is not None:
-            panoptic, instances = spec.segment(labels, out["center"][0], out["offset"][0])
-            pan = panoptic[0].cpu().numpy()
-            files_out[f"{base}_panoptic.png"] = overlay_panoptic(
-                rgb, pan, classes, spec.label_divisor, thing_ids=spec.thing_ids, skip_classes=skip
-            )
-            id_map, segments = spec.prediction(panoptic)
-            files_out[f"{base}_panoptic_ids.png"] = encode_ids(id_map)
-            files_out[f"{base}_center.png"] = overlay_heatmap(rgb, out["center"][0, 0].cpu().numpy())
+            seg_ids, segments = segments_banded(pred, spec)
             json_path = Path(f"{base}_segments.json")
-            atomic_write_bytes(json_path, json.dumps(describe(segments, id_map, pan, instances, logits, spec)).encode())
+            atomic_write_bytes(json_path, json.dumps(describe_banded(out, pred, spec, seg_ids, segments)).encode())
             written.append(json_path)
-        for name, image in files_out.items():
-            _write_png(Path(name), image)
-            written.append(Path(name))
+        for suffix, make in pictures(rgb, out, pred, classes, spec, seg_ids).items():
+            _write_png(Path(f"{base}{suffix}"), make())  # one picture at a time
+            written.append(Path(f"{base}{suffix}"))
+        del out, pred
         log.info("%s -> %s_*", path, base)
     return written
 
