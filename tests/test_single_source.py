@@ -50,7 +50,7 @@ def test_label_divisor_default_everywhere_is_the_schemas():
 def test_no_second_copy_of_a_default_in_the_source():
     """A literal default written again somewhere (``label_divisor: int = 1000``, ``2**28``) is a second source."""
     copies = {
-        r"label_divisor\s*(:\s*int)?\s*=\s*\d": "config.py",
+        r"label_divisor\s*(:\s*int)?\s*=\s*\d": "schema.py",  # segtrain/config/schema.py
         r"else\s+1000\b": None,
         r"2\s*\*\*\s*28|1\s*<<\s*28": "image_limits.py",
     }
@@ -65,10 +65,9 @@ def test_no_second_copy_of_a_default_in_the_source():
 
 
 def test_schema_choices_are_the_modules_tuples():
+    from segtrain.config.checks import _CHOICES as choices
     from segtrain.data import loading, mappers, panoptic_gt, records
     from segtrain.tools import export
-
-    choices = config._CHOICES
     assert choices["dataset.on_error"] is records.ON_ERROR is loading.ON_ERROR
     assert choices["dataset.unlisted"] is records.UNLISTED
     assert choices["inference.mode"] is mappers.NativeMapper.MODES

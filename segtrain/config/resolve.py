@@ -1,0 +1,172 @@
+"""From overrides (or a checkpoint's stored config) to the resolved config every rank sees: ``compose()``,
+``finalize()`` (schema, checks, ``classes=auto``, interpolations), and the config taken from a checkpoint
+by evaluate / predict / export (bounded in size before it is parsed)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import cast
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from segtrain.config.checks import check_data_values, check_missing, check_overrides, validate
+from segtrain.config.schema import (
+    _NOT_FROM_CHECKPOINT,
+    CHECKPOINT_SECTIONS,
+    MAX_STORED_DEPTH,
+    MAX_STORED_VALUES,
+    VERSION_BASE,
+    SegtrainConfig,
+    config_dir,
+)
+from segtrain.errors import ConfigError
+
+
+def _register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="segtrain_schema", node=SegtrainConfig)
+    if not OmegaConf.has_resolver("len"):
+        OmegaConf.register_new_resolver("len", lambda x: len(x))
+
+
+_register()
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:
+    """The resolved config exactly as ``python -m segtrain.<config_name> <overrides>`` sees it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = list(overrides or [])
+    check_overrides(overrides)
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=VERSION_BASE, job_name=config_name):
+        cfg = hydra_compose(config_name=config_name, overrides=overrides)
+    return finalize(cfg)
+
+
+def finalize(cfg: DictConfig) -> DictConfig:
+    """Resolve interpolations once (so every rank sees the same values) and keep the schema."""
+    try:  # keys added with `+key=value` bypass Hydra's struct check; the schema still rejects them
+        OmegaConf.merge(OmegaConf.structured(SegtrainConfig), cfg)
+    except Exception as e:  # noqa: BLE001 - re-raised with the key named
+        raise ConfigError(f"config does not fit the schema: {e}") from e
+    check_missing(cfg)
+    check_data_values(cfg)  # before class discovery, which may parse annotations or write the synthetic set
+    resolve_auto_classes(cfg)
+    OmegaConf.resolve(cfg)
+    validate(cfg)
+    return cfg
+
+
+#: What ``dataset.classes=auto`` found, for the run's log (the entry point logs and clears it).
+DISCOVERED: list[str] = []
+
+
+def resolve_auto_classes(cfg: DictConfig) -> None:
+    """``dataset.classes=auto`` -> the list, read from the training annotations (cached index). Where the
+    format knows stuff from things (COCO panoptic's ``isthing``), an empty ``dataset.stuff_classes`` becomes
+    the discovered stuff classes too (a list given by the user is kept: they chose what gets no centres)."""
+    classes = cfg.dataset.classes
+    if not (isinstance(classes, str) and classes == "auto"):
+        if isinstance(classes, str):
+            raise ConfigError(f"dataset.classes={classes!r}: give a list (dataset.classes=[background,person]) or auto")
+        return
+    from segtrain.registry import load
+
+    ds = OmegaConf.create(OmegaConf.to_container(cfg.dataset, resolve=True))
+    found = load("dataset.format").get(str(ds.format)).auto_classes(ds)
+    cfg.dataset.classes = found.classes
+    counts = found.counts
+    shown = ", ".join(f"{c} ({n})" for c, n in counts[:40]) + (", ..." if len(counts) > 40 else "")
+    DISCOVERED.append(f"dataset.classes=auto: background + {len(counts)} classes (instances): {shown}")
+    if found.stuff and not ds.stuff_classes:
+        cfg.dataset.stuff_classes = found.stuff
+        stuff = ", ".join(found.stuff[:40]) + (", ..." if len(found.stuff) > 40 else "")
+        DISCOVERED.append(f"dataset.stuff_classes (from classes=auto, isthing=0): {len(found.stuff)} classes: {stuff}")
+
+
+def to_container(cfg: DictConfig | object) -> dict:
+    """Plain dicts/lists/strings: what checkpoints store (never a DictConfig)."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+
+
+def expand_path(path: str | os.PathLike) -> Path:
+    return Path(os.path.expandvars(os.path.expanduser(str(path))))
+
+
+def check_stored_size(stored: object, origin: str) -> None:
+    """Bound a stored config's size before anything parses it: the walk stops at the first value over
+    :data:`MAX_STORED_VALUES` (shared sub-lists count each time they appear: they would be copied)."""
+    count = 0
+    stack: list[tuple[object, int]] = [(stored, 0)]
+    while stack:
+        node, depth = stack.pop()
+        children = list(node.values()) if isinstance(node, dict) else node if isinstance(node, list | tuple) else ()
+        count += 1 + len(children)
+        if count > MAX_STORED_VALUES or depth > MAX_STORED_DEPTH:
+            raise ConfigError(
+                f"{origin}: its stored config holds over {MAX_STORED_VALUES:,} values or nests over "
+                f"{MAX_STORED_DEPTH} levels deep, so it is no segtrain config; refusing to read it (a state dict "
+                "of the weights alone, with the model and data set given on the command line, loads)"
+            )
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list | tuple))
+
+
+def config_from_checkpoint(
+    cli_cfg: DictConfig, stored: dict | None, overrides: list[str], origin: str = "the checkpoint"
+) -> DictConfig:
+    """The config to rebuild a checkpoint's model: ``model`` and ``dataset`` from the checkpoint's
+    stored config, everything else from the current command line; then every command-line
+    override is applied on top (a group override such as ``dataset=labelme`` takes that whole
+    section from the current configs). A bare state dict has no stored config: ``cli_cfg`` is used.
+
+    The stored config passes the checks a user's does (schema, bounds, choices), after its size is
+    bounded: a file cannot ask for a network or an allocation that the command line could not.
+    """
+    if not stored:
+        return cli_cfg
+    check_stored_size(stored, origin)
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return _config_from_checkpoint(cli_cfg, stored, overrides)
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: its stored config (model, dataset) with this command line: {e}") from e
+    except OmegaConfBaseException as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{origin}: its stored config (model, dataset) does not fit the schema: {first}") from e
+
+
+def _config_from_checkpoint(cli_cfg: DictConfig, stored: dict, overrides: list[str]) -> DictConfig:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    base = OmegaConf.structured(SegtrainConfig)
+    cfg = cast(DictConfig, OmegaConf.merge(base, cli_cfg))  # merging into a structured config gives a DictConfig
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    groups = {o.key_or_group for o in parsed if "." not in o.key_or_group}
+    for section in CHECKPOINT_SECTIONS:
+        if section in stored and section not in groups:
+            kept = dict(stored[section])
+            if section == "dataset":
+                # What a tool that only reads may generate or write comes from this command line,
+                # never from a file: a checkpoint cannot point the cache elsewhere or ask for a
+                # synthetic set of a billion images.
+                for key in _NOT_FROM_CHECKPOINT:
+                    kept.pop(key, None)
+            current = {k: cfg[section][k] for k in _NOT_FROM_CHECKPOINT if section == "dataset"}
+            cfg[section] = OmegaConf.merge(base[section], current, kept)
+    for o in parsed:
+        key = o.key_or_group
+        if key.split(".")[0] in CHECKPOINT_SECTIONS and "." in key and not o.is_delete():
+            OmegaConf.update(cfg, key, o.value(), merge=True)
+    keys = {o.key_or_group for o in parsed}
+    if "model.pretrained" not in keys:
+        cfg.model.pretrained = None  # the checkpoint carries the weights
+    if "model.num_classes" not in keys:
+        cfg.model.num_classes = len(cfg.dataset.classes)  # the network is built for the data it will see
+    return finalize(cfg)
