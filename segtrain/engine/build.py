@@ -31,7 +31,7 @@ from segtrain.engine.model_setup import prepare_model, probe_batch, wrap_model
 from segtrain.engine.optim import build_optimizer, build_scheduler
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.run_dir import RunDirLock, check_fresh
-from segtrain.engine.session import write_effective_config
+from segtrain.engine.session import start_run_record
 from segtrain.engine.trainer import StepSettings, Trainer
 from segtrain.evaluation.evaluator import evaluate, evaluators_for
 from segtrain.evaluation.inference import native_forward
@@ -50,7 +50,7 @@ def build_trainer(
         return _build(cfg, run_dir, dist, init_weights, classes), lock
     except BaseException:
         if lock is not None:
-            lock.release()
+            lock.release(refused=True)
         raise
 
 
@@ -72,8 +72,7 @@ def _build(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: 
         log.info("augment.device=%s: augmentation and targets run on %s", cfg.augment.device, dist.device)
     elif batch_step is not None:
         log.info("dataset.targets.where=%s: targets are built on %s", cfg.dataset.targets.where, dist.device)
-    if fit_batch_to_data(tr, len(train_set), dist.world_size, dist.is_main) is not None and dist.is_main:
-        write_effective_config(cfg, run_dir)
+    fit_batch_to_data(tr, len(train_set), dist.world_size, dist.is_main)  # the run record is written later
     per_rank = per_rank_batch(int(tr.batch_size), dist.world_size)
     if per_rank % int(tr.accumulate):
         raise ConfigError(
@@ -135,6 +134,12 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwa
     trainer, lock = build_trainer(cfg, run_dir, dist, init_weights, **kwargs)
     started = time.perf_counter()
     try:
+        # the run starts: from here on it writes into its directory (nothing before, so a refusal touched nothing)
+        if dist.is_main:
+            if lock is not None:
+                lock.announce()
+            start_run_record(cfg, run_dir)
+        trainer.recorder.start(trainer.state.step)
         log_start(cfg, trainer)
         metrics = trainer.train()
     finally:
@@ -207,7 +212,7 @@ def claim_run_dir(cfg: Any, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
             check_fresh(run_dir, cfg.resume, bool(cfg.trainer.overwrite))
         except ConfigError as e:
             if lock is not None:
-                lock.release()
+                lock.release(refused=True)
             problem = str(e)
     problem = broadcast_object(problem)
     if problem:
