@@ -21,7 +21,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
-from segtrain.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, UserError, debug_requested, is_running
+from segtrain.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    EXIT_USER_ERROR,
+    Preempted,
+    UserError,
+    debug_requested,
+    is_running,
+)
 from segtrain.fileio import atomic_write_bytes
 from segtrain.launch_env import defer_hydra_record, env_rank, follower_overrides
 

@@ -17,8 +17,8 @@ import torch
 
 import segtrain
 from segtrain.distributed import DistInfo, broadcast_object, cleanup, setup
-from segtrain.launch_env import DEFERRAL
 from segtrain.engine.recorder import setup_logging, start_run_log
+from segtrain.launch_env import DEFERRAL
 
 log = logging.getLogger("segtrain")
 
