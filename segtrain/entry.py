@@ -64,7 +64,8 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
     if failure:
         err = failure[0]
         if isinstance(err, Preempted):
-            print(f"preempted: {err}", file=sys.stderr, flush=True)
+            word = "interrupted" if err.signal_name == "SIGINT" else "preempted"
+            print(f"{word}: {err}", file=sys.stderr, flush=True)
             sys.exit(EXIT_PREEMPTED)
         if isinstance(err, KeyboardInterrupt):  # Ctrl-C before training started (or after it ended)
             print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)

@@ -30,6 +30,10 @@ class NonFiniteError(UserError, FloatingPointError):
 class Preempted(Exception):
     """SIGTERM/SIGUSR1/SIGINT arrived; ``last.pt`` holds the position, ``resume=auto`` continues exactly."""
 
+    def __init__(self, message: str, signal_name: str | None = None) -> None:
+        super().__init__(message)
+        self.signal_name = signal_name
+
 
 _running = False
 
