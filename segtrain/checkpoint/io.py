@@ -117,26 +117,65 @@ def _atomic_save(obj: Any, path: Path) -> None:
 def write_checkpoints(folder: Path, blob: Mapping[str, Any], tags: Sequence[str], keep_last: int) -> None:
     """Rank 0's part of a save: ``<tag>.pt`` for each tag, ``best_weights.pt`` with ``best`` (the best weights,
     EMA when enabled, and the config: a fraction of ``best.pt``'s size), then the periodic files pruned to the
-    newest ``keep_last``."""
+    newest ``keep_last``.
+
+    ``best.pt`` and ``best_weights.pt`` are written first, ``last.pt`` after them: a ``last.pt`` that records a
+    best (``best_at``) never exists without the best files on disk, whatever instant a kill lands on. A save
+    cut short before ``last.pt`` leaves the previous ``last.pt``, from which a resumed run trains those steps
+    again and writes the best again; :func:`complete_best` repairs runs saved in another order."""
     for stale in remove_stale_temporaries(folder):
         log.info("removed %s, left by an interrupted save", stale.name)
-    for tag in tags:
+    ordered = ([BEST] if BEST in tags else []) + [t for t in tags if t != BEST]
+    for tag in ordered:
         atomic_save(blob, folder / f"{tag}.pt")
-    if BEST in tags:
-        weights = blob["ema"] if blob.get("ema") else blob["model"]
-        light = {
-            "model": weights,
-            "weights": "ema" if blob.get("ema") else "model",
-            "config": blob["config"],
-            "epoch": blob["epoch"],
-            "step": blob["step"],
-            "best_metric": blob["best_metric"],
-            "version": blob["version"],
-        }
-        atomic_save(light, folder / BEST_WEIGHTS)
+        if tag == BEST:
+            atomic_save(best_weights_of(blob), folder / BEST_WEIGHTS)
     periodic = periodic_checkpoints(folder)
     for old in periodic[: max(len(periodic) - int(keep_last), 0)]:
         old.unlink(missing_ok=True)
+
+
+def best_weights_of(blob: Mapping[str, Any]) -> dict[str, Any]:
+    """``best_weights.pt``'s content for a checkpoint: its weights (EMA when it has them) and its config."""
+    weights = blob["ema"] if blob.get("ema") else blob["model"]
+    return {
+        "model": weights,
+        "weights": "ema" if blob.get("ema") else "model",
+        "config": blob["config"],
+        "epoch": blob["epoch"],
+        "step": blob["step"],
+        "best_metric": blob["best_metric"],
+        "version": blob["version"],
+    }
+
+
+def _stored_step(path: Path) -> int | None:
+    """The ``step`` a checkpoint file records, read without loading its tensors; None when unreadable."""
+    try:
+        meta = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(meta["step"]) if isinstance(meta, Mapping) and isinstance(meta.get("step"), int) else None
+    except Exception:  # noqa: BLE001 - missing, torn, not a zip: "not the file we need", whatever the reason
+        return None
+
+
+def complete_best(folder: Path, path: Path, blob: Mapping[str, Any]) -> list[str]:
+    """Resume's half of the multi-file save: when the checkpoint a run resumes from (``path``, loaded as
+    ``blob``, in the run's own ``folder``) was itself saved as the best (``best_at`` is its own step), but
+    ``best.pt`` / ``best_weights.pt`` are missing or hold another step (a kill between the files of one save,
+    by an older version that wrote ``last.pt`` first), they are written again from it. Returns the names
+    written."""
+    best_at, step = blob.get("best_at"), blob.get("step")
+    if not (isinstance(best_at, Sequence) and len(best_at) == 2 and best_at[1] == step and isinstance(step, int)):
+        return []
+    written = []
+    best = folder / f"{BEST}.pt"
+    if Path(path).resolve() != best.resolve() and _stored_step(best) != step:
+        atomic_save(blob, best)
+        written.append(best.name)
+    if _stored_step(folder / BEST_WEIGHTS) != step:
+        atomic_save(best_weights_of(blob), folder / BEST_WEIGHTS)
+        written.append(BEST_WEIGHTS)
+    return written
 
 
 # --------------------------------------------------------------------------- reading
@@ -277,5 +316,3 @@ def _exported_message(what: str, path: Path, kind: str, source: str | None) -> s
 def is_training_checkpoint(obj: Any) -> bool:
     """A segtrain checkpoint (resumable), as opposed to a bare state dict or someone else's file."""
     return isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping) and "optimizer" in obj and "step" in obj
-
-

@@ -41,20 +41,24 @@ log = logging.getLogger("segtrain.trainer")
 
 def build_trainer(
     cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, classes: tuple[int, int] | None = None
-) -> tuple[Trainer, RunDirLock | None]:
-    """Everything ``cfg`` describes, restored from ``resume=`` when given, and the run directory's lock;
-    ``init_weights``: a loaded ``ckpt=`` file (fine-tuning: weights only, never its optimiser state)."""
+) -> tuple[Trainer, RunDirLock | None, tuple[Path, Any] | None]:
+    """Everything ``cfg`` describes, restored from ``resume=`` when given, the run directory's lock, and the
+    (path, loaded file) resumed from; ``init_weights``: a loaded ``ckpt=`` file (fine-tuning: weights only,
+    never its optimiser state)."""
     check_paths(cfg.dataset)  # both splits, every missing path at once, before anything is built
     lock = claim_run_dir(cfg, run_dir, dist)
     try:
-        return _build(cfg, run_dir, dist, init_weights, classes), lock
+        trainer, found = _build(cfg, run_dir, dist, init_weights, classes)
+        return trainer, lock, found
     except BaseException:
         if lock is not None:
             lock.release(refused=True)
         raise
 
 
-def _build(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: tuple[int, int] | None) -> Trainer:
+def _build(
+    cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: tuple[int, int] | None
+) -> tuple[Trainer, tuple[Path, Any] | None]:
     tr = cfg.trainer
     configure_determinism(tr)
     precision = effective_precision(tr.precision, dist.device)
@@ -126,12 +130,12 @@ def _build(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: 
     if found is not None:
         restore_training_state(trainer, found, cfg)
     trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(panel_set), precision)
-    return trainer
+    return trainer, found
 
 
 def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwargs: Any) -> dict[str, Any]:
     """Build the trainer ``cfg`` describes and train; returns the last validation metrics."""
-    trainer, lock = build_trainer(cfg, run_dir, dist, init_weights, **kwargs)
+    trainer, lock, found = build_trainer(cfg, run_dir, dist, init_weights, **kwargs)
     started = time.perf_counter()
     try:
         # the run starts: from here on it writes into its directory (nothing before, so a refusal touched nothing)
@@ -139,6 +143,10 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwa
             if lock is not None:
                 lock.announce()
             start_run_record(cfg, run_dir)
+            folder = io.folder_of(run_dir)
+            if found is not None and found[0].resolve().parent == folder.resolve():
+                for name in io.complete_best(folder, *found):
+                    log.warning("wrote %s again from %s: the save that wrote it was interrupted", name, found[0].name)
         trainer.recorder.start(trainer.state.step)
         log_start(cfg, trainer)
         metrics = trainer.train()
