@@ -10,7 +10,6 @@ one, never a torn one.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ from typing import IO, Any
 import torch
 
 from segtrain.errors import UserError
-from segtrain.fileio import UnsafeFileError, open_regular
+from segtrain.fileio import UnsafeFileError, no_room_error, open_regular
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +74,9 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     try:
         _atomic_save(obj, path)
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            kept = f"; the previous {path.name} is intact" if path.exists() else ""
-            raise CheckpointError(
-                f"no space left on device while writing {path}{kept}. Free space (or move the run) and continue "
-                "with resume=auto"
-            ) from None
+        room = no_room_error(path, e, then="continue with resume=auto")
+        if room is not None:
+            raise CheckpointError(str(room)) from None
         raise
 
 
@@ -93,6 +89,25 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
     return stale
 
 
+class _Writes:
+    """The file torch.save writes to, keeping the OSError of a failed write: torch's zip writer turns it into a
+    RuntimeError ("unexpected pos ...") that no longer says the disk is full or the file-size limit reached."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def _atomic_save(obj: Any, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     umask = os.umask(0)
@@ -100,7 +115,13 @@ def _atomic_save(obj: Any, path: Path) -> None:
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide checkpoints from the rest of a team
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            writes = _Writes(f)
+            try:
+                torch.save(obj, writes)  # type: ignore[arg-type]  # a file-like object: write and flush
+            except RuntimeError:
+                if writes.error is not None:
+                    raise writes.error from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -33,6 +33,7 @@ from segtrain.engine.recorder import Recorder
 from segtrain.engine.run_dir import RunDirLock, check_fresh
 from segtrain.engine.session import start_run_record
 from segtrain.engine.trainer import StepSettings, Trainer
+from segtrain.errors import UserError
 from segtrain.evaluation.evaluator import evaluate, evaluators_for
 from segtrain.evaluation.inference import native_forward
 
@@ -121,6 +122,7 @@ def _build(
             forward=native_forward(cfg) if native else None,
         )
         metrics["val_time_s"] = round(time.perf_counter() - t0, 3)
+        check_scored(metrics, "validation")
         if trainer.ema is not None:
             metrics["weights"] = "ema"
         return metrics
@@ -226,6 +228,18 @@ def claim_run_dir(cfg: Any, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
     if problem:
         raise ConfigError(problem)
     return lock
+
+
+def check_scored(metrics: dict[str, Any], what: str) -> None:
+    """A validation that scored no image (every one unreadable under ``dataset.on_error=skip``) measured nothing:
+    its 0.0 must never become a best.pt, nor a result."""
+    if int(metrics.get("images", 1)) == 0:
+        skipped = int(metrics.get("skipped_images", 0))
+        raise UserError(
+            f"{what} scored no image: all {skipped} validation images were unreadable and skipped "
+            "(dataset.on_error=skip); nothing was measured, so no best.pt is written. Fix or replace the images "
+            "(dataset.on_error=raise names the first one)"
+        )
 
 
 def check_metric_available(cfg: Any, model: nn.Module) -> None:

@@ -20,9 +20,11 @@ from segtrain.data import build_dataset
 from segtrain.data.loaders import build_loader
 from segtrain.device import effective_precision
 from segtrain.distributed import DistInfo
+from segtrain.errors import UserError
 from segtrain.evaluation.evaluator import PanopticSpec, evaluate, evaluators_for
 from segtrain.evaluation.inference import model_from_checkpoint, native_forward
 from segtrain.evaluation.panoptic_export import CocoPanopticExport
+from segtrain.fileio import atomic_write_bytes
 
 log = logging.getLogger("segtrain.evaluate")
 
@@ -65,6 +67,11 @@ def evaluate_checkpoint(cfg: Any, blob: Any, dist: DistInfo, run_dir: Path) -> d
         progress_bar(dist.is_main, cfg.trainer.progress),
         forward=native_forward(cfg) if native else None,
     )
+    if metrics["images"] == 0:  # every image unreadable under dataset.on_error=skip: nothing was measured
+        raise UserError(
+            f"evaluate scored no image: all {metrics['skipped_images']} images of {cfg.dataset.name} were unreadable "
+            "and skipped (dataset.on_error=skip); no eval.json is written. dataset.on_error=raise names the first one"
+        )
     classes = [str(c) for c in cfg.dataset.classes]
     metrics["per_class"] = {c: metrics["iou"][i] for i, c in enumerate(classes)}
     metrics["checkpoint"] = str(cfg.ckpt)
@@ -77,7 +84,7 @@ def evaluate_checkpoint(cfg: Any, blob: Any, dist: DistInfo, run_dir: Path) -> d
         spec = PanopticSpec.from_config(cfg) if panoptic else None
         print(format_table(metrics, classes, spec), flush=True)
         clean = json.loads(json.dumps(metrics, default=float).replace("NaN", "null"))
-        (run_dir / "eval.json").write_text(json.dumps(clean, indent=1))
+        atomic_write_bytes(run_dir / "eval.json", json.dumps(clean, indent=1).encode())
         log.info("wrote %s", run_dir / "eval.json")
         if exporter is not None:
             log.info("COCO panoptic predictions and ground truth in %s", metrics.get("coco_panoptic"))
