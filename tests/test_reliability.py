@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,6 +117,100 @@ def test_sigterm_under_torchrun_then_resume_is_exact(base, uninterrupted):
     assert final["step"] == uninterrupted["step"] == 12
     for k, v in uninterrupted["model"].items():
         assert torch.equal(v, final["model"][k]), f"{k} differs after preemption at step {saved['step']}"
+
+
+def wait_for(path: Path, proc: subprocess.Popen, seconds: float = 300) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline and not path.exists() and proc.poll() is None:
+        time.sleep(0.1)
+    assert path.exists(), f"the run never got to {path.name}"
+
+
+def test_ctrl_c_saves_and_a_second_ctrl_c_exits_at_once(base):
+    """Ctrl-C is handled like SIGTERM (step finished, last.pt saved, one line, status 75); a second Ctrl-C exits at
+    once (130). A run killed before its first checkpoint leaves records that the next fresh run starts afresh."""
+    run_dir = base / "ctrl_c"
+    held = base / "ctrl_c.held"
+    args = [*LONG, "trainer.log_every=1", f"hydra.run.dir={run_dir}"]
+    env = {**child_env(base / "cache"), "SEGTRAIN_TEST_HOLD_AT": "3", "SEGTRAIN_TEST_HOLD": str(held)}
+    first = subprocess.Popen([sys.executable, FAULTS, *args], cwd=base, env=env, stderr=subprocess.PIPE, text=True)
+    wait_for(held, first)
+    first.send_signal(signal.SIGINT)
+    time.sleep(1)  # the handler has run: the step is held, the save not begun
+    first.send_signal(signal.SIGINT)
+    err = first.communicate(timeout=60)[1]
+    assert first.returncode == 130 and "second Ctrl-C: exiting now without saving" in err and "Traceback" not in err
+    assert not (run_dir / "checkpoints").exists()
+    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+    env = {**child_env(base / "cache"), "SEGTRAIN_TEST_SLEEP": "0.5"}
+    second = subprocess.Popen([sys.executable, FAULTS, *args], cwd=base, env=env, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and second.poll() is None:
+        rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+        if len(rows) >= 3 and rows[0]["step"] == 1 and rows[-1]["step"] >= 3:
+            break
+        time.sleep(0.1)
+    second.send_signal(signal.SIGINT)
+    err = second.communicate(timeout=120)[1]
+    assert second.returncode == 75, err[-2000:]
+    assert "dropped 2 record(s) of steps after 0, left by an earlier run" in err
+    assert "SIGINT received: finishing this step, saving last.pt" in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("interrupted: stopped by SIGINT after step ")
+    saved = load(run_dir / "checkpoints" / "last.pt")
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
+    assert saved["step"] >= 3 and steps == list(range(1, saved["step"] + 1)), steps
+
+
+def test_a_kill_between_the_files_of_one_save_is_repaired_on_resume(base):
+    """SIGKILL inside the first save, after best.pt and before best_weights.pt and last.pt: the resumed run writes
+    what the save had not, and every file its summary names exists."""
+    run_dir = base / "cut"
+    held = base / "cut.held"
+    env = {**child_env(base / "cache"), "SEGTRAIN_TEST_HOLD_SAVE": "best_weights.pt@4", "SEGTRAIN_TEST_HOLD": str(held)}
+    args = [*SMOKE, f"hydra.run.dir={run_dir}"]
+    first = subprocess.Popen([sys.executable, FAULTS, *args], cwd=base, env=env, stderr=subprocess.DEVNULL)
+    wait_for(held, first)
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    folder = run_dir / "checkpoints"
+    assert sorted(p.name for p in folder.glob("*.pt")) == ["best.pt"], "best.pt is written first"
+    proc = run_module("segtrain.train", [*args, "resume=auto"], base, base / "cache")
+    assert "wrote last.pt, best_weights.pt again from best.pt" not in proc.stderr  # one line per file
+    assert "wrote best_weights.pt again from best.pt" in proc.stderr and "wrote last.pt again" in proc.stderr
+    named = re.findall(r"(/\S+\.pt)$", proc.stderr, re.M)
+    assert len(named) == 2 and all(Path(p).is_file() for p in named), named
+    best, weights, last = (load(folder / n) for n in ("best.pt", "best_weights.pt", "last.pt"))
+    assert best["step"] == weights["step"] == last["step"] == 4
+    assert all(torch.equal(v, weights["model"][k]) for k, v in best["model"].items())
+
+
+def test_resume_completes_a_save_cut_between_last_and_best(tmp_path):
+    """Files of an older version, which wrote last.pt first: last.pt records the best of step 8, best.pt is of
+    step 4 and best_weights.pt missing. Resuming from last.pt re-creates both from it."""
+    import segtrain.checkpoint.io as ck
+
+    def blob(step: int) -> dict:
+        w = {"w": torch.full((2,), float(step))}
+        return {
+            "model": w,
+            "ema": None,
+            "config": {},
+            "epoch": 1,
+            "step": step,
+            "best_metric": 0.5,
+            "best_at": [1, 8],
+            "version": "0",
+            "optimizer": {},
+        }
+
+    folder = tmp_path / "checkpoints"
+    ck.atomic_save(blob(8), folder / "last.pt")
+    ck.atomic_save({**blob(4), "best_at": [0, 4]}, folder / "best.pt")
+    assert ck.complete_save(folder, folder / "last.pt", load(folder / "last.pt")) == ["best.pt", "best_weights.pt"]
+    assert load(folder / "best.pt")["step"] == load(folder / "best_weights.pt")["step"] == 8
+    assert ck.complete_save(folder, folder / "last.pt", load(folder / "last.pt")) == [], "nothing left to do"
 
 
 # --------------------------------------------------------------------------- one run per directory

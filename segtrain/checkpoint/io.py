@@ -143,7 +143,7 @@ def write_checkpoints(folder: Path, blob: Mapping[str, Any], tags: Sequence[str]
     ``best.pt`` and ``best_weights.pt`` are written first, ``last.pt`` after them: a ``last.pt`` that records a
     best (``best_at``) never exists without the best files on disk, whatever instant a kill lands on. A save
     cut short before ``last.pt`` leaves the previous ``last.pt``, from which a resumed run trains those steps
-    again and writes the best again; :func:`complete_best` repairs runs saved in another order."""
+    again and writes the best again; :func:`complete_save` repairs what a kill between the files left."""
     for stale in remove_stale_temporaries(folder):
         log.info("removed %s, left by an interrupted save", stale.name)
     ordered = ([BEST] if BEST in tags else []) + [t for t in tags if t != BEST]
@@ -179,21 +179,28 @@ def _stored_step(path: Path) -> int | None:
         return None
 
 
-def complete_best(folder: Path, path: Path, blob: Mapping[str, Any]) -> list[str]:
-    """Resume's half of the multi-file save: when the checkpoint a run resumes from (``path``, loaded as
-    ``blob``, in the run's own ``folder``) was itself saved as the best (``best_at`` is its own step), but
-    ``best.pt`` / ``best_weights.pt`` are missing or hold another step (a kill between the files of one save,
-    by an older version that wrote ``last.pt`` first), they are written again from it. Returns the names
-    written."""
-    best_at, step = blob.get("best_at"), blob.get("step")
-    if not (isinstance(best_at, Sequence) and len(best_at) == 2 and best_at[1] == step and isinstance(step, int)):
+def complete_save(folder: Path, path: Path, blob: Mapping[str, Any]) -> list[str]:
+    """Resume's half of the multi-file save: the files the save of the checkpoint a run resumes from (``path``,
+    loaded as ``blob``, in the run's own ``folder``) wrote, re-created from it where a kill between the files
+    of that save left them missing or older: ``last.pt`` (the run's position), and when the checkpoint was
+    itself saved as the best (``best_at`` is its own step) ``best.pt`` and ``best_weights.pt``. So every file a
+    run's summary names exists. Returns the names written."""
+    step = blob.get("step")
+    if not isinstance(step, int):
         return []
     written = []
-    best = folder / f"{BEST}.pt"
-    if Path(path).resolve() != best.resolve() and _stored_step(best) != step:
-        atomic_save(blob, best)
-        written.append(best.name)
-    if _stored_step(folder / BEST_WEIGHTS) != step:
+    targets = [folder / f"{LAST}.pt"]
+    best_at = blob.get("best_at")
+    if isinstance(best_at, Sequence) and len(best_at) == 2 and best_at[1] == step:
+        targets.append(folder / f"{BEST}.pt")
+    for target in targets:
+        stored = _stored_step(target)
+        # last.pt: when missing or behind (a newer one would have been resumed from); best.pt: when not this one
+        stale = stored is None or (stored < step if target.name == f"{LAST}.pt" else stored != step)
+        if Path(path).resolve() != target.resolve() and stale:
+            atomic_save(blob, target)
+            written.append(target.name)
+    if len(targets) == 2 and _stored_step(folder / BEST_WEIGHTS) != step:
         atomic_save(best_weights_of(blob), folder / BEST_WEIGHTS)
         written.append(BEST_WEIGHTS)
     return written

@@ -147,7 +147,7 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwa
             start_run_record(cfg, run_dir)
             folder = io.folder_of(run_dir)
             if found is not None and found[0].resolve().parent == folder.resolve():
-                for name in io.complete_best(folder, *found):
+                for name in io.complete_save(folder, *found):
                     log.warning("wrote %s again from %s: the save that wrote it was interrupted", name, found[0].name)
         trainer.recorder.start(trainer.state.step)
         log_start(cfg, trainer)
