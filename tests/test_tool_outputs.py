@@ -62,6 +62,7 @@ def _export_cfg(ckpt: Path, output: Path, *extra: str):
 
 
 # --------------------------------------------------------------------------- export
+@pytest.mark.slow
 def test_export_never_replaces_its_checkpoint_or_a_file_it_did_not_write(ckpt, tmp_path, cache):
     from segtrain.checkpoint.io import read_checkpoint
     from segtrain.tools.export import export_checkpoint
@@ -105,6 +106,7 @@ def _image(path: Path | bytes, seed: int) -> None:
         f.write(data.tobytes())
 
 
+@pytest.mark.slow
 def test_predict_overwrites_nothing_and_names_every_input_apart(ckpt, tmp_path, cache):
     from segtrain.checkpoint.io import read_checkpoint
     from segtrain.tools.predict import PredictInputError, predict
@@ -141,6 +143,7 @@ def test_predict_overwrites_nothing_and_names_every_input_apart(ckpt, tmp_path, 
 
 
 # --------------------------------------------------------------------------- broken checkpoints
+@pytest.mark.slow
 def test_non_finite_weights_are_refused_by_every_tool(ckpt, tmp_path, cache):
     from segtrain.checkpoint.io import read_checkpoint
     from segtrain.checkpoint.state import load_checkpoint_weights
@@ -208,6 +211,7 @@ def _limit_file_size() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
 
 
+@pytest.mark.slow
 def test_a_file_size_limit_is_a_one_line_no_room_error(tmp_path, cache, synthetic):
     """torch's writer turns the EFBIG of ``ulimit -f`` into a RuntimeError ("unexpected pos"): the save still says
     what happened, keeps the previous file and leaves no temporary; a training run says it in one line."""
@@ -245,6 +249,7 @@ def test_a_file_size_limit_is_a_one_line_no_room_error(tmp_path, cache, syntheti
 
 
 # --------------------------------------------------------------------------- validations that scored nothing
+@pytest.mark.slow
 def test_a_validation_that_scored_no_image_is_an_error_never_a_best(ckpt, tmp_path, cache, synthetic):
     images = tmp_path / "val"
     shutil.copytree(synthetic / "val", images)
