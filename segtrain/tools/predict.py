@@ -111,8 +111,16 @@ def output_names(root: Path, files: list[Path]) -> dict[Path, Path]:
     return out
 
 
-def check_outputs(cfg: Any, root: Path, files: list[Path], out_dir: Path, names: dict[Path, Path]) -> None:
-    """One line before any work when predict would overwrite what it did not write (see the module's doc)."""
+def check_outputs(
+    cfg: Any,
+    root: Path,
+    files: list[Path],
+    out_dir: Path,
+    names: dict[Path, Path],
+    suffixes: tuple[str, ...] = OUTPUT_SUFFIXES,
+) -> None:
+    """One line before any image is read when predict would overwrite what it did not write (see the module's
+    doc); ``suffixes``: the files written per input."""
     if out_dir.exists() and not out_dir.is_dir():
         raise PredictInputError(f"output={cfg.output} is a file; predict writes into a folder: name a folder")
     folder_input = Path(str(cfg.input)).expanduser().is_dir()
@@ -121,7 +129,7 @@ def check_outputs(cfg: Any, root: Path, files: list[Path], out_dir: Path, names:
             f"output={cfg.output} is inside input={cfg.input}: predictions would be written among the images (and "
             "replace those named like them, and be read as images next time). Choose an output folder outside it"
         )
-    planned = [out_dir / f"{names[f]}{suffix}" for f in files for suffix in OUTPUT_SUFFIXES]
+    planned = [out_dir / f"{names[f]}{suffix}" for f in files for suffix in suffixes]
     protected = {p.resolve() for p in files}
     if cfg.ckpt:
         protected.add(Path(str(cfg.ckpt)).resolve())
@@ -157,11 +165,11 @@ def predict(cfg: Any, blob: Any, device: torch.device) -> list[Path]:
     root, files = collect_inputs(cfg.input)
     names = output_names(root, files)
     out_dir = Path(str(cfg.output)).expanduser()
-    check_outputs(cfg, root, files, out_dir, names)
     model = model_from_checkpoint(cfg, blob, device)
     precision = effective_precision(cfg.trainer.precision, device)
     classes = [str(c) for c in cfg.dataset.classes]
     spec = PanopticSpec.from_config(cfg) if getattr(model, "instance_aware", False) else None
+    check_outputs(cfg, root, files, out_dir, names, OUTPUT_SUFFIXES if spec is not None else OUTPUT_SUFFIXES[:2])
     skip = (0,) if spec is not None and spec.background_class == 0 else ()
     written: list[Path] = []
     for path in files:
