@@ -84,7 +84,7 @@ def write_run_record(cfg: Any, run_dir: Path) -> None:
     """``.hydra/`` (Hydra's ``hydra.output_subdir``): ``config.yaml`` = the config the job really runs with
     (resolved; for evaluate/predict/finetune the checkpoint's model and data set merged in), ``overrides.yaml``
     and ``hydra.yaml`` as Hydra writes them; each file atomically. Hydra itself was told to write nothing
-    (entry.defer_hydra_record), so a refused run never rewrites another run's record. Outside a Hydra app
+    (launch_env.defer_hydra_record), so a refused run never rewrites another run's record. Outside a Hydra app
     (tests, notebooks) there is no record."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
