@@ -8,6 +8,7 @@ import json
 from omegaconf import DictConfig
 
 from segtrain.entry import run_entry
+from segtrain.fileio import atomic_write_bytes
 
 
 def job(cfg: DictConfig, output_dir: str) -> None:
@@ -21,7 +22,7 @@ def job(cfg: DictConfig, output_dir: str) -> None:
         print(format_report(report), flush=True)
         if cfg.doctor.json:
             path = run_dir / "doctor.json"
-            path.write_text(json.dumps(report, indent=1))
+            atomic_write_bytes(path, json.dumps(report, indent=1).encode())
             print(f"\nwrote {path}", flush=True)
 
 

@@ -21,9 +21,17 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
-from segtrain.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, UserError, debug_requested, is_running
+from segtrain.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    EXIT_USER_ERROR,
+    Preempted,
+    UserError,
+    debug_requested,
+    is_running,
+)
 from segtrain.fileio import atomic_write_bytes
-from segtrain.launch_env import env_rank, follower_overrides
+from segtrain.launch_env import defer_hydra_record, env_rank, follower_overrides
 
 
 def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
@@ -51,14 +59,18 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         check_run_dir(argv)
     except ConfigError as e:
         _user_error(e, debug)
-    sys.argv = [sys.argv[0], *follower_overrides(argv)]
+    sys.argv = [sys.argv[0], *defer_hydra_record(follower_overrides(argv))]
 
     _task()
     if failure:
         err = failure[0]
         if isinstance(err, Preempted):
-            print(f"preempted: {err}", file=sys.stderr, flush=True)
+            word = "interrupted" if err.signal_name == "SIGINT" else "preempted"
+            print(f"{word}: {err}", file=sys.stderr, flush=True)
             sys.exit(EXIT_PREEMPTED)
+        if isinstance(err, KeyboardInterrupt):  # Ctrl-C before training started (or after it ended)
+            print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+            sys.exit(EXIT_INTERRUPTED)
         if isinstance(err, UserError):
             _user_error(err, debug)
         _report_crash(err)

@@ -14,6 +14,9 @@ import os
 EXIT_USER_ERROR = 2
 #: Process exit status after a preemption signal (SIGTERM/SIGUSR1) was handled: last.pt is saved.
 EXIT_PREEMPTED = 75
+#: Ctrl-C (SIGINT) outside training, where there is no position to save (128 + SIGINT, the shell's convention).
+#: During training Ctrl-C is handled like SIGTERM: last.pt is saved and the status is EXIT_PREEMPTED.
+EXIT_INTERRUPTED = 130
 
 
 class UserError(Exception):
@@ -30,7 +33,11 @@ class NonFiniteError(UserError, FloatingPointError):
 
 
 class Preempted(Exception):
-    """SIGTERM/SIGUSR1 arrived; ``last.pt`` holds the position, ``resume=auto`` continues exactly."""
+    """SIGTERM/SIGUSR1/SIGINT arrived; ``last.pt`` holds the position, ``resume=auto`` continues exactly."""
+
+    def __init__(self, message: str, signal_name: str | None = None) -> None:
+        super().__init__(message)
+        self.signal_name = signal_name
 
 
 _running = False

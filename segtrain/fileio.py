@@ -8,11 +8,15 @@ without blocking, refuses anything but a regular file and bounds the size.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
 
 from segtrain.errors import UserError
+
+#: Why a write can fail for want of room: a full disk, a quota, a file-size limit (``ulimit -f``).
+NO_ROOM = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file too large"}
 
 
 class UnsafeFileError(UserError, OSError):
@@ -75,8 +79,27 @@ def is_regular_file(path: str | os.PathLike) -> bool:
         return False
 
 
+class NoRoomError(UserError, OSError):
+    """A write failed for want of room (disk full, quota, file-size limit); the message names the file and says
+    that nothing was replaced."""
+
+
+def no_room_error(path: str | os.PathLike, err: OSError, then: str = "run again") -> NoRoomError | None:
+    """The one-line error for a write of ``path`` that failed with ``err``, when ``err`` is a lack of room."""
+    reason = NO_ROOM.get(err.errno or 0)
+    if reason is None:
+        return None
+    p = Path(path)
+    kept = f"; the previous {p.name} is intact" if p.exists() else "; nothing was written"
+    limit = " (the file-size limit: ulimit -f)" if err.errno == errno.EFBIG else ""
+    error = NoRoomError(f"{reason}{limit} while writing {p}{kept}. Free space (or raise the limit) and {then}")
+    error.errno = err.errno
+    return error
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename: readers never see half a file."""
+    """Write ``data`` to a temporary file beside ``path``, then rename: readers never see half a file, and a
+    full disk (or quota, or file-size limit) leaves the previous file, and raises :class:`NoRoomError`."""
     import tempfile
 
     p = Path(path)
@@ -87,6 +110,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
         os.chmod(tmp, 0o644)
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        room = no_room_error(p, e) if isinstance(e, OSError) else None
+        if room is not None:
+            raise room from None
         raise

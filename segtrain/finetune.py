@@ -25,7 +25,7 @@ def job(cfg: DictConfig, output_dir: str) -> None:
     from segtrain.engine.session import session
 
     cfg, blob = checkpoint_config(cfg, "finetune")
-    with session(cfg, output_dir, "train.log") as (dist, run_dir):
+    with session(cfg, output_dir, "train.log", owned=True) as (dist, run_dir):
         fit(cfg, run_dir, dist, init_weights=blob, classes=class_change(blob, cfg))
 
 

@@ -1,5 +1,7 @@
-"""Preemption: SIGTERM / SIGUSR1 (what SLURM and Kubernetes send before killing a job) become a
-request to finish the current step, save ``last.pt`` and exit with a distinct status.
+"""Preemption: SIGTERM / SIGUSR1 (what SLURM and Kubernetes send before killing a job) and Ctrl-C
+(SIGINT) become a request to finish the current step, save ``last.pt`` and exit with a distinct status
+(errors.EXIT_PREEMPTED). A second Ctrl-C exits at once, without saving (errors.EXIT_INTERRUPTED): the
+checkpoints on disk are whole either way (atomic writes), ``resume=auto`` continues from the newest.
 
 The handler only sets a flag. The trainer adds the flag to the all_reduce it does every step
 anyway, so every rank learns of a signal received by any rank at the same step, and all stop
@@ -22,9 +24,15 @@ import threading
 from types import FrameType
 from typing import Any
 
+from segtrain.errors import EXIT_INTERRUPTED
+
 log = logging.getLogger(__name__)
 
-SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None)) if s is not None)
+SIGNALS = tuple(
+    s
+    for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None), getattr(signal, "SIGINT", None))
+    if s is not None
+)
 
 
 class StopSignals:
@@ -51,13 +59,22 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        if signum == signal.SIGINT and self.received is not None:
+            # the user pressed Ctrl-C again: do not wait for the step or the save
+            os.write(
+                2,
+                b"\nsecond Ctrl-C: exiting now without saving; resume=auto continues from the last checkpoint\n",
+            )
+            os._exit(EXIT_INTERRUPTED)
         if self.received is None:
-            log.warning("%s received: finishing this step, saving last.pt, then exiting", name)
+            again = " (Ctrl-C again to exit at once, without saving)" if signum == signal.SIGINT else ""
+            log.warning("%s received: finishing this step, saving last.pt, then exiting%s", name, again)
         self.received = name
 
 
 def ignore_in_workers() -> None:
-    """Loader workers: leave preemption to the training process (it ends the workers itself)."""
+    """Loader workers: leave preemption (and Ctrl-C, which a terminal sends to every process of the job) to
+    the training process (it ends the workers itself)."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 

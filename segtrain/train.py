@@ -11,7 +11,7 @@ def job(cfg: DictConfig, output_dir: str) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.build import fit
     from segtrain.engine.session import session
-    with session(cfg, output_dir, "train.log") as (dist, run_dir):
+    with session(cfg, output_dir, "train.log", owned=True) as (dist, run_dir):
         fit(cfg, run_dir, dist)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,33 +119,161 @@ def test_sigterm_under_torchrun_then_resume_is_exact(base, uninterrupted):
         assert torch.equal(v, final["model"][k]), f"{k} differs after preemption at step {saved['step']}"
 
 
+def wait_for(path: Path, proc: subprocess.Popen, seconds: float = 300) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline and not path.exists() and proc.poll() is None:
+        time.sleep(0.1)
+    assert path.exists(), f"the run never got to {path.name}"
+
+
+def test_ctrl_c_saves_and_a_second_ctrl_c_exits_at_once(base):
+    """Ctrl-C is handled like SIGTERM (step finished, last.pt saved, one line, status 75); a second Ctrl-C exits at
+    once (130). A run killed before its first checkpoint leaves records that the next fresh run starts afresh."""
+    run_dir = base / "ctrl_c"
+    held = base / "ctrl_c.held"
+    args = [*LONG, "trainer.log_every=1", f"hydra.run.dir={run_dir}"]
+    env = {**child_env(base / "cache"), "SEGTRAIN_TEST_HOLD_AT": "3", "SEGTRAIN_TEST_HOLD": str(held)}
+    first = subprocess.Popen([sys.executable, FAULTS, *args], cwd=base, env=env, stderr=subprocess.PIPE, text=True)
+    wait_for(held, first)
+    first.send_signal(signal.SIGINT)
+    time.sleep(1)  # the handler has run: the step is held, the save not begun
+    first.send_signal(signal.SIGINT)
+    err = first.communicate(timeout=60)[1]
+    assert first.returncode == 130 and "second Ctrl-C: exiting now without saving" in err and "Traceback" not in err
+    assert not (run_dir / "checkpoints").exists()
+    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+    env = {**child_env(base / "cache"), "SEGTRAIN_TEST_SLEEP": "0.5"}
+    second = subprocess.Popen([sys.executable, FAULTS, *args], cwd=base, env=env, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and second.poll() is None:
+        rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+        if len(rows) >= 3 and rows[0]["step"] == 1 and rows[-1]["step"] >= 3:
+            break
+        time.sleep(0.1)
+    second.send_signal(signal.SIGINT)
+    err = second.communicate(timeout=120)[1]
+    assert second.returncode == 75, err[-2000:]
+    assert "dropped 2 record(s) of steps after 0, left by an earlier run" in err
+    assert "SIGINT received: finishing this step, saving last.pt" in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("interrupted: stopped by SIGINT after step ")
+    saved = load(run_dir / "checkpoints" / "last.pt")
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
+    assert saved["step"] >= 3 and steps == list(range(1, saved["step"] + 1)), steps
+
+
+def test_a_kill_between_the_files_of_one_save_is_repaired_on_resume(base):
+    """SIGKILL inside the first save, after best.pt and before best_weights.pt and last.pt: the resumed run writes
+    what the save had not, and every file its summary names exists."""
+    run_dir = base / "cut"
+    held = base / "cut.held"
+    env = {**child_env(base / "cache"), "SEGTRAIN_TEST_HOLD_SAVE": "best_weights.pt@4", "SEGTRAIN_TEST_HOLD": str(held)}
+    args = [*SMOKE, f"hydra.run.dir={run_dir}"]
+    first = subprocess.Popen([sys.executable, FAULTS, *args], cwd=base, env=env, stderr=subprocess.DEVNULL)
+    wait_for(held, first)
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    folder = run_dir / "checkpoints"
+    assert sorted(p.name for p in folder.glob("*.pt")) == ["best.pt"], "best.pt is written first"
+    proc = run_module("segtrain.train", [*args, "resume=auto"], base, base / "cache")
+    assert "wrote last.pt, best_weights.pt again from best.pt" not in proc.stderr  # one line per file
+    assert "wrote best_weights.pt again from best.pt" in proc.stderr and "wrote last.pt again" in proc.stderr
+    named = re.findall(r"(/\S+\.pt)$", proc.stderr, re.M)
+    assert len(named) == 2 and all(Path(p).is_file() for p in named), named
+    best, weights, last = (load(folder / n) for n in ("best.pt", "best_weights.pt", "last.pt"))
+    assert best["step"] == weights["step"] == last["step"] == 4
+    assert all(torch.equal(v, weights["model"][k]) for k, v in best["model"].items())
+
+
+def test_resume_completes_a_save_cut_between_last_and_best(tmp_path):
+    """Files of an older version, which wrote last.pt first: last.pt records the best of step 8, best.pt is of
+    step 4 and best_weights.pt missing. Resuming from last.pt re-creates both from it."""
+    import segtrain.checkpoint.io as ck
+
+    def blob(step: int) -> dict:
+        w = {"w": torch.full((2,), float(step))}
+        return {
+            "model": w,
+            "ema": None,
+            "config": {},
+            "epoch": 1,
+            "step": step,
+            "best_metric": 0.5,
+            "best_at": [1, 8],
+            "version": "0",
+            "optimizer": {},
+        }
+
+    folder = tmp_path / "checkpoints"
+    ck.atomic_save(blob(8), folder / "last.pt")
+    ck.atomic_save({**blob(4), "best_at": [0, 4]}, folder / "best.pt")
+    assert ck.complete_save(folder, folder / "last.pt", load(folder / "last.pt")) == ["best.pt", "best_weights.pt"]
+    assert load(folder / "best.pt")["step"] == load(folder / "best_weights.pt")["step"] == 8
+    assert ck.complete_save(folder, folder / "last.pt", load(folder / "last.pt")) == [], "nothing left to do"
+
+
 # --------------------------------------------------------------------------- one run per directory
+def snapshot(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones too: .lock, .hydra/) and its bytes."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not str(p.relative_to(folder)).startswith(skip)
+    }
+
+
 def test_a_run_directory_belongs_to_one_run(base):
+    """One run per directory; a refused run (directory in use, another run's checkpoints, a resume that does not
+    fit) leaves it byte for byte as it was; a resumed run's records continue the checkpoint's (those logged after
+    it appear once), and a changed optim.lr / checkpoint metric is applied, said and recorded."""
     run_dir = base / "owned"
-    held = base / "owned.held"  # the first run waits before step 5 (after epoch 1's last.pt) until killed
+    held = base / "owned.held"  # the first run waits before step 8: last.pt of step 6 (mid-epoch), step 7 logged
+    args = [*LONG, "trainer.log_every=1", "trainer.checkpoint.every_steps=3", f"hydra.run.dir={run_dir}"]
     first = subprocess.Popen(
-        [sys.executable, FAULTS, *LONG, f"hydra.run.dir={run_dir}"],
+        [sys.executable, FAULTS, *args],
         cwd=base,
-        env={**child_env(base / "cache"), "SEGTRAIN_TEST_HOLD_AT": "5", "SEGTRAIN_TEST_HOLD": str(held)},
+        env={**child_env(base / "cache"), "SEGTRAIN_TEST_HOLD_AT": "8", "SEGTRAIN_TEST_HOLD": str(held)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 300
     while time.time() < deadline and not held.exists() and first.poll() is None:
         time.sleep(0.1)
-    assert held.exists() and (run_dir / "checkpoints" / "last.pt").exists(), "the first run never got to step 5"
-    second = run_module(
-        "segtrain.train", [*LONG, "resume=auto", f"hydra.run.dir={run_dir}"], base, base / "cache", check=False
-    )
+    assert held.exists() and (run_dir / "checkpoints" / "step_00000006.pt").exists(), "the first run never got there"
+    before = snapshot(run_dir, skip=("tb",))  # the held run's TensorBoard writer may still flush in the background
+    second = run_module("segtrain.train", [*args, "resume=auto"], base, base / "cache", check=False)
+    assert second.returncode == 2 and f"error: {run_dir} is in use by segtrain pid {first.pid}" in second.stderr
+    assert snapshot(run_dir, skip=("tb",)) == before, "a run refused for a directory in use wrote into it"
     first.send_signal(signal.SIGKILL)  # a crash: the lock must not outlive it
     first.wait(30)
-    assert second.returncode == 2 and f"error: {run_dir} is in use by segtrain pid {first.pid}" in second.stderr
-    fresh = run_module("segtrain.train", [*LONG, f"hydra.run.dir={run_dir}"], base, base / "cache", check=False)
+    before = snapshot(run_dir)
+    fresh = run_module("segtrain.train", args, base, base / "cache", check=False)
     assert fresh.returncode == 2 and "Continue it with resume=auto" in fresh.stderr
-    resumed = run_module("segtrain.train", [*LONG, "resume=auto", f"hydra.run.dir={run_dir}"], base, base / "cache")
-    assert resumed.returncode == 0
-    again = run_module("segtrain.train", [*LONG, f"hydra.run.dir={run_dir}"], base, base / "cache", check=False)
+    other = run_module(
+        "segtrain.train", [*args, "resume=auto", "trainer.batch_size=8"], base, base / "cache", check=False
+    )
+    says = "stopped inside an epoch (2 steps of epoch 1) with trainer.batch_size=4"
+    assert other.returncode == 2 and says in other.stderr, other.stderr[-800:]
+    assert snapshot(run_dir) == before, "a refused run rewrote the run's record, log or lock"
+    changed = ["optim.lr=0.002", "trainer.checkpoint.metric=pixel_acc"]
+    resumed = run_module("segtrain.train", [*args, "resume=auto", *changed], base, base / "cache")
+    err = resumed.stderr
+    assert "optim.lr: 0.003 in the checkpoint, 0.002 now; applied from step 6" in err, err[-2000:]
+    assert "the best so far (miou" in err and "writes best.pt by trainer.checkpoint.metric=pixel_acc" in err
+    assert "dropped 1 record(s) of steps after 6" in err
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "train"] == list(range(1, 13)), "each step logged once"
+    last = load(run_dir / "checkpoints" / "last.pt")
+    assert last["config"]["optim"]["lr"] == 0.002 and last["optimizer"]["param_groups"][0]["initial_lr"] == 0.002
+    record = (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "lr: 0.002" in record and "metric: pixel_acc" in record, "the record says what ran"
+    best = load(run_dir / "checkpoints" / "best.pt")
+    assert best["best_metric"] == max(r["pixel_acc"] for r in rows if r["split"] == "val" and r["step"] > 6)
+    before = snapshot(run_dir)
+    again = run_module("segtrain.train", args, base, base / "cache", check=False)
     assert again.returncode == 2 and "already holds checkpoints" in again.stderr and "Traceback" not in again.stderr
+    assert snapshot(run_dir) == before, "a run refused for a finished run's directory wrote into it"
     run_module("segtrain.train", [*LONG, "trainer.overwrite=true", f"hydra.run.dir={run_dir}"], base, base / "cache")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [12], "the old run's metrics were replaced"

@@ -3,14 +3,18 @@
 - SEGTRAIN_TEST_SLEEP=S: each training step takes S seconds more (so a signal lands mid-epoch);
 - SEGTRAIN_TEST_NAN_AT=N: the images of step N are NaN (a diverging step that is not a logging step);
 - SEGTRAIN_TEST_HOLD_AT=N with SEGTRAIN_TEST_HOLD=PATH: before step N, create PATH and wait there (up to
-  10 minutes) for the test to kill the run: a run certainly in progress, however slow the machine.
+  10 minutes) for the test to kill the run: a run certainly in progress, however slow the machine;
+- SEGTRAIN_TEST_HOLD_SAVE=NAME@N with SEGTRAIN_TEST_HOLD=PATH: the same, inside the save of step N, just before
+  the file NAME (e.g. best_weights.pt) is written: a kill between the files of one save.
 """
 
 import os
 import time
+from pathlib import Path
 
 import torch
 
+from segtrain.checkpoint import io
 from segtrain.engine.trainer import Trainer
 from segtrain.train import main
 
@@ -19,6 +23,20 @@ SLEEP = float(os.environ.get("SEGTRAIN_TEST_SLEEP", "0"))
 NAN_AT = int(os.environ.get("SEGTRAIN_TEST_NAN_AT", "0"))
 HOLD_AT = int(os.environ.get("SEGTRAIN_TEST_HOLD_AT", "0"))
 HOLD = os.environ.get("SEGTRAIN_TEST_HOLD", "")
+HOLD_SAVE = os.environ.get("SEGTRAIN_TEST_HOLD_SAVE", "")
+_real_save = io.atomic_save
+
+
+def _held_save(obj, path):
+    name, _, step = HOLD_SAVE.partition("@")
+    if Path(path).name == name and obj.get("step") == int(step):
+        open(HOLD, "w").close()
+        time.sleep(600)
+    return _real_save(obj, path)
+
+
+if HOLD_SAVE:
+    io.atomic_save = _held_save
 
 
 def _faulty_step(self, batch):

@@ -10,7 +10,6 @@ one, never a torn one.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ from typing import IO, Any
 import torch
 
 from segtrain.errors import UserError
-from segtrain.fileio import UnsafeFileError, open_regular
+from segtrain.fileio import UnsafeFileError, no_room_error, open_regular
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +74,9 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     try:
         _atomic_save(obj, path)
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            kept = f"; the previous {path.name} is intact" if path.exists() else ""
-            raise CheckpointError(
-                f"no space left on device while writing {path}{kept}. Free space (or move the run) and continue "
-                "with resume=auto"
-            ) from None
+        room = no_room_error(path, e, then="continue with resume=auto")
+        if room is not None:
+            raise CheckpointError(str(room)) from None
         raise
 
 
@@ -93,6 +89,25 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
     return stale
 
 
+class _Writes:
+    """The file torch.save writes to, keeping the OSError of a failed write: torch's zip writer turns it into a
+    RuntimeError ("unexpected pos ...") that no longer says the disk is full or the file-size limit reached."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def _atomic_save(obj: Any, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     umask = os.umask(0)
@@ -100,7 +115,13 @@ def _atomic_save(obj: Any, path: Path) -> None:
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide checkpoints from the rest of a team
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            writes = _Writes(f)
+            try:
+                torch.save(obj, writes)  # type: ignore[arg-type]  # a file-like object: write and flush
+            except RuntimeError:
+                if writes.error is not None:
+                    raise writes.error from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -117,26 +138,72 @@ def _atomic_save(obj: Any, path: Path) -> None:
 def write_checkpoints(folder: Path, blob: Mapping[str, Any], tags: Sequence[str], keep_last: int) -> None:
     """Rank 0's part of a save: ``<tag>.pt`` for each tag, ``best_weights.pt`` with ``best`` (the best weights,
     EMA when enabled, and the config: a fraction of ``best.pt``'s size), then the periodic files pruned to the
-    newest ``keep_last``."""
+    newest ``keep_last``.
+
+    ``best.pt`` and ``best_weights.pt`` are written first, ``last.pt`` after them: a ``last.pt`` that records a
+    best (``best_at``) never exists without the best files on disk, whatever instant a kill lands on. A save
+    cut short before ``last.pt`` leaves the previous ``last.pt``, from which a resumed run trains those steps
+    again and writes the best again; :func:`complete_save` repairs what a kill between the files left."""
     for stale in remove_stale_temporaries(folder):
         log.info("removed %s, left by an interrupted save", stale.name)
-    for tag in tags:
+    ordered = ([BEST] if BEST in tags else []) + [t for t in tags if t != BEST]
+    for tag in ordered:
         atomic_save(blob, folder / f"{tag}.pt")
-    if BEST in tags:
-        weights = blob["ema"] if blob.get("ema") else blob["model"]
-        light = {
-            "model": weights,
-            "weights": "ema" if blob.get("ema") else "model",
-            "config": blob["config"],
-            "epoch": blob["epoch"],
-            "step": blob["step"],
-            "best_metric": blob["best_metric"],
-            "version": blob["version"],
-        }
-        atomic_save(light, folder / BEST_WEIGHTS)
+        if tag == BEST:
+            atomic_save(best_weights_of(blob), folder / BEST_WEIGHTS)
     periodic = periodic_checkpoints(folder)
     for old in periodic[: max(len(periodic) - int(keep_last), 0)]:
         old.unlink(missing_ok=True)
+
+
+def best_weights_of(blob: Mapping[str, Any]) -> dict[str, Any]:
+    """``best_weights.pt``'s content for a checkpoint: its weights (EMA when it has them) and its config."""
+    weights = blob["ema"] if blob.get("ema") else blob["model"]
+    return {
+        "model": weights,
+        "weights": "ema" if blob.get("ema") else "model",
+        "config": blob["config"],
+        "epoch": blob["epoch"],
+        "step": blob["step"],
+        "best_metric": blob["best_metric"],
+        "version": blob["version"],
+    }
+
+
+def _stored_step(path: Path) -> int | None:
+    """The ``step`` a checkpoint file records, read without loading its tensors; None when unreadable."""
+    try:
+        meta = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(meta["step"]) if isinstance(meta, Mapping) and isinstance(meta.get("step"), int) else None
+    except Exception:  # noqa: BLE001 - missing, torn, not a zip: "not the file we need", whatever the reason
+        return None
+
+
+def complete_save(folder: Path, path: Path, blob: Mapping[str, Any]) -> list[str]:
+    """Resume's half of the multi-file save: the files the save of the checkpoint a run resumes from (``path``,
+    loaded as ``blob``, in the run's own ``folder``) wrote, re-created from it where a kill between the files
+    of that save left them missing or older: ``last.pt`` (the run's position), and when the checkpoint was
+    itself saved as the best (``best_at`` is its own step) ``best.pt`` and ``best_weights.pt``. So every file a
+    run's summary names exists. Returns the names written."""
+    step = blob.get("step")
+    if not isinstance(step, int):
+        return []
+    written = []
+    targets = [folder / f"{LAST}.pt"]
+    best_at = blob.get("best_at")
+    if isinstance(best_at, Sequence) and len(best_at) == 2 and best_at[1] == step:
+        targets.append(folder / f"{BEST}.pt")
+    for target in targets:
+        stored = _stored_step(target)
+        # last.pt: when missing or behind (a newer one would have been resumed from); best.pt: when not this one
+        stale = stored is None or (stored < step if target.name == f"{LAST}.pt" else stored != step)
+        if Path(path).resolve() != target.resolve() and stale:
+            atomic_save(blob, target)
+            written.append(target.name)
+    if len(targets) == 2 and _stored_step(folder / BEST_WEIGHTS) != step:
+        atomic_save(best_weights_of(blob), folder / BEST_WEIGHTS)
+        written.append(BEST_WEIGHTS)
+    return written
 
 
 # --------------------------------------------------------------------------- reading
@@ -277,5 +344,3 @@ def _exported_message(what: str, path: Path, kind: str, source: str | None) -> s
 def is_training_checkpoint(obj: Any) -> bool:
     """A segtrain checkpoint (resumable), as opposed to a bare state dict or someone else's file."""
     return isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping) and "optimizer" in obj and "step" in obj
-
-

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from segtrain.checkpoint import io
 from segtrain.checkpoint.io import CheckpointError, is_training_checkpoint, read_checkpoint
-from segtrain.checkpoint.state import load_weights, restore_rng
+from segtrain.checkpoint.state import check_finite, load_weights, restore_rng
 from segtrain.config import Config, ConfigError, to_container
 
 if TYPE_CHECKING:
@@ -57,7 +57,11 @@ def find_resume_checkpoint(cfg: Config, run_dir: Path) -> tuple[Path, Any] | Non
         except CheckpointError as e:
             broken.append(f"{path.name} ({str(e).split(': ', 1)[-1][:120]})")
             continue
-        found.append((int(blob.get("step", -1)) if isinstance(blob, dict) else -1, path, blob))
+        problem = position_problem(blob) if is_training_checkpoint(blob) else None
+        if problem:
+            broken.append(f"{path.name} ({problem})")
+            continue
+        found.append((int(blob["step"]) if is_training_checkpoint(blob) else -1, path, blob))
         if path == last:
             break  # the newest by construction
     if not found:
@@ -72,6 +76,24 @@ def find_resume_checkpoint(cfg: Config, run_dir: Path) -> tuple[Path, Any] | Non
     if broken:
         log.warning("resume=auto: %s unreadable; resuming from %s (step %d) instead", ", ".join(broken), path, step)
     return path, blob
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def position_problem(blob: Any) -> str | None:
+    """What is wrong with a training checkpoint's position fields (a hand-edited or damaged file), or None."""
+    for key in ("epoch", "step", "step_in_epoch"):
+        if key in blob and not _is_count(blob[key]):
+            return f"its {key!r} is {blob[key]!r}, not a count of steps (was the file edited?)"
+    best = blob.get("best_metric")
+    if best is not None and not (isinstance(best, int | float) and not isinstance(best, bool)):
+        return f"its 'best_metric' is {best!r}, not a number (was the file edited?)"
+    at = blob.get("best_at")
+    if at is not None and not (isinstance(at, list | tuple) and len(at) == 2 and all(_is_count(v) for v in at)):
+        return f"its 'best_at' is {at!r}, not [epoch, step] (was the file edited?)"
+    return None
 
 
 def _differences(stored: dict, current: dict, prefix: str, ignore: tuple[str, ...] = ()) -> list[str]:
@@ -92,6 +114,9 @@ def check_resumable(blob: Any, cfg: Any, path: Path) -> None:
             f"resume={path}: the file holds model weights only, not a training state (optimiser, step, RNG). "
             f"To start from its weights, fine-tune: python -m segtrain.finetune ckpt={path}"
         )
+    problem = position_problem(blob)
+    if problem:
+        raise CheckpointError(f"resume={path}: {problem}; resume from another checkpoint of the run")
     stored = blob.get("config") or {}
     now = to_container(cfg)
     finetune = f"start from its weights with python -m segtrain.finetune ckpt={path}"
@@ -112,12 +137,40 @@ def check_resumable(blob: Any, cfg: Any, path: Path) -> None:
             f"resume={path}: the checkpoint was trained with optim.name={so}, this run uses optim.name={no}; the "
             f"optimiser state cannot carry over. Resume with optim={so}, or {finetune} optim={no}"
         )
+    sb, nb = (stored.get("trainer") or {}).get("batch_size"), now["trainer"]["batch_size"]
+    if int(blob.get("step_in_epoch") or 0) > 0 and sb is not None and sb != nb:
+        raise ConfigError(
+            f"resume={path}: the checkpoint stopped inside an epoch ({blob['step_in_epoch']} steps of epoch "
+            f"{blob.get('epoch')}) with trainer.batch_size={sb}; with trainer.batch_size={nb} the rest of the epoch "
+            f"would skip or repeat other samples. Resume with trainer.batch_size={sb} (change it from a checkpoint "
+            "saved at an epoch's end)"
+        )
     sf, nf = stored.get("freeze"), now.get("freeze")
     if _freeze_key(sf) != _freeze_key(nf):
         raise ConfigError(
             f"resume={path}: the checkpoint trained with freeze={sf!r}, this run has freeze={nf!r}; the optimiser "
             f"state covers other parameters. Resume with the same freeze, or {finetune} freeze={nf or 'null'}"
         )
+
+
+def _apply_optimizer_settings(trainer: Trainer, fresh: list[dict[str, Any]]) -> None:
+    """The hyper-parameters of this run's optimiser (``fresh``: its groups as built from the config), over the
+    restored ones, and the schedule re-based on the new learning rate at the restored step."""
+    sched = trainer.scheduler
+    for group, new in zip(trainer.optimizer.param_groups, fresh, strict=True):
+        for key, value in new.items():
+            if key not in ("lr", "initial_lr"):
+                group[key] = value
+        group["initial_lr"] = new.get("initial_lr", new["lr"])
+    if sched is None:
+        for group, new in zip(trainer.optimizer.param_groups, fresh, strict=True):
+            group["lr"] = new["lr"]
+        return
+    sched.base_lrs = [g["initial_lr"] for g in trainer.optimizer.param_groups]
+    lrs = [base * lam(sched.last_epoch) for base, lam in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]
+    for group, lr in zip(trainer.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    sched._last_lr = lrs  # what get_last_lr() reports
 
 
 def _freeze_key(freeze: Any) -> list[str]:
@@ -132,6 +185,9 @@ def restore_training_state(trainer: Trainer, found: tuple[Path, Any], cfg: Any) 
     reason excepted: it is kept in the file for the record, and a resumed run decides afresh)."""
     path, blob = found
     check_resumable(blob, cfg, path)
+    check_finite(blob["model"], f"resume={path}")
+    if blob.get("ema"):
+        check_finite(blob["ema"], f"resume={path} (EMA weights)")
     load_weights(trainer.model, blob["model"], str(path), strict=True, weights="model")
     if trainer.ema is not None:
         if blob.get("ema"):
@@ -139,6 +195,7 @@ def restore_training_state(trainer: Trainer, found: tuple[Path, Any], cfg: Any) 
         else:
             log.warning("resume: %s has no EMA weights; the average starts from the resumed model", path)
             trainer.ema.load_state_dict(blob["model"], 0)
+    fresh = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
     try:
         trainer.optimizer.load_state_dict(blob["optimizer"])
     except (ValueError, KeyError) as e:
@@ -148,6 +205,19 @@ def restore_training_state(trainer: Trainer, found: tuple[Path, Any], cfg: Any) 
         ) from None
     if blob.get("scheduler") is not None:
         trainer.scheduler.load_state_dict(blob["scheduler"])
+    stored = blob.get("config") or {}
+    now = to_container(cfg)
+    changed = _differences(stored.get("optim") or {}, now["optim"], "optim")
+    if changed:
+        _apply_optimizer_settings(trainer, fresh)
+        log.warning(
+            "resume: %s; applied from step %d on (the optimiser's moments carry over)",
+            "; ".join(changed),
+            int(blob["step"]),
+        )
+    changed = _differences(stored.get("schedule") or {}, now["schedule"], "schedule")
+    if changed:
+        log.warning("resume: %s; the new schedule applies from step %d on", "; ".join(changed), int(blob["step"]))
     if blob.get("scaler") is not None and trainer.scaler is not None:
         trainer.scaler.load_state_dict(blob["scaler"])
     hook_states = blob.get("hooks") or {}
@@ -172,4 +242,21 @@ def restore_training_state(trainer: Trainer, found: tuple[Path, Any], cfg: Any) 
     s = trainer.state
     s.load(blob)
     s.stop_reason = None
+    ck_then = (stored.get("trainer") or {}).get("checkpoint") or {}
+    ck_now = now["trainer"]["checkpoint"]
+    changed = _differences(ck_then, ck_now, "trainer.checkpoint", ("every_steps", "keep_last"))
+    if changed and s.best_metric is not None:
+        log.warning(
+            "resume: %s; the best so far (%s %.4f) was measured otherwise, so it is forgotten: the next validation "
+            "writes best.pt by trainer.checkpoint.metric=%s (mode %s)",
+            "; ".join(changed),
+            ck_then.get("metric"),
+            s.best_metric,
+            ck_now["metric"],
+            ck_now["mode"],
+        )
+        s.best_metric, s.best_at = None, None
+        for hook in trainer.hooks:
+            if type(hook).__name__ == "EarlyStopping":
+                hook.load_state_dict({})
     log.info("resumed from %s: epoch %d, step %d (+%d in epoch)", path, s.epoch, s.step, s.step_in_epoch)

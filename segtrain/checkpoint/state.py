@@ -120,6 +120,18 @@ def non_finite_tensors(state: Mapping[str, torch.Tensor]) -> list[str]:
     return [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
 
 
+def check_finite(state: Mapping[str, Any], source: str) -> None:
+    """Weights holding NaN or inf predict nothing (every output NaN, argmax class 0): every tool refuses them,
+    in one line naming the tensors, instead of scoring or exporting garbage."""
+    bad = non_finite_tensors({k: v for k, v in state.items() if isinstance(v, Tensor)})
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise CheckpointError(
+            f"{source}: non-finite values (NaN/inf) in {len(bad)} weight tensor(s): {shown}. These weights predict "
+            "nothing (did the run diverge?); use an earlier checkpoint of the run"
+        )
+
+
 
 # --------------------------------------------------------------------------- saving a run
 class Checkpointer:
@@ -362,6 +374,7 @@ def load_checkpoint_weights(
     ``asked``: the tool's config (``model`` and ``dataset`` sections) that ``model`` was built from, so that
     a mismatch names the checkpoint's model and classes against the ones asked for."""
     state, where = state_dict_of(obj, source, prefer_ema=prefer_ema)
+    check_finite(state, source)
     stored = obj.get("config") if isinstance(obj, Mapping) and isinstance(obj.get("config"), Mapping) else None
     report = load_weights(
         model, state, source, strict=strict, target="model", classes=classes, weights=where, stored=stored, asked=asked

@@ -345,6 +345,8 @@ class SegtrainConfig:
     trust_checkpoint: bool = False
     input: str | None = None
     output: str | None = None
+    # export / predict: replace existing output files (never the checkpoint, an input, or a training checkpoint)
+    overwrite: bool = False
     doctor: DoctorConfig = field(default_factory=DoctorConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)

@@ -32,8 +32,9 @@ from segtrain.engine.model_setup import prepare_model, probe_batch, wrap_model
 from segtrain.engine.optim import build_optimizer, build_scheduler
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.run_dir import RunDirLock, check_fresh
-from segtrain.engine.session import write_effective_config
+from segtrain.engine.session import start_run_record
 from segtrain.engine.trainer import StepSettings, Trainer
+from segtrain.errors import UserError
 from segtrain.evaluation.evaluator import evaluate, evaluators_for
 from segtrain.evaluation.inference import native_forward
 
@@ -42,20 +43,24 @@ log = logging.getLogger("segtrain.trainer")
 
 def build_trainer(
     cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, classes: tuple[int, int] | None = None
-) -> tuple[Trainer, RunDirLock | None]:
-    """Everything ``cfg`` describes, restored from ``resume=`` when given, and the run directory's lock;
-    ``init_weights``: a loaded ``ckpt=`` file (fine-tuning: weights only, never its optimiser state)."""
+) -> tuple[Trainer, RunDirLock | None, tuple[Path, Any] | None]:
+    """Everything ``cfg`` describes, restored from ``resume=`` when given, the run directory's lock, and the
+    (path, loaded file) resumed from; ``init_weights``: a loaded ``ckpt=`` file (fine-tuning: weights only,
+    never its optimiser state)."""
     check_paths(cfg.dataset)  # both splits, every missing path at once, before anything is built
     lock = claim_run_dir(cfg, run_dir, dist)
     try:
-        return _build(cfg, run_dir, dist, init_weights, classes), lock
+        trainer, found = _build(cfg, run_dir, dist, init_weights, classes)
+        return trainer, lock, found
     except BaseException:
         if lock is not None:
-            lock.release()
+            lock.release(refused=True)
         raise
 
 
-def _build(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: tuple[int, int] | None) -> Trainer:
+def _build(
+    cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: tuple[int, int] | None
+) -> tuple[Trainer, tuple[Path, Any] | None]:
     tr = cfg.trainer
     configure_determinism(tr)
     precision = effective_precision(tr.precision, dist.device)
@@ -72,8 +77,7 @@ def _build(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: 
     batch_step = plan.batch_step(int(tr.seed), dist.rank)
     if plan.on_device:
         log.info("input pipeline: %s", plan.describe())
-    if fit_batch_to_data(tr, len(train_set), dist.world_size, dist.is_main) is not None and dist.is_main:
-        write_effective_config(cfg, run_dir)
+    fit_batch_to_data(tr, len(train_set), dist.world_size, dist.is_main)  # the run record is written later
     per_rank = per_rank_batch(int(tr.batch_size), dist.world_size)
     if per_rank % int(tr.accumulate):
         raise ConfigError(
@@ -118,6 +122,7 @@ def _build(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: 
             forward=native_forward(cfg) if native else None,
         )
         metrics["val_time_s"] = round(time.perf_counter() - t0, 3)
+        check_scored(metrics, "validation")
         if trainer.ema is not None:
             metrics["weights"] = "ema"
         return metrics
@@ -127,14 +132,24 @@ def _build(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: 
     if found is not None:
         restore_training_state(trainer, found, cfg)
     trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(panel_set), precision)
-    return trainer
+    return trainer, found
 
 
 def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwargs: Any) -> dict[str, Any]:
     """Build the trainer ``cfg`` describes and train; returns the last validation metrics."""
-    trainer, lock = build_trainer(cfg, run_dir, dist, init_weights, **kwargs)
+    trainer, lock, found = build_trainer(cfg, run_dir, dist, init_weights, **kwargs)
     started = time.perf_counter()
     try:
+        # the run starts: from here on it writes into its directory (nothing before, so a refusal touched nothing)
+        if dist.is_main:
+            if lock is not None:
+                lock.announce()
+            start_run_record(cfg, run_dir)
+            folder = io.folder_of(run_dir)
+            if found is not None and found[0].resolve().parent == folder.resolve():
+                for name in io.complete_save(folder, *found):
+                    log.warning("wrote %s again from %s: the save that wrote it was interrupted", name, found[0].name)
+        trainer.recorder.start(trainer.state.step)
         log_start(cfg, trainer)
         metrics = trainer.train()
     finally:
@@ -207,12 +222,24 @@ def claim_run_dir(cfg: Any, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
             check_fresh(run_dir, cfg.resume, bool(cfg.trainer.overwrite))
         except ConfigError as e:
             if lock is not None:
-                lock.release()
+                lock.release(refused=True)
             problem = str(e)
     problem = broadcast_object(problem)
     if problem:
         raise ConfigError(problem)
     return lock
+
+
+def check_scored(metrics: dict[str, Any], what: str) -> None:
+    """A validation that scored no image (every one unreadable under ``dataset.on_error=skip``) measured nothing:
+    its 0.0 must never become a best.pt, nor a result."""
+    if int(metrics.get("images", 1)) == 0:
+        skipped = int(metrics.get("skipped_images", 0))
+        raise UserError(
+            f"{what} scored no image: all {skipped} validation images were unreadable and skipped "
+            "(dataset.on_error=skip); nothing was measured, so no best.pt is written. Fix or replace the images "
+            "(dataset.on_error=raise names the first one)"
+        )
 
 
 def check_metric_available(cfg: Any, model: nn.Module) -> None:

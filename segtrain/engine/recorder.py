@@ -42,11 +42,56 @@ class ConsoleHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-def setup_logging(run_dir: Path | None, rank: int, log_name: str = "train.log") -> None:
+class DeferredFileHandler(logging.Handler):
+    """A log file opened only once the run owns its directory (:func:`start_run_log`): until then records are
+    kept in memory, so a run refused at setup (directory in use, another run's checkpoints, a resume that
+    does not fit) appends nothing to the train.log of the run it was refused."""
+
+    #: Records kept before the file opens (setup logs a few dozen; a flood is cut, never unbounded).
+    MAX_BUFFERED = 10000
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.buffer: list[logging.LogRecord] = []
+        self.file: logging.FileHandler | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.file is not None:
+            self.file.emit(record)
+        elif len(self.buffer) < self.MAX_BUFFERED:
+            self.buffer.append(record)
+
+    def start(self) -> None:
+        if self.file is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = logging.FileHandler(self.path)
+        self.file.setFormatter(self.formatter)
+        for record in self.buffer:
+            self.file.emit(record)
+        self.buffer.clear()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.buffer.clear()
+        super().close()
+
+
+def start_run_log() -> None:
+    """Open the deferred run log (:class:`DeferredFileHandler`) with what was logged so far; no-op without one."""
+    for h in logging.getLogger().handlers:
+        if isinstance(h, DeferredFileHandler):
+            h.start()
+
+
+def setup_logging(run_dir: Path | None, rank: int, log_name: str = "train.log", deferred: bool = False) -> None:
     """Rank 0: INFO to the console and ``run_dir/log_name``. Other ranks: WARNING+ to the console, tagged.
 
     Console lines go through :class:`ConsoleHandler` (never into a progress bar's line); Python warnings
-    become log records, so they reach train.log and pass the bars the same way."""
+    become log records, so they reach train.log and pass the bars the same way. ``deferred``: the file is
+    written only from :func:`start_run_log` on (records before it are kept until then)."""
     root = logging.getLogger()
     for h in list(root.handlers):
         if getattr(h, "_segtrain", False):
@@ -62,8 +107,11 @@ def setup_logging(run_dir: Path | None, rank: int, log_name: str = "train.log") 
     console.addFilter(_not_file_only)
     handlers: list[logging.Handler] = [console]
     if rank == 0 and run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(run_dir / log_name))
+        if deferred:
+            handlers.append(DeferredFileHandler(run_dir / log_name))
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            handlers.append(logging.FileHandler(run_dir / log_name))
     for h in handlers:
         h.setFormatter(fmt)
         h._segtrain = True  # type: ignore[attr-defined]
@@ -86,22 +134,57 @@ def _plain(v: Any) -> Any:
 
 
 class Recorder:
-    """metrics.jsonl (one JSON object per line: split, epoch, step, ...) + TensorBoard scalars/images."""
+    """metrics.jsonl (one JSON object per line: split, epoch, step, ...) + TensorBoard scalars/images.
+
+    Nothing is opened before :meth:`start` (or the first record): a run refused at setup creates no file.
+    :meth:`start` continues the records of the position the run starts from: records of a later step (logged
+    after the checkpoint a resumed run continues from, so logged again) are dropped from metrics.jsonl and
+    purged from TensorBoard; a run starting at step 0 starts both afresh."""
+
+    METRICS = "metrics.jsonl"
+    TB = "tb"
 
     def __init__(self, run_dir: Path, enabled: bool) -> None:
+        self.run_dir = Path(run_dir)
         self.enabled = enabled
-        self.writer = None
-        self.jsonl = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
+        self.writer: Any = None
+        self.jsonl: Any = None
 
-            self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
-            self.jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 - lives with the run
+    def start(self, step: int = 0) -> None:
+        """Open the files at position ``step`` (the step the run continues from; 0: a run from scratch)."""
+        if not self.enabled or self.jsonl is not None:
+            return
+        import shutil
+
+        path = self.run_dir / self.METRICS
+        dropped = truncate_records(path, step)
+        if dropped:
+            log.warning(
+                "%s: dropped %d record(s) of steps after %d, %s",
+                path,
+                dropped,
+                step,
+                "logged after the checkpoint this run continues from (they are logged again)"
+                if step
+                else "left by an earlier run in this directory that saved no checkpoint",
+            )
+        tb = self.run_dir / self.TB
+        if step == 0 and tb.is_dir() and any(tb.iterdir()):
+            log.warning("%s: removing the TensorBoard files of an earlier run that saved no checkpoint", tb)
+            shutil.rmtree(tb)
+        self._open(purge_step=step + 1 if step else None)
+
+    def _open(self, purge_step: int | None = None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(self.run_dir / self.TB), purge_step=purge_step)
+        self.jsonl = open(self.run_dir / self.METRICS, "a", buffering=1)  # noqa: SIM115 - lives with the run
 
     def log(self, split: str, epoch: int, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        assert self.jsonl is not None and self.writer is not None  # enabled: both are open
+        if self.jsonl is None:
+            self._open()  # a recorder used without start(): appends
         record = {"split": split, "epoch": epoch, "step": step, "time": round(time.time(), 3)}
         record.update({k: _plain(v) for k, v in values.items()})
         self.jsonl.write(json.dumps(record) + "\n")
@@ -113,12 +196,34 @@ class Recorder:
     def images(self, tag: str, step: int, images: list[np.ndarray]) -> None:
         """images: list of (H,W,3) uint8."""
         if self.enabled and images:
-            assert self.writer is not None  # enabled: open
+            if self.writer is None:
+                self._open()
             self.writer.add_images(tag, np.stack(images), step, dataformats="NHWC")
 
     def close(self) -> None:
-        if self.enabled:
-            assert self.jsonl is not None and self.writer is not None  # enabled: both are open
+        if self.enabled and self.jsonl is not None:
             self.writer.close()
             self.jsonl.close()
-            self.enabled = False
+        self.enabled = False
+
+
+def truncate_records(path: Path, step: int) -> int:
+    """Keep the records of ``path`` (metrics.jsonl) up to ``step``, atomically; returns how many were dropped.
+    A line that is not a record (a kill cut it short) goes too."""
+    if not path.is_file():
+        return 0
+    from segtrain.fileio import atomic_write_bytes
+
+    lines = path.read_bytes().splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+            ok = isinstance(record, dict) and int(record.get("step", 0)) <= step and line.endswith(b"\n")
+        except (ValueError, TypeError):
+            ok = False
+        if ok:
+            kept.append(line)
+    if len(kept) != len(lines):
+        atomic_write_bytes(path, b"".join(kept))
+    return len(lines) - len(kept)

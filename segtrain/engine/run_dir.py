@@ -6,6 +6,10 @@ replace it). Two processes never train into one directory at once: rank 0 holds 
 ``flock`` on ``<run>/.lock`` for the whole run; the kernel releases it when the process ends, also on
 a crash or SIGKILL, so a stale lock never blocks a restart. (flock on NFS depends on the server;
 a local or Lustre/GPFS file system is safe.)
+
+A refused run touches nothing: the lock is taken without writing into the lock file (the holder is written
+by :meth:`RunDirLock.announce` once the run starts), a lock file the refused run had to create is removed
+again, and the log file and the run record wait until the run starts (engine.session).
 """
 
 from __future__ import annotations
@@ -35,10 +39,13 @@ class RunDirLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / LOCK_NAME
         self._file: IO[str] | None = None
+        self._created = False
 
     def acquire(self) -> RunDirLock:
+        """Take the lock; the lock file's content (the holder) is left as it is until :meth:`announce`."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(self.path, "a+")  # noqa: SIM115 - held for the whole run
+        self._created = not self.path.exists()
+        f = open(self.path, "a+")  # noqa: SIM115 - held for the whole run; "a+" writes nothing by opening
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -49,15 +56,25 @@ class RunDirLock:
                 f"{self.path.parent} is in use by {holder}: two runs must not write into one run directory. "
                 "Wait for it to finish, or choose another hydra.run.dir"
             ) from None
+        self._file = f
+        return self
+
+    def announce(self) -> None:
+        """Write who holds the lock (a second run refused names it): once the run really starts."""
+        f = self._file
+        if f is None:
+            return
         f.seek(0)
         f.truncate()
         f.write(f"segtrain pid {os.getpid()} on {os.uname().nodename}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
         f.flush()
-        self._file = f
-        return self
+        self._created = False
 
-    def release(self) -> None:
+    def release(self, refused: bool = False) -> None:
+        """``refused``: the run never started; a lock file this process created is removed again."""
         if self._file is not None:
+            if refused and self._created:
+                self.path.unlink(missing_ok=True)  # still holding the lock: no other run is using it
             with contextlib.suppress(OSError):
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
             self._file.close()

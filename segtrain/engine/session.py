@@ -17,16 +17,24 @@ import torch
 
 import segtrain
 from segtrain.distributed import DistInfo, broadcast_object, cleanup, setup
-from segtrain.engine.recorder import setup_logging
+from segtrain.engine.recorder import setup_logging, start_run_log
+from segtrain.launch_env import DEFERRAL
 
 log = logging.getLogger("segtrain")
 
 
 @contextlib.contextmanager
-def session(cfg: Any, output_dir: str, log_name: str = "train.log") -> Iterator[tuple[DistInfo, Path]]:
+def session(
+    cfg: Any, output_dir: str, log_name: str = "train.log", owned: bool = False
+) -> Iterator[tuple[DistInfo, Path]]:
     """Rank 0's ``output_dir`` becomes everyone's run directory (Hydra resolves ``${now:...}`` per
     process, so only rank 0's value is trusted; the others were told by the entry point to
-    create nothing)."""
+    create nothing).
+
+    ``owned``: the directory is claimed by the job (training: the lock, and no mixing with another run), so
+    nothing is written into it here: the log file and the run record (``.hydra/``) wait for
+    :func:`start_run_record`, which the job calls once the directory is its own and the run will start. A
+    refused run leaves the directory byte for byte as it was. Otherwise both are written at once."""
     tr = cfg.trainer
     # OpenCV's thread pool and torch's OpenMP threads spin against each other on the same cores
     # (torch ops after cv2 calls became 10-50x slower with num_workers=0); OpenCV stays serial here,
@@ -37,17 +45,18 @@ def session(cfg: Any, output_dir: str, log_name: str = "train.log") -> Iterator[
         torch.set_num_threads(cpu_threads(tr))
     try:
         run_dir = Path(broadcast_object(str(Path(output_dir).resolve()) if dist.is_main else None))
-        setup_logging(run_dir, dist.rank, log_name)
+        setup_logging(run_dir, dist.rank, log_name, deferred=owned)
         if dist.is_main:
             log.info(
                 "segtrain %s, torch %s, python %s, %s",
                 segtrain.__version__,
                 torch.__version__,
                 platform.python_version(),
-                " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                " ".join([Path(sys.argv[0]).name, *(a for a in sys.argv[1:] if a != DEFERRAL)]),
             )
             log.info("run directory: %s", run_dir)
-            write_effective_config(cfg, run_dir)
+            if not owned:
+                start_run_record(cfg, run_dir)
             from segtrain.config import DISCOVERED
 
             for note in DISCOVERED:
@@ -65,16 +74,36 @@ def session(cfg: Any, output_dir: str, log_name: str = "train.log") -> Iterator[
         cleanup()
 
 
-def write_effective_config(cfg: Any, run_dir: Path) -> None:
-    """``.hydra/config.yaml`` = the config the job really runs with (resolved; for evaluate/predict/finetune
-    the checkpoint's model and data set merged in), replacing Hydra's composed-but-unmerged one."""
+def start_run_record(cfg: Any, run_dir: Path) -> None:
+    """Rank 0, once the job owns ``run_dir``: the log file (with what was logged so far) and the run record."""
+    start_run_log()
+    write_run_record(cfg, run_dir)
+
+
+def write_run_record(cfg: Any, run_dir: Path) -> None:
+    """``.hydra/`` (Hydra's ``hydra.output_subdir``): ``config.yaml`` = the config the job really runs with
+    (resolved; for evaluate/predict/finetune the checkpoint's model and data set merged in), ``overrides.yaml``
+    and ``hydra.yaml`` as Hydra writes them; each file atomically. Hydra itself was told to write nothing
+    (launch_env.defer_hydra_record), so a refused run never rewrites another run's record. Outside a Hydra app
+    (tests, notebooks) there is no record."""
+    from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
+    from segtrain import launch_env
     from segtrain.fileio import atomic_write_bytes
 
-    folder = run_dir / ".hydra"
-    if folder.is_dir():
-        atomic_write_bytes(folder / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
+    subdir = launch_env.RECORD_SUBDIR
+    if not HydraConfig.initialized() or subdir is None:
+        return
+    folder = run_dir / subdir
+    # {"hydra": ...} as Hydra saves it (unresolved), as a plain, writable copy
+    hydra_cfg = OmegaConf.create(OmegaConf.to_container(HydraConfig.instance().cfg, resolve=False))
+    hydra_cfg.hydra.output_subdir = subdir  # what the user asked for, not the deferral
+    hydra_cfg.hydra.overrides.hydra = [o for o in hydra_cfg.hydra.overrides.hydra if o != launch_env.DEFERRAL]
+    task = hydra_cfg.hydra.overrides.task
+    atomic_write_bytes(folder / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
+    atomic_write_bytes(folder / "overrides.yaml", OmegaConf.to_yaml(task).encode())
+    atomic_write_bytes(folder / "hydra.yaml", OmegaConf.to_yaml(hydra_cfg).encode())
 
 
 def cpu_threads(trainer: Any) -> int:

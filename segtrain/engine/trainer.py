@@ -332,7 +332,8 @@ class Trainer:
         if s.stop_reason == "preempted":
             raise Preempted(
                 f"stopped by {self.signals.received or 'a signal on another rank'} after step {s.step}; "
-                "checkpoints/last.pt holds the position: rerun with resume=auto"
+                "checkpoints/last.pt holds the position: rerun with resume=auto",
+                self.signals.received,
             )
         return last_val
 

@@ -24,6 +24,7 @@ import numpy as np
 from scipy import ndimage
 
 from segtrain.distributed import all_gather_object
+from segtrain.fileio import atomic_write_bytes
 
 
 def encode_ids(id_map: np.ndarray) -> np.ndarray:
@@ -94,8 +95,10 @@ class CocoPanopticExport:
         rows = []
         for sub, id_map, segments in (("predictions", pred_map, pred_segments), ("ground_truth", gt_map, gt_segments)):
             name = f"{stem}.png"
-            if not cv2.imwrite(str(self.out / sub / name), cv2.cvtColor(encode_ids(id_map), cv2.COLOR_RGB2BGR)):
-                raise OSError(f"could not write {self.out / sub / name}")
+            ok, png = cv2.imencode(".png", cv2.cvtColor(encode_ids(id_map), cv2.COLOR_RGB2BGR))
+            if not ok:
+                raise OSError(f"could not encode {self.out / sub / name}")
+            atomic_write_bytes(self.out / sub / name, png.tobytes())
             rows.append({"image_id": index, "file_name": name, "segments_info": with_boxes(id_map, segments)})
         self.rows.append((index, image, rows[0], rows[1]))
 
@@ -107,5 +110,5 @@ class CocoPanopticExport:
         images = [r[1] for r in rows]
         for name, col in (("predictions", 2), ("ground_truth", 3)):
             doc = {"images": images, "annotations": [r[col] for r in rows], "categories": cats}
-            (self.out / f"{name}.json").write_text(json.dumps(doc))
+            atomic_write_bytes(self.out / f"{name}.json", json.dumps(doc).encode())
         return self.out

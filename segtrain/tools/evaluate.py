@@ -23,6 +23,7 @@ from segtrain.data.coco import coco_ids
 from segtrain.data.loaders import build_loader
 from segtrain.device import effective_precision
 from segtrain.distributed import DistInfo
+from segtrain.errors import UserError
 from segtrain.evaluation.cityscapes_export import CityscapesExport
 from segtrain.evaluation.evaluator import PanopticEvaluator, PanopticSpec, evaluate, evaluators_for
 from segtrain.evaluation.inference import model_from_checkpoint, native_forward
@@ -227,6 +228,11 @@ def evaluate_checkpoint(cfg: Config, blob: Any, dist: DistInfo, run_dir: Path) -
         progress_bar(dist.is_main, cfg.trainer.progress),
         forward=native_forward(cfg) if native else None,
     )
+    if metrics["images"] == 0:  # every image unreadable under dataset.on_error=skip: nothing was measured
+        raise UserError(
+            f"evaluate scored no image: all {metrics['skipped_images']} images of {cfg.dataset.name} were unreadable "
+            "and skipped (dataset.on_error=skip); no eval.json is written. dataset.on_error=raise names the first one"
+        )
     classes = [str(c) for c in cfg.dataset.classes]
     metrics["per_class"] = {c: metrics["iou"][i] for i, c in enumerate(classes)}
     metrics["checkpoint"] = str(cfg.ckpt)

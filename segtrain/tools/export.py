@@ -19,7 +19,11 @@ Both files carry a JSON description (classes, thing/stuff ids, outputs), ONNX in
 :func:`segtrain.models.postprocess.panoptic_segmentation` needs besides the outputs. After writing, the
 file is run on a second input size (and batch) and compared with PyTorch (``export.verify``), because a
 trace can silently bake a shape in; ONNX verification needs ``onnxruntime`` and is skipped without it.
-Files are written to a temporary name in the target folder and renamed: a crash leaves no torn file.
+Files are written to a temporary name in the target folder, verified there and only then renamed: a crash or
+a failed verification leaves no file behind (and the previous one, if any, as it was).
+
+The output never replaces the checkpoint it comes from, nor any training checkpoint; an existing file is
+replaced only when it is an earlier export of the same checkpoint, or with ``overwrite=true``.
 """
 
 from __future__ import annotations
@@ -223,9 +227,11 @@ def export_model(
     opset: int = 18,
     dynamic: bool = True,
     metadata: dict[str, Any] | None = None,
+    check: Callable[[Path, ExportResult], None] | None = None,
 ) -> ExportResult:
     """Write ``model`` (eval mode, on the CPU) as ``fmt`` to ``path`` atomically; traced/exported on a
-    (2, 3, *input_size) example when dynamic, (1, 3, *input_size) otherwise."""
+    (2, 3, *input_size) example when dynamic, (1, 3, *input_size) otherwise. ``check(written file, result)``
+    runs on the file before it takes its name (verification): when it raises, nothing is left behind."""
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"export.format={fmt!r} is not one of {list(EXPORT_FORMATS)}")
     path = Path(path)
@@ -240,12 +246,52 @@ def export_model(
     info.update(outputs=names, dynamic=dyn, input_size=[h, w], format=fmt)
     text = json.dumps(info)
     start = time.perf_counter()
+    result = ExportResult(path, fmt, names, dyn, 0.0)
     with _atomic_path(path) as tmp:
         if fmt == "onnx":
             _export_onnx(model, example, tmp, names, opset, dynamic, text)
         else:
             _export_torchscript(model, example, tmp, text)
-    return ExportResult(path, fmt, names, dyn, time.perf_counter() - start)
+        result.seconds = time.perf_counter() - start
+        if check is not None:
+            check(tmp, result)
+    return result
+
+
+def check_output(output: Path, ckpt: str | os.PathLike, overwrite: bool) -> None:
+    """One line when ``output`` may not be written: a folder, the checkpoint itself or another training
+    checkpoint (never replaced), or an existing file that is not an earlier export of this checkpoint (replaced
+    only with ``overwrite=true``)."""
+    from segtrain.checkpoint.io import exported_model_kind
+
+    if output.is_dir():
+        raise ConfigError(f"output={output} is a folder; name the file to write (e.g. output={output / 'model.onnx'})")
+    if not (output.exists() or output.is_symlink()):
+        return
+    source = Path(str(ckpt))
+    if output.resolve() == source.resolve():
+        raise ConfigError(
+            f"output={output} is the checkpoint being exported (ckpt={ckpt}); it is never replaced. Choose another "
+            "output, or leave it out (default: beside the checkpoint, with the format's suffix)"
+        )
+    try:
+        with open(output, "rb") as f:
+            kind = exported_model_kind(f)
+            f.seek(0)
+            head = f.read(2)
+    except OSError as e:
+        raise ConfigError(f"output={output} exists and cannot be read ({e}); choose another output") from None
+    if kind is None and (head == b"PK" or head[:1] == b"\x80"):
+        raise ConfigError(
+            f"output={output} is a torch.save file (a checkpoint?), not an exported model; segtrain.export never "
+            "replaces it, overwrite=true or not. Choose another output"
+        )
+    same = kind is not None and kind[1] is not None and Path(kind[1]).resolve() == source.resolve()
+    if not (same or overwrite):
+        what = f"an exported {kind[0]} model" if kind else "a file segtrain.export did not write"
+        raise ConfigError(
+            f"output={output} exists ({what}); pass overwrite=true to replace it, or choose another output"
+        )
 
 
 def _check_size(size: Sequence[int]) -> tuple[int, int]:
@@ -326,11 +372,38 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
     fmt = ex.format
     if fmt == "onnx":
         check_onnx_dependencies()  # before any work
+    output = Path(str(ex.output)) if ex.output else default_output(str(cfg.ckpt), fmt)
+    check_output(output, str(cfg.ckpt), cfg.overwrite)
     model = build_model(cfg.model)
     report = load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=cfg.ckpt_strict, prefer_ema=True, asked=cfg)
     model = model.to("cpu").eval()
-    output = Path(str(ex.output)) if ex.output else default_output(str(cfg.ckpt), fmt)
     log.info("exporting %s (%s weights of %s) as %s to %s", cfg.model.name, report.weights, cfg.ckpt, fmt, output)
+    h, w = (int(v) for v in cfg.dataset.input_size)
+
+    def verify(written: Path, result: ExportResult) -> None:
+        shape = "dynamic batch, height and width" if result.dynamic else "fixed input shape"
+        log.info("exported in %.1f s: outputs (%s), %s", result.seconds, ", ".join(result.outputs), shape)
+        if not ex.verify:
+            return
+        gen = torch.Generator().manual_seed(1)
+        sizes = [(2, *_check_size((h, w))), (1, h, w)] if result.dynamic else [(1, h, w)]
+        inputs = [torch.rand((b, 3, y, x), generator=gen) for b, y, x in sizes]
+        try:
+            diffs = verify_export(written, fmt, model, inputs)
+        except ExportError as e:  # named by the output it was to become, not by its temporary name
+            raise ExportError(str(e).replace(str(written), str(output))) from None
+        if diffs is None:
+            log.warning(
+                "export.verify: onnxruntime is not installed; the ONNX file was not run (pip install onnxruntime)"
+            )
+            return
+        result.max_abs_diff = diffs
+        shapes = ", ".join("x".join(map(str, s)) for s in sizes)
+        figures = ", ".join(f"{k} {v:.2g}" for k, v in diffs.items())
+        log.info(
+            "verified on inputs %s: max |exported - PyTorch| %s (tolerance %g relative)", shapes, figures, TOLERANCE
+        )
+
     result = export_model(
         model,
         output,
@@ -339,24 +412,7 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
         opset=int(ex.opset),
         dynamic=bool(ex.dynamic),
         metadata=model_metadata(cfg, report.weights),
+        check=verify,
     )
-    shape = "dynamic batch, height and width" if result.dynamic else "fixed input shape"
-    log.info("wrote %s in %.1f s: outputs (%s), %s", output, result.seconds, ", ".join(result.outputs), shape)
-    if ex.verify:
-        h, w = (int(v) for v in cfg.dataset.input_size)
-        gen = torch.Generator().manual_seed(1)
-        sizes = [(2, *_check_size((h, w))), (1, h, w)] if result.dynamic else [(1, h, w)]
-        inputs = [torch.rand((b, 3, y, x), generator=gen) for b, y, x in sizes]
-        diffs = verify_export(output, fmt, model, inputs)
-        if diffs is None:
-            log.warning(
-                "export.verify: onnxruntime is not installed; the ONNX file was not run (pip install onnxruntime)"
-            )
-        else:
-            result.max_abs_diff = diffs
-            shapes = ", ".join("x".join(map(str, s)) for s in sizes)
-            figures = ", ".join(f"{k} {v:.2g}" for k, v in diffs.items())
-            log.info(
-                "verified on inputs %s: max |exported - PyTorch| %s (tolerance %g relative)", shapes, figures, TOLERANCE
-            )
+    log.info("wrote %s", output)
     return result

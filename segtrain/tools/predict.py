@@ -13,8 +13,15 @@ the input's sub-folders):
 ``_labels.png`` and ``_panoptic_ids.png`` are id maps for programs (small integers: near black in a
 viewer); the pictures to look at are ``_semantic.png``, ``_panoptic.png`` and ``_center.png``.
 
-``<name>`` is the file's stem; inputs of one folder that share a stem (``a.jpg``, ``a.png``) are
-told apart by their extension (``a_jpg``, ``a_png``), so no input's outputs overwrite another's.
+``<name>`` is the file's stem; inputs of one folder that share a stem, in any letter case (``a.jpg``,
+``a.png``, ``A.JPG``), are told apart by their extension (``a_jpg``, ``a_png``), and a
+name still taken (``a_jpg.png`` beside ``a.jpg``; names equal but for letter case, which a case-insensitive
+file system would merge) gets ``_2``, ``_3``, ...: no input's outputs overwrite another's.
+
+Nothing is overwritten that predict did not just write: ``output`` may not lie inside the input folder (its
+files would replace images and be read as images by the next run), no output may be an input or the
+checkpoint, and existing files are replaced only with ``overwrite=true``. File names that are not valid
+UTF-8 are skipped with a warning.
 """
 
 from __future__ import annotations
@@ -54,28 +61,97 @@ class PredictInputError(UserError, FileNotFoundError):
     """``input=`` names nothing to predict on; the message says what was looked for."""
 
 
+#: What predict writes per input: ``<name><suffix>`` (no suffix is the end of another, so distinct names
+#: give distinct files).
+OUTPUT_SUFFIXES = (
+    "_labels.png",
+    "_semantic.png",
+    "_panoptic.png",
+    "_panoptic_ids.png",
+    "_center.png",
+    "_segments.json",
+)
+
+
+def _utf8(path: Path) -> bool:
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes, kept by Python as surrogates
+        return False
+    return True
+
+
 def collect_inputs(source: str | Path) -> tuple[Path, list[Path]]:
-    """(root, image files): one file, or every image under a folder (recursively, sorted)."""
+    """(root, image files): one file, or every image under a folder (recursively, sorted). Names that are not
+    valid UTF-8 are skipped with a warning (they cannot be named in logs or JSON)."""
     path = Path(str(source)).expanduser()
     if path.is_file():
+        if not _utf8(path):
+            raise PredictInputError(f"input={ascii(str(path))}: the file name is not valid UTF-8; rename the file")
         return path.parent, [path]
     if not path.is_dir():
         raise PredictInputError(f"input={source!r}: no such file or folder")
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    files = [p for p in found if _utf8(p)]
+    for p in sorted(set(found) - set(files)):
+        log.warning("skipping %s: its name is not valid UTF-8; rename it to predict on it", ascii(str(p)))
     if not files:
         raise PredictInputError(f"input={source!r} holds no images ({', '.join(IMAGE_SUFFIXES)}, searched recursively)")
     return path, files
 
 
 def output_names(root: Path, files: list[Path]) -> dict[Path, Path]:
-    """A distinct output base path (relative, without suffix) per input file."""
-    stems = Counter((f.parent, f.stem) for f in files)
+    """A distinct output base path (relative, without suffix) per input file, also where letter case is not
+    told apart (``a.jpg``/``A.JPG``, case-insensitive file systems)."""
+    stems = Counter((f.parent, f.stem.casefold()) for f in files)
+    taken: set[tuple[Path, str]] = set()
     out = {}
     for f in files:
         rel = f.parent.relative_to(root)
-        name = f.stem if stems[(f.parent, f.stem)] == 1 else f"{f.stem}_{f.suffix.lstrip('.').lower()}"
-        out[f] = rel / name
+        name = f.stem if stems[(f.parent, f.stem.casefold())] == 1 else f"{f.stem}_{f.suffix.lstrip('.').lower()}"
+        candidate, n = name, 1
+        while (f.parent, candidate.casefold()) in taken:
+            n += 1
+            candidate = f"{name}_{n}"
+        taken.add((f.parent, candidate.casefold()))
+        out[f] = rel / candidate
     return out
+
+
+def check_outputs(
+    cfg: Any,
+    root: Path,
+    files: list[Path],
+    out_dir: Path,
+    names: dict[Path, Path],
+    suffixes: tuple[str, ...] = OUTPUT_SUFFIXES,
+) -> None:
+    """One line before any image is read when predict would overwrite what it did not write (see the module's
+    doc); ``suffixes``: the files written per input."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PredictInputError(f"output={cfg.output} is a file; predict writes into a folder: name a folder")
+    folder_input = Path(str(cfg.input)).expanduser().is_dir()
+    if folder_input and (out_dir.resolve() == root.resolve() or root.resolve() in out_dir.resolve().parents):
+        raise PredictInputError(
+            f"output={cfg.output} is inside input={cfg.input}: predictions would be written among the images (and "
+            "replace those named like them, and be read as images next time). Choose an output folder outside it"
+        )
+    planned = [out_dir / f"{names[f]}{suffix}" for f in files for suffix in suffixes]
+    protected = {p.resolve() for p in files}
+    if cfg.ckpt:
+        protected.add(Path(str(cfg.ckpt)).resolve())
+    clash = next((p for p in planned if p.resolve() in protected), None)
+    if clash is not None:
+        raise PredictInputError(
+            f"predict would write {clash}, which is an input or the checkpoint; choose another output"
+        )
+    existing = [p for p in planned if p.exists() or p.is_symlink()]
+    if existing and not cfg.get("overwrite", False):
+        more = f" and {len(existing) - 1} more" if len(existing) > 1 else ""
+        raise PredictInputError(
+            f"output={cfg.output} already holds {existing[0].name}{more} that this run would write; pass "
+            "overwrite=true to replace them, or choose an empty output folder"
+        )
 
 
 def _write_png(path: Path, image: np.ndarray) -> None:
@@ -97,6 +173,7 @@ def predict(cfg: Config, blob: Any, device: torch.device) -> list[Path]:
     precision = effective_precision(cfg.trainer.precision, device)
     classes = [str(c) for c in cfg.dataset.classes]
     spec = PanopticSpec.from_config(cfg) if getattr(model, "instance_aware", False) else None
+    check_outputs(cfg, root, files, out_dir, names, OUTPUT_SUFFIXES if spec is not None else OUTPUT_SUFFIXES[:2])
     written: list[Path] = []
     for path in files:
         rgb = read_image_file(path, cfg.dataset.max_image_pixels)
