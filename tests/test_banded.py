@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from typing import Any
 
 import cv2
 import numpy as np
@@ -22,9 +23,39 @@ from segtrain.evaluation.inference import predict_image
 from segtrain.evaluation.panoptic_export import encode_ids, with_boxes
 from segtrain.evaluation.visualize import overlay_heatmap, overlay_panoptic
 from segtrain.models.postprocess import find_instance_centers
-from segtrain.tools.predict import describe
 
 CLASSES = ["background", "circle", "square", "triangle"]
+
+
+def describe(
+    segments: list[dict[str, Any]],
+    id_map: np.ndarray,
+    panoptic: np.ndarray,
+    instances: dict[str, torch.Tensor],
+    logits: torch.Tensor,
+    spec: PanopticSpec,
+) -> dict[str, Any]:
+    """The whole-image segments JSON (predict before the banded path), kept as the oracle: id (in the ids
+    PNG), class, category id, area, box, score (things)."""
+    from segtrain.evaluation.instance_ap import instance_scores
+
+    scores = {}
+    if instances["id"].numel():
+        s = instance_scores(
+            torch.from_numpy(panoptic).to(logits.device), logits.float().softmax(0), instances, spec.label_divisor
+        )
+        scores = dict(zip(instances["id"].tolist(), s.tolist(), strict=True))
+    # panoptic id of each segment id (segments are in ascending panoptic-id order)
+    pan_ids: np.ndarray | list[int] = np.unique(panoptic[id_map > 0]) if segments else []
+    rows = []
+    for seg, pid in zip(with_boxes(id_map, segments), pan_ids, strict=True):
+        cls = int(seg["category_id"])
+        row = {**seg, "class": spec.class_names[cls], "isthing": int(cls in spec.thing_ids), "panoptic_id": int(pid)}
+        if int(pid) in scores:
+            row["score"] = round(float(scores[int(pid)]), 4)
+        rows.append(row)
+    return {"label_divisor": spec.label_divisor, "segments": rows}
+
 
 
 class FieldNet(nn.Module):

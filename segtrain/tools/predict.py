@@ -49,7 +49,6 @@ from segtrain.evaluation.banded import (
 )
 from segtrain.evaluation.evaluator import PanopticSpec
 from segtrain.evaluation.inference import model_from_checkpoint
-from segtrain.evaluation.panoptic_export import with_boxes
 from segtrain.fileio import atomic_write_bytes
 
 log = logging.getLogger("segtrain.predict")
@@ -194,32 +193,3 @@ def predict(cfg: Config, blob: Any, device: torch.device) -> list[Path]:
         del out, pred
         log.info("%s -> %s_*", path, base)
     return written
-
-
-def describe(
-    segments: list[dict[str, Any]],
-    id_map: np.ndarray,
-    panoptic: np.ndarray,
-    instances: dict[str, torch.Tensor],
-    logits: torch.Tensor,
-    spec: PanopticSpec,
-) -> dict[str, Any]:
-    """The segments JSON: id (in the ids PNG), class, category id, area, box, score (things)."""
-    from segtrain.evaluation.instance_ap import instance_scores
-
-    scores = {}
-    if instances["id"].numel():
-        s = instance_scores(
-            torch.from_numpy(panoptic).to(logits.device), logits.float().softmax(0), instances, spec.label_divisor
-        )
-        scores = dict(zip(instances["id"].tolist(), s.tolist(), strict=True))
-    # panoptic id of each segment id (segments are in ascending panoptic-id order)
-    pan_ids: np.ndarray | list[int] = np.unique(panoptic[id_map > 0]) if segments else []
-    rows = []
-    for seg, pid in zip(with_boxes(id_map, segments), pan_ids, strict=True):
-        cls = int(seg["category_id"])
-        row = {**seg, "class": spec.class_names[cls], "isthing": int(cls in spec.thing_ids), "panoptic_id": int(pid)}
-        if int(pid) in scores:
-            row["score"] = round(float(scores[int(pid)]), 4)
-        rows.append(row)
-    return {"label_divisor": spec.label_divisor, "segments": rows}
