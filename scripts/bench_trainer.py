@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,8 +54,11 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=128, help="input height = width")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--processes", type=int, default=5, help="fresh processes; their median overhead is judged")
+    ap.add_argument(
+        "--profile", action="store_true", help="instead: cProfile segtrain's step, ms per step of what it adds"
+    )
     args = ap.parse_args()
-    if args.processes > 1:
+    if args.processes > 1 and not args.profile:
         many_processes(args)
         return
     torch.set_num_threads(args.threads)
@@ -114,6 +118,10 @@ def main() -> None:
 
         segtrain_block()  # warm-up both paths
         bare_block()
+        if args.profile:
+            print(json.dumps(profile_step(segtrain_block, args), indent=1))
+            trainer.recorder.close()
+            return
         seg, bare = [], []
         for r in range(args.rounds):
             order = (segtrain_block, bare_block) if r % 2 == 0 else (bare_block, segtrain_block)
@@ -157,6 +165,43 @@ def main() -> None:
             indent=1,
         )
     )
+
+
+#: What segtrain's step does beyond the bare loop's forward, loss, backward and optimiser step.
+ADDED = {
+    "gradient norm (non-finite check)": "_grad_norm",
+    "loss denominators": "loss_denominators",
+    "hooks": "call_hooks",
+}
+
+
+def profile_step(block: Callable[[], tuple[float, float]], args: argparse.Namespace) -> dict:
+    """cProfile of a few segtrain blocks: per step, the whole step and the parts segtrain adds (what the
+    overhead can be made of, free of the between-process noise that timing two loops suffers)."""
+    import cProfile
+    import pstats
+
+    blocks = 3
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(blocks):
+        block()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    steps = blocks * args.steps
+
+    def ms(name: str) -> float:
+        total = sum(v[3] for (file, _, fn), v in stats.items() if fn == name and "segtrain" in file)
+        return round(1000 * total / steps, 3)
+
+    step = ms("run_step") + ms("call_hooks")
+    added = {what: ms(fn) for what, fn in ADDED.items()}
+    return {
+        "steps_profiled": steps,
+        "step_ms": round(step, 3),
+        "added_ms_per_step": added,
+        "added_fraction": round(sum(added.values()) / step, 4),
+    }
 
 
 def many_processes(args: argparse.Namespace) -> None:
