@@ -8,6 +8,7 @@ validation during training. Exact under torchrun (each image counted once, sums 
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import math
@@ -45,7 +46,7 @@ class ExportContext:
     spec: PanopticSpec | None  # None when the model's predictions are semantic only
 
 
-class Export:
+class Export(abc.ABC):
     """One export of a run. ``on_image`` (optional) is ``PanopticEvaluator``'s per-image callback (COCO
     panoptic id maps + segments of prediction and ground truth); an export that needs every batch's raw
     outputs (semantic logits, say) also implements the ``Evaluator`` protocol (``reset``, ``process(batch,
@@ -54,8 +55,9 @@ class Export:
 
     on_image: Callable[..., None] | None = None
 
+    @abc.abstractmethod
     def finish(self, evaluators: Sequence[Any]) -> dict[str, str]:
-        raise NotImplementedError
+        """``{eval.json key: path}`` of what rank 0 wrote (every rank calls it: it may gather)."""
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ def check_outputs(
             f"predict would write {clash}, which is an input or the checkpoint; choose another output"
         )
     existing = [p for p in planned if p.exists() or p.is_symlink()]
-    if existing and not cfg.get("overwrite", False):
+    if existing and not cfg.overwrite:
         more = f" and {len(existing) - 1} more" if len(existing) > 1 else ""
         raise PredictInputError(
             f"output={cfg.output} already holds {existing[0].name}{more} that this run would write; pass "
