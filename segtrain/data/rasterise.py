@@ -40,7 +40,6 @@ earlier one; the order is the record's ``paint_order``:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -50,17 +49,9 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
+from segtrain.data.compiled import optional_kernels
 
-_kernels: ModuleType | None
-try:
-    from segtrain.data import rasterise_kernels as _kernels
-except ImportError as _exc:  # numba missing or built for another NumPy: the (bit-identical) NumPy path
-    _kernels = None
-    logging.getLogger(__name__).warning(
-        "numba is unavailable (%s): polygons are rasterised by the NumPy path, identical but about 4x "
-        "slower per image. Fix: pip install 'numba>=0.60' matching your NumPy",
-        _exc,
-    )
+_kernels: ModuleType | None = optional_kernels("rasterise_kernels", "polygons are rasterised", "4x")
 
 if TYPE_CHECKING:
     from segtrain.data.records import Instance

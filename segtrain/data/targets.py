@@ -21,7 +21,6 @@ Two bit-identical implementations of the per-pixel work:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from functools import lru_cache
 from types import ModuleType
@@ -29,16 +28,9 @@ from types import ModuleType
 import cv2
 import numpy as np
 
-_kernels: ModuleType | None
-try:
-    from segtrain.data import targets_kernels as _kernels
-except ImportError as _exc:  # numba missing or built for another NumPy: the (bit-identical) NumPy path
-    _kernels = None
-    logging.getLogger(__name__).warning(
-        "numba is unavailable (%s): targets are built by the NumPy path, identical but about 2x slower "
-        "per image. Fix: pip install 'numba>=0.60' matching your NumPy",
-        _exc,
-    )
+from segtrain.data.compiled import optional_kernels
+
+_kernels: ModuleType | None = optional_kernels("targets_kernels", "targets are built", "2x")
 
 __all__ = ["gaussian_kernel", "gaussian_radius", "make_targets"]
 
