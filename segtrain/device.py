@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import warnings
 from typing import Any
 
 import numpy as np
@@ -34,36 +33,6 @@ def effective_precision(requested: str, device: torch.device) -> str:
     return requested
 
 
-def scaler_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
-    """``scaler.step(optimizer)``; True when the optimiser really stepped. False: fp16 found inf/NaN gradients
-    and the scaler skipped the update, so nothing that follows an update (the EMA) may move either.
-
-    Detected with an optimiser step post-hook (public API, no host sync), not by the scale dropping after
-    ``update()``, which would cost a synchronisation per step."""
-    stepped: list[bool] = []
-    handle = optimizer.register_step_post_hook(lambda *_: stepped.append(True))
-    try:
-        scaler.step(optimizer)
-    finally:
-        handle.remove()
-    return bool(stepped)
-
-
-_SCHEDULER_ORDER_WARNING = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
-
-
-def scheduler_step(scheduler: Any, stepped: bool) -> None:
-    """Advance the LR schedule by one loop step, skipped or not (the schedule is a function of the step count,
-    so its warm-up and decay keep their length and resume exactly). torch warns when the very first step was
-    skipped (fp16 overflow at the initial scale, common): expected here, so that warning alone is silenced."""
-    if stepped:
-        scheduler.step()
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_SCHEDULER_ORDER_WARNING, category=UserWarning)
-        scheduler.step()
-
-
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """Non-blocking copies from pinned memory; integer maps become int64 and uint8 images float on the device;
     encoded JPEG bytes (``HOST_KEYS``) stay on the host, where the GPU decoder reads them."""
@@ -73,7 +42,6 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     if out["image"].dtype == torch.uint8:
         out["image"] = out["image"].float().div_(255.0)
     return out
-
 
 
 def configure_determinism(trainer: Any) -> None:

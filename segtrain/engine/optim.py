@@ -8,6 +8,7 @@ progress after warm-up).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -105,3 +106,33 @@ def build_scheduler(
         return lambda s: max(lr_factor(s, total_steps, cfg), floor)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, [make(b) for b in base])
+
+
+def scaler_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+    """``scaler.step(optimizer)``; True when the optimiser really stepped. False: fp16 found inf/NaN gradients
+    and the scaler skipped the update, so nothing that follows an update (the EMA) may move either.
+
+    Detected with an optimiser step post-hook (public API, no host sync), not by the scale dropping after
+    ``update()``, which would cost a synchronisation per step."""
+    stepped: list[bool] = []
+    handle = optimizer.register_step_post_hook(lambda *_: stepped.append(True))
+    try:
+        scaler.step(optimizer)
+    finally:
+        handle.remove()
+    return bool(stepped)
+
+
+_SCHEDULER_ORDER_WARNING = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
+
+
+def scheduler_step(scheduler: Any, stepped: bool) -> None:
+    """Advance the LR schedule by one loop step, skipped or not (the schedule is a function of the step count,
+    so its warm-up and decay keep their length and resume exactly). torch warns when the very first step was
+    skipped (fp16 overflow at the initial scale, common): expected here, so that warning alone is silenced."""
+    if stepped:
+        scheduler.step()
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SCHEDULER_ORDER_WARNING, category=UserWarning)
+        scheduler.step()

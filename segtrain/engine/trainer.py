@@ -23,10 +23,11 @@ import torch
 from torch import nn
 
 from segtrain.checkpoint.state import unwrap
-from segtrain.device import autocast, scaler_step, scheduler_step, to_device
+from segtrain.device import autocast, to_device
 from segtrain.distributed import DistInfo, all_reduce_, is_dist
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms
+from segtrain.engine.optim import scaler_step, scheduler_step
 from segtrain.engine.profiling import Nvtx
 from segtrain.engine.recorder import Recorder
 from segtrain.errors import NonFiniteError, Preempted, mark_running
