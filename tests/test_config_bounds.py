@@ -179,3 +179,21 @@ def test_evaluate_refuses_a_checkpoint_asking_for_a_huge_network(tmp_path: Path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(errors) == 1 and f"ckpt={ckpt}" in errors[0] and "model.width=200000" in errors[0], errors
     assert not (tmp_path / "ev" / "eval.json").exists()
+
+
+def test_early_bounds_are_checked_once_before_any_data_is_made():
+    """The sizes that bound what the data set makes (``early``) are checked with the data values, before class
+    discovery reads annotations or writes the synthetic set; the later range check does not repeat them."""
+    from omegaconf import OmegaConf
+
+    from segtrain.config import SegtrainConfig
+    from segtrain.config.checks import check_data_values, check_ranges
+
+    early = [key for key, bound in BOUNDS.items() if bound.early]
+    assert {"dataset.max_image_pixels", "dataset.synthetic.num_train"} <= set(early)
+    for key in early:
+        cfg = OmegaConf.structured(SegtrainConfig)
+        OmegaConf.update(cfg, key, 0)
+        check_ranges(cfg)  # not this check's
+        with pytest.raises(ConfigError, match=rf"^{key}=0 must be >= 1 and <= "):
+            check_data_values(cfg)

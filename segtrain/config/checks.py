@@ -217,13 +217,15 @@ def validate(cfg: DictConfig) -> None:
 @dataclass(frozen=True)
 class Bound:
     """The numbers a key may hold: ``low``/``high`` (None: unbounded; ``*_open``: that end excluded), and why.
-    A list value (``optim.betas``) is checked element by element."""
+    A list value (``optim.betas``) is checked element by element. ``early``: checked with the data values,
+    before any data is read or generated (the sizes that bound what the data set makes segtrain allocate)."""
 
     low: float | None = None
     high: float | None = None
     why: str = ""
     low_open: bool = False
     high_open: bool = False
+    early: bool = False
 
     def admits(self, v: float) -> bool:
         """False for NaN and for +-inf wherever an end is finite (comparisons with NaN are all False)."""
@@ -235,10 +237,15 @@ class Bound:
         """``>= 1``, ``> 0``, ``>= 0 and < 1``."""
         ends = []
         if self.low is not None:
-            ends.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+            ends.append(f"{'>' if self.low_open else '>='} {_shown(self.low)}")
         if self.high is not None:
-            ends.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+            ends.append(f"{'<' if self.high_open else '<='} {_shown(self.high)}")
         return " and ".join(ends)
+
+
+def _shown(x: float) -> str:
+    """``%g``, but a large integer end in full (``4,294,967,296``, not ``4.29497e+09``)."""
+    return f"{x:,}" if isinstance(x, int) and abs(x) >= 10**6 else f"{x:g}"
 
 
 _POSITIVE = Bound(0, None, low_open=True)
@@ -298,7 +305,15 @@ BOUNDS: dict[str, Bound] = {
     "dataset.targets.sigma": _POSITIVE,
     "dataset.targets.small_instance_area": _AT_LEAST_0,
     "dataset.targets.small_instance_weight": _AT_LEAST_0,
-    "dataset.max_image_pixels": _AT_LEAST_1,
+    "dataset.max_image_pixels": Bound(
+        1,
+        MAX_IMAGE_PIXELS_CAP,
+        f"2**32: a 65536 x 65536 image, 12 GiB as RGB; the default {DEFAULT_MAX_IMAGE_PIXELS:,} fits any camera",
+        early=True,
+    ),
+    "dataset.synthetic.num_train": Bound(1, MAX_SYNTHETIC_IMAGES, "images the default data set writes", early=True),
+    "dataset.synthetic.num_val": Bound(1, MAX_SYNTHETIC_IMAGES, "images the default data set writes", early=True),
+    "dataset.synthetic.max_instances": Bound(1, MAX_SYNTHETIC_INSTANCES, "objects per synthetic image", early=True),
     "dataset.panoptic.label_divisor": _AT_LEAST_1,
     "dataset.panoptic.stuff_area": _AT_LEAST_0,
     "dataset.panoptic.threshold": _AT_LEAST_0,
@@ -321,11 +336,11 @@ def _is_number(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def check_ranges(cfg: DictConfig) -> None:
-    """Numbers that cannot be right (zero epochs, a NaN rate, sigma <= 0, ...) fail before any work: one line
-    naming the key, the value and the allowed range (:data:`BOUNDS`)."""
-    check_finite(cfg)
+def _check_bounds(cfg: DictConfig, early: bool) -> None:
+    """The :data:`BOUNDS` whose ``early`` flag is ``early``: one line naming the key, the value and the range."""
     for key, bound in BOUNDS.items():
+        if bound.early != early:
+            continue
         value = OmegaConf.select(cfg, key)
         if value is None:
             continue
@@ -337,6 +352,14 @@ def check_ranges(cfg: DictConfig) -> None:
                 why = f" ({bound.why})" if bound.why else ""
                 shown = values if len(values) > 1 or key in _LENGTHS else v
                 raise ConfigError(f"{key}={shown!r} must be {bound.text()}{why}")
+
+
+def check_ranges(cfg: DictConfig) -> None:
+    """Numbers that cannot be right (zero epochs, a NaN rate, sigma <= 0, ...) fail before any work: one line
+    naming the key, the value and the allowed range (:data:`BOUNDS`; the ``early`` ones are
+    :func:`check_data_values`')."""
+    check_finite(cfg)
+    _check_bounds(cfg, early=False)
     pan = cfg.dataset.panoptic
     if pan.nms_kernel % 2 == 0:
         raise ConfigError(f"dataset.panoptic.nms_kernel={pan.nms_kernel} must be odd")
@@ -382,12 +405,8 @@ def check_data_values(cfg: DictConfig) -> None:
     """Values of the data section that cannot be right, each bounded by what it makes segtrain allocate or
     write (``dataset.max_image_pixels`` above all), checked before any data is read or generated. The same
     check runs on a checkpoint's stored config (config_from_checkpoint finalises it)."""
+    _check_bounds(cfg, early=True)
     pixels = OmegaConf.select(cfg, "dataset.max_image_pixels")
-    if type(pixels) is not int or not 1 <= pixels <= MAX_IMAGE_PIXELS_CAP:
-        raise ConfigError(
-            f"dataset.max_image_pixels={pixels!r} must be an integer in [1, 2**32] (2**32: a 65536 x 65536 image, "
-            f"12 GiB as RGB; the default {DEFAULT_MAX_IMAGE_PIXELS:,} fits any camera)"
-        )
     for key in ("dataset.input_size", "dataset.synthetic.image_size"):
         h, w = _pair(cfg, key)
         if h * w > pixels:
@@ -396,13 +415,6 @@ def check_data_values(cfg: DictConfig) -> None:
                 f"item would need at least {h * w * 3 / 2**30:.1f} GiB. Use a smaller size (e.g. [512, 512]), or "
                 "raise dataset.max_image_pixels if you really train at that size"
             )
-    for key in ("dataset.synthetic.num_train", "dataset.synthetic.num_val"):
-        n = OmegaConf.select(cfg, key)
-        if type(n) is not int or not 1 <= n <= MAX_SYNTHETIC_IMAGES:
-            raise ConfigError(f"{key}={n!r} must be an integer in [1, {MAX_SYNTHETIC_IMAGES:,}]")
-    n = OmegaConf.select(cfg, "dataset.synthetic.max_instances")
-    if type(n) is not int or not 1 <= n <= MAX_SYNTHETIC_INSTANCES:
-        raise ConfigError(f"dataset.synthetic.max_instances={n!r} must be an integer in [1, {MAX_SYNTHETIC_INSTANCES}]")
     sigma, side = OmegaConf.select(cfg, "dataset.targets.sigma"), max(_pair(cfg, "dataset.input_size"))
     most = min(side / 2, MAX_SIGMA)
     if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not sigma <= most:  # NaN too; > 0: ranges
