@@ -62,35 +62,18 @@ def _check_int(name: str, t: Tensor, ndim: int) -> None:
         raise ValueError(f"{name} must have an integer dtype, got {t.dtype}")
 
 
-def make_targets_torch(
+def _check_arguments(
     instance: Tensor,
     instance_classes: Tensor,
-    sigma: float = 8.0,
-    *,
-    stuff_classes: Sequence[int] = (),
-    ignore_label: int = 255,
-    valid: Tensor | None = None,
-    small_instance_area: int = 0,
-    small_instance_weight: float = 1.0,
-    crowd_classes: Tensor | None = None,
-) -> dict[str, Tensor]:
-    """Targets of a batch, per image exactly :func:`segtrain.data.targets.make_targets`.
-
-    Args:
-        instance: (B, H, W) integer ids 0..K (0 = background).
-        instance_classes: (B, K+1) integer class of each id per image; ``[:, 0]`` is the background class.  Images
-            with fewer instances pad their row with any class (e.g. 0): slots of absent ids produce nothing.
-        sigma, stuff_classes, ignore_label, small_instance_area, small_instance_weight: as in ``make_targets``.
-        valid: optional (B, H, W) bool (or 0/1 integer) mask, False on invented pixels.
-        crowd_classes: optional (B, K+1) own class of each crowd id, -1 elsewhere (pad with -1), as in
-            ``make_targets``: crowd pixels then carry that class in ``semantic``.
-
-    Returns:
-        dict on ``instance.device``: ``semantic`` (B, H, W) int64 (``ignore_label`` on crowd/ignore/invalid),
-        ``center`` (B, 1, H, W) float32, ``offset`` (B, 2, H, W) float32 (``[0] = cy - y``, ``[1] = cx - x``), and
-        ``semantic_weight`` / ``center_weight`` / ``offset_weight`` (B, H, W) float32.
-    """
-    # ---------------------------------------------------------------- argument checks (no data access)
+    sigma: float,
+    ignore_label: int,
+    valid: Tensor | None,
+    small_instance_area: int,
+    small_instance_weight: float,
+    crowd_classes: Tensor | None,
+) -> None:
+    """Shapes, dtypes and devices (no data access); the values too on CPU, where reading them is free (on an
+    accelerator it would cost a host sync per batch)."""
     _check_int("instance", instance, 3)
     _check_int("instance_classes", instance_classes, 2)
     b, h, w = instance.shape
@@ -102,15 +85,11 @@ def make_targets_torch(
         )
     if not 0 <= int(ignore_label) <= 255:
         raise ValueError(f"ignore_label must be in [0, 255], got {ignore_label}")
-    ignore_label = int(ignore_label)
-    sigma = float(sigma)
-    if not (math.isfinite(sigma) and sigma > 0):
+    if not (math.isfinite(float(sigma)) and float(sigma) > 0):
         raise ValueError(f"sigma must be a positive finite number, got {sigma}")
-    stuff = [int(s) for s in stuff_classes]
     if int(small_instance_area) != small_instance_area or small_instance_area < 0:
         raise ValueError(f"small_instance_area must be a non-negative int, got {small_instance_area}")
-    small_instance_weight = float(small_instance_weight)
-    if not math.isfinite(small_instance_weight):
+    if not math.isfinite(float(small_instance_weight)):
         raise ValueError(f"small_instance_weight must be finite, got {small_instance_weight}")
     device = instance.device
     if instance_classes.device != device:
@@ -149,6 +128,102 @@ def make_targets_torch(
                     f"crowd_classes must be -1 (not a crowd) or a class in [0, 255], got values in [{cmin}, {cmax}]"
                 )
 
+
+def _centre_heatmap(cy: Tensor, cx: Tensor, thing: Tensor, sigma: float, shape: tuple[int, int, int]) -> Tensor:
+    """The centre heatmap, flat (B*H*W,): at each pixel the max of the Gaussians pasted at the rounded centres
+    ``(cy, cx)`` (B, n_ids + 1) of the ids where ``thing``; one scatter-max per chunk of id slots."""
+    b, h, w = shape
+    device = cy.device
+    n_ids = cy.shape[1] - 1
+    bs = torch.arange(b, device=device)
+    r = gaussian_radius(sigma)
+    size = 2 * r + 1
+    kern = _kernel(sigma, device)  # (size*size,) float32
+    d = torch.arange(-r, r + 1, device=device)
+    cyr = torch.round(cy).long()  # half to even, as np.rint
+    cxr = torch.round(cx).long()
+    heat = torch.zeros(b * h * w, dtype=torch.float32, device=device)
+    slots = n_ids - 1  # ids 1..K (0 is never a thing, the invalid pseudo-id neither)
+    chunk = max(1, _HEAT_CHUNK // max(1, b * size * size))
+    base = (bs.long() * (h * w))[:, None, None, None]
+    for k0 in range(1, 1 + slots, chunk):  # loop over chunks of id slots (usually a single iteration)
+        k1 = min(1 + slots, k0 + chunk)
+        py = cyr[:, k0:k1, None, None] + d[:, None]  # (B, k, size, 1)
+        px = cxr[:, k0:k1, None, None] + d[None, :]  # (B, k, 1, size)
+        ok = thing[:, k0:k1, None, None] & (py >= 0) & (py < h) & (px >= 0) & (px < w)
+        idx = torch.where(ok, base + py * w + px, 0)  # out-of-window elements write 0 into pixel 0: a no-op max
+        val = torch.where(ok, kern.view(size, size), 0.0)
+        heat.scatter_reduce_(0, idx.reshape(-1), val.reshape(-1), reduce="amax", include_self=True)
+    return heat
+
+
+def _id_sums(lab: Tensor, n_lut: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per image and id (labels ``lab`` (B, H, W) int32 in 0..n_lut-1): pixel count and sums of y and of x,
+    exact int64 (centres are their ratios)."""
+    b, h, w = lab.shape
+    device, i32 = lab.device, torch.int32
+    ys = torch.arange(h, device=device, dtype=i32)
+    xs = torch.arange(w, device=device, dtype=i32)
+    bs = torch.arange(b, device=device, dtype=i32)
+    # Histograms of (image, row, id) and (image, column, id); y- and x-weighted sums over them are exact int64.
+    ones = torch.ones((), dtype=i32, device=device).expand(b * h * w)
+    idx = (lab + ((bs[:, None] * h + ys[None, :]) * n_lut)[:, :, None]).view(-1)
+    rows = torch.zeros(b * h * n_lut, dtype=i32, device=device).index_add_(0, idx, ones)
+    idx = (lab + ((bs[:, None] * w + xs[None, :]) * n_lut)[:, None, :]).view(-1)
+    cols = torch.zeros(b * w * n_lut, dtype=i32, device=device).index_add_(0, idx, ones)
+    del idx
+    rows = rows.view(b, h, n_lut).long()
+    cols = cols.view(b, w, n_lut).long()
+    area = rows.sum(1)  # (B, n_lut)
+    sum_y = (rows * ys.long()[None, :, None]).sum(1)
+    sum_x = (cols * xs.long()[None, :, None]).sum(1)
+    return area, sum_y, sum_x
+
+
+def make_targets_torch(
+    instance: Tensor,
+    instance_classes: Tensor,
+    sigma: float = 8.0,
+    *,
+    stuff_classes: Sequence[int] = (),
+    ignore_label: int = 255,
+    valid: Tensor | None = None,
+    small_instance_area: int = 0,
+    small_instance_weight: float = 1.0,
+    crowd_classes: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """Targets of a batch, per image exactly :func:`segtrain.data.targets.make_targets`.
+
+    Args:
+        instance: (B, H, W) integer ids 0..K (0 = background).
+        instance_classes: (B, K+1) integer class of each id per image; ``[:, 0]`` is the background class.  Images
+            with fewer instances pad their row with any class (e.g. 0): slots of absent ids produce nothing.
+        sigma, stuff_classes, ignore_label, small_instance_area, small_instance_weight: as in ``make_targets``.
+        valid: optional (B, H, W) bool (or 0/1 integer) mask, False on invented pixels.
+        crowd_classes: optional (B, K+1) own class of each crowd id, -1 elsewhere (pad with -1), as in
+            ``make_targets``: crowd pixels then carry that class in ``semantic``.
+
+    Returns:
+        dict on ``instance.device``: ``semantic`` (B, H, W) int64 (``ignore_label`` on crowd/ignore/invalid),
+        ``center`` (B, 1, H, W) float32, ``offset`` (B, 2, H, W) float32 (``[0] = cy - y``, ``[1] = cx - x``), and
+        ``semantic_weight`` / ``center_weight`` / ``offset_weight`` (B, H, W) float32.
+    """
+    _check_arguments(
+        instance,
+        instance_classes,
+        sigma,
+        ignore_label,
+        valid,
+        small_instance_area,
+        small_instance_weight,
+        crowd_classes,
+    )
+    b, h, w = instance.shape
+    ignore_label, sigma, small_instance_weight = int(ignore_label), float(sigma), float(small_instance_weight)
+    stuff = [int(s) for s in stuff_classes]
+    device = instance.device
+    n_ids = instance_classes.shape[1]
+
     # ---------------------------------------------------------------- labels: id, or pseudo-id n_ids if invalid
     # int32 indices throughout: index_add_/index_select are 2-4x faster with them than with int64 on CPU, and every
     # index here is < B * max(H, W) * (K+2), far below 2**31.
@@ -162,19 +237,7 @@ def make_targets_torch(
     xs = torch.arange(w, device=device, dtype=i32)
     bs = torch.arange(b, device=device, dtype=i32)
 
-    # ---------------------------------------------------------------- per-id statistics (exact integers)
-    # Histograms of (image, row, id) and (image, column, id); y- and x-weighted sums over them are exact int64.
-    ones = torch.ones((), dtype=i32, device=device).expand(b * h * w)
-    idx = (lab + ((bs[:, None] * h + ys[None, :]) * n_lut)[:, :, None]).view(-1)
-    rows = torch.zeros(b * h * n_lut, dtype=i32, device=device).index_add_(0, idx, ones)
-    idx = (lab + ((bs[:, None] * w + xs[None, :]) * n_lut)[:, None, :]).view(-1)
-    cols = torch.zeros(b * w * n_lut, dtype=i32, device=device).index_add_(0, idx, ones)
-    del idx
-    rows = rows.view(b, h, n_lut).long()
-    cols = cols.view(b, w, n_lut).long()
-    area = rows.sum(1)  # (B, n_lut)
-    sum_y = (rows * ys.long()[None, :, None]).sum(1)
-    sum_x = (cols * xs.long()[None, :, None]).sum(1)
+    area, sum_y, sum_x = _id_sums(lab, n_lut)  # (B, n_lut) each, exact int64
 
     cls = torch.cat([instance_classes.long(), torch.full((b, 1), ignore_label, dtype=torch.long, device=device)], dim=1)
     ignored = cls == ignore_label
@@ -219,25 +282,7 @@ def make_targets_torch(
     offset[:, 1] = torch.where(thing_pix, lookup(cx) - xs, 0.0)
     del thing_pix
 
-    # ---------------------------------------------------------------- centre heatmap (max of pasted kernels)
-    r = gaussian_radius(sigma)
-    size = 2 * r + 1
-    kern = _kernel(sigma, device)  # (size*size,) float32
-    d = torch.arange(-r, r + 1, device=device)
-    cyr = torch.round(cy).long()  # half to even, as np.rint
-    cxr = torch.round(cx).long()
-    heat = torch.zeros(b * h * w, dtype=torch.float32, device=device)
-    slots = n_ids - 1  # ids 1..K (0 is never a thing, the invalid pseudo-id neither)
-    chunk = max(1, _HEAT_CHUNK // max(1, b * size * size))
-    base = (bs.long() * (h * w))[:, None, None, None]
-    for k0 in range(1, 1 + slots, chunk):  # loop over chunks of id slots (usually a single iteration)
-        k1 = min(1 + slots, k0 + chunk)
-        py = cyr[:, k0:k1, None, None] + d[:, None]  # (B, k, size, 1)
-        px = cxr[:, k0:k1, None, None] + d[None, :]  # (B, k, 1, size)
-        ok = thing[:, k0:k1, None, None] & (py >= 0) & (py < h) & (px >= 0) & (px < w)
-        idx = torch.where(ok, base + py * w + px, 0)  # out-of-window elements write 0 into pixel 0: a no-op max
-        val = torch.where(ok, kern.view(size, size), 0.0)
-        heat.scatter_reduce_(0, idx.reshape(-1), val.reshape(-1), reduce="amax", include_self=True)
+    heat = _centre_heatmap(cy, cx, thing, sigma, (b, h, w))
 
     return {
         "semantic": semantic,
