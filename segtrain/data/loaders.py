@@ -118,7 +118,7 @@ def keep_freed_memory() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: serve big blocks from the heap
-        libc.mallopt(-1, 1 << 31)  # M_TRIM_THRESHOLD: do not give the heap back eagerly
+        libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD (a C int): do not give the heap back eagerly
     except (OSError, AttributeError):  # not glibc: nothing to tune
         pass
 
