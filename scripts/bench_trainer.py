@@ -11,7 +11,7 @@ host waits for the device). Prints one JSON object. Goal: overhead <= 2%.
     python scripts/bench_trainer.py [--steps 5] [--rounds 4] [--batch 8] [--size 128] [--processes 40]
     python scripts/bench_trainer.py --control     # the same, bare loop vs itself: what noise reads as
     python scripts/bench_trainer.py --profile     # what segtrain's step adds, by cProfile, ms per step
-    python scripts/bench_trainer.py --instructions --steps 2 --rounds 2   # instructions per step (valgrind)
+    python scripts/bench_trainer.py --instructions --steps 2 --rounds 2 --log-every 2   # instructions per step
 
 Within one process the two loops can differ by a constant that has nothing to do with their code (seen
 here: 0.7% in one process, 12% in the next, on the same commit, in CPU time: the placement of the same
@@ -19,7 +19,8 @@ tensors in memory changes how fast the convolutions run; the A/A control reads -
 ``--processes N`` runs the comparison in N short fresh processes (about 20 s each) and judges the median
 of their overheads; it reports the bootstrap 95% interval of that median. ``--instructions`` counts what the
 code adds instead of timing it: instructions per step of each loop under valgrind's callgrind, which neither
-the machine's load nor memory placement moves (about 20 minutes at the default size).
+the machine's load nor memory placement moves (about 40 minutes at the default size; ``--log-every 2`` makes
+every segtrain block log once, 5x as often as the default, so logging is counted, generously).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--size", type=int, default=128, help="input height = width")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--log-every", type=int, default=10, help="trainer.log_every (10: the default)")
     ap.add_argument("--processes", type=int, default=40, help="fresh processes; their median overhead is judged")
     ap.add_argument(
         "--control",
@@ -90,7 +92,7 @@ def main() -> None:
                 f"dataset.cache_dir={tmp}/cache",
                 f"dataset.input_size=[{args.size},{args.size}]",
                 f"dataset.synthetic.image_size=[{args.size},{args.size}]",
-                "trainer.log_every=10",
+                f"trainer.log_every={args.log_every}",
                 "trainer.progress=true",
             ]
         )
@@ -98,8 +100,7 @@ def main() -> None:
         dist = DistInfo(device=device)
         ds = build_dataset(cfg, "train")
         batches = [
-            collate([ds[(0, (b * args.batch + i) % len(ds))] for i in range(args.batch)])
-            for b in range(args.steps)
+            collate([ds[(0, (b * args.batch + i) % len(ds))] for i in range(args.batch)]) for b in range(args.steps)
         ]
         run_dir = Path(tmp) / "run"
         run_dir.mkdir()
@@ -107,6 +108,7 @@ def main() -> None:
             setup_logging(run_dir, 0)  # train.log + console log lines, as in a real run
         trainer = step_trainer(cfg, dist)
         trainer.recorder = Recorder(run_dir, True)
+        trainer.recorder.start()  # as fit() does before the first step: TensorBoard's import is not step time
         # the built-in hooks as a run has them; the block below stays inside one epoch (no validation, no save)
         saver = Checkpointer(run_dir, to_container(cfg), keep_last=1, is_main=True)
         trainer.register_hooks(default_hooks(cfg, run_dir, validate=dict, checkpointer=saver, panels=None))
@@ -177,6 +179,7 @@ def main() -> None:
             print(json.dumps({"blocks": ran}))
             return
         trainer.recorder.close()
+
     # A shared machine adds bursts of noise to single blocks: report the median of the per-round
     # paired ratios (each round times both loops back to back) and the ratio of the fastest blocks.
     def overheads(i: int) -> tuple[float, float]:
@@ -197,6 +200,7 @@ def main() -> None:
                 "threads": args.threads,
                 "steps_per_block": args.steps,
                 "rounds": args.rounds,
+                "log_every": args.log_every,
                 "segtrain_step_ms_best": round(1000 * min(x[0] for x in seg) / args.steps, 3),
                 "bare_step_ms_best": round(1000 * min(x[0] for x in bare) / args.steps, 3),
                 "judged_on": judged,
@@ -270,8 +274,8 @@ def instructions(args: argparse.Namespace) -> None:
         out = Path(tmp) / "callgrind.out"
         argv = [valgrind, "--tool=callgrind", "--dump-before=getsid", f"--callgrind-out-file={out}"]
         argv += [sys.executable, __file__, "--processes", "1", "--mark"]
-        for key in ("steps", "rounds", "batch", "size"):
-            argv += [f"--{key}", str(getattr(args, key))]
+        for key in ("steps", "rounds", "batch", "size", "log_every"):
+            argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
         t0 = time.perf_counter()
         proc = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -297,6 +301,7 @@ def instructions(args: argparse.Namespace) -> None:
                 "input": args.size,
                 "steps_per_block": args.steps,
                 "rounds": args.rounds,
+                "log_every": args.log_every,
                 "segtrain_instructions_per_step": round(seg),
                 "bare_instructions_per_step": round(bare),
                 "overhead": round(seg / bare - 1, 5),
@@ -310,6 +315,9 @@ def instructions(args: argparse.Namespace) -> None:
             indent=1,
         )
     )
+
+
+SETTINGS = ("device", "model", "batch", "input", "threads", "steps_per_block", "log_every")
 
 
 def many_processes(args: argparse.Namespace) -> None:
@@ -327,8 +335,8 @@ def many_processes(args: argparse.Namespace) -> None:
     runs = []
     for i in range(args.processes):
         argv = [sys.executable, __file__, "--processes", "1"]
-        for key in ("steps", "rounds", "threads", "batch", "size", "device"):
-            argv += [f"--{key}", str(getattr(args, key))]
+        for key in ("steps", "rounds", "threads", "batch", "size", "device", "log_every"):
+            argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
         argv += ["--control"] if args.control else []
         out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
         runs.append(json.loads(out))
@@ -350,7 +358,7 @@ def many_processes(args: argparse.Namespace) -> None:
     print(
         json.dumps(
             {
-                **{k: runs[0][k] for k in ("device", "model", "batch", "input", "threads", "steps_per_block")},
+                **{k: runs[0][k] for k in SETTINGS},
                 "compared": "bare loop vs itself (A/A control)" if args.control else "segtrain vs bare loop",
                 "rounds": args.rounds,
                 "processes": args.processes,
