@@ -156,7 +156,8 @@ def main() -> None:
             print(json.dumps(profile_step(segtrain_block, args), indent=1))
             trainer.recorder.close()
             return
-        seg, bare = [], []
+        seg: list[tuple[float, float]] = []
+        bare: list[tuple[float, float]] = []
         ran = []
         for r in range(args.rounds):
             order = (segtrain_block, bare_block) if r % 2 == 0 else (bare_block, segtrain_block)
