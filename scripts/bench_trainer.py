@@ -19,7 +19,7 @@ tensors in memory changes how fast the convolutions run; the A/A control reads -
 ``--processes N`` runs the comparison in N short fresh processes (about 20 s each) and judges the median
 of their overheads; it reports the bootstrap 95% interval of that median. ``--instructions`` counts what the
 code adds instead of timing it: instructions per step of each loop under valgrind's callgrind, which neither
-the machine's load nor memory placement moves (about 40 minutes at the default size; ``--log-every 2`` makes
+the machine's load nor memory placement moves (about 45 minutes at the default size; ``--log-every 2`` makes
 every segtrain block log once, 5x as often as the default, so logging is counted, generously).
 """
 
