@@ -129,13 +129,12 @@ def _check_arguments(
                 )
 
 
-def _centre_heatmap(cy: Tensor, cx: Tensor, thing: Tensor, sigma: float, shape: tuple[int, int, int]) -> Tensor:
+def _centre_heatmap(cy: Tensor, cx: Tensor, thing: Tensor, sigma: float, bs: Tensor, h: int, w: int) -> Tensor:
     """The centre heatmap, flat (B*H*W,): at each pixel the max of the Gaussians pasted at the rounded centres
-    ``(cy, cx)`` (B, n_ids + 1) of the ids where ``thing``; one scatter-max per chunk of id slots."""
-    b, h, w = shape
-    device = cy.device
+    ``(cy, cx)`` (B, n_ids + 1) of the ids where ``thing``; one scatter-max per chunk of id slots. ``bs``: the
+    image indices 0..B-1."""
+    b, device = bs.numel(), cy.device
     n_ids = cy.shape[1] - 1
-    bs = torch.arange(b, device=device)
     r = gaussian_radius(sigma)
     size = 2 * r + 1
     kern = _kernel(sigma, device)  # (size*size,) float32
@@ -157,14 +156,11 @@ def _centre_heatmap(cy: Tensor, cx: Tensor, thing: Tensor, sigma: float, shape: 
     return heat
 
 
-def _id_sums(lab: Tensor, n_lut: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Per image and id (labels ``lab`` (B, H, W) int32 in 0..n_lut-1): pixel count and sums of y and of x,
-    exact int64 (centres are their ratios)."""
+def _id_sums(lab: Tensor, n_lut: int, ys: Tensor, xs: Tensor, bs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per image and id (labels ``lab`` (B, H, W) int32 in 0..n_lut-1; ``ys``, ``xs``, ``bs``: the int32 row,
+    column and image indices): pixel count and sums of y and of x, exact int64 (centres are their ratios)."""
     b, h, w = lab.shape
     device, i32 = lab.device, torch.int32
-    ys = torch.arange(h, device=device, dtype=i32)
-    xs = torch.arange(w, device=device, dtype=i32)
-    bs = torch.arange(b, device=device, dtype=i32)
     # Histograms of (image, row, id) and (image, column, id); y- and x-weighted sums over them are exact int64.
     ones = torch.ones((), dtype=i32, device=device).expand(b * h * w)
     idx = (lab + ((bs[:, None] * h + ys[None, :]) * n_lut)[:, :, None]).view(-1)
@@ -237,7 +233,7 @@ def make_targets_torch(
     xs = torch.arange(w, device=device, dtype=i32)
     bs = torch.arange(b, device=device, dtype=i32)
 
-    area, sum_y, sum_x = _id_sums(lab, n_lut)  # (B, n_lut) each, exact int64
+    area, sum_y, sum_x = _id_sums(lab, n_lut, ys, xs, bs)  # (B, n_lut) each, exact int64
 
     cls = torch.cat([instance_classes.long(), torch.full((b, 1), ignore_label, dtype=torch.long, device=device)], dim=1)
     ignored = cls == ignore_label
@@ -282,7 +278,7 @@ def make_targets_torch(
     offset[:, 1] = torch.where(thing_pix, lookup(cx) - xs, 0.0)
     del thing_pix
 
-    heat = _centre_heatmap(cy, cx, thing, sigma, (b, h, w))
+    heat = _centre_heatmap(cy, cx, thing, sigma, bs, h, w)
 
     return {
         "semantic": semantic,
