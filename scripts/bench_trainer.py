@@ -168,7 +168,7 @@ def main() -> None:
                 (seg if fn is segtrain_block else bare).append(fn())
         if args.mark:
             os.getsid(0)
-            print(json.dumps({"blocks": ran}))
+            print(json.dumps({"blocks": ran, "model": cfg.model.name}))
             return
         trainer.recorder.close()
 
@@ -249,6 +249,14 @@ def profile_step(block: Callable[[], tuple[float, float]], args: argparse.Namesp
     }
 
 
+def child_argv(args: argparse.Namespace, keys: tuple[str, ...], *flags: str) -> list[str]:
+    """This script as one single-process run with ``args``' values of ``keys`` (and ``flags``)."""
+    argv = [sys.executable, __file__, "--processes", "1", *flags]
+    for key in keys:
+        argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+    return argv
+
+
 def instructions(args: argparse.Namespace) -> None:
     """Instructions executed per step by each loop, counted by valgrind's callgrind in one process: the
     child marks the start of every timed block (``os.getsid``, which callgrind is told to dump before), so
@@ -265,15 +273,14 @@ def instructions(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         argv = [valgrind, "--tool=callgrind", "--dump-before=getsid", f"--callgrind-out-file={out}"]
-        argv += [sys.executable, __file__, "--processes", "1", "--mark"]
-        for key in ("steps", "rounds", "batch", "size", "log_every"):
-            argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+        argv += child_argv(args, ("steps", "rounds", "batch", "size", "log_every"), "--mark")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
         t0 = time.perf_counter()
         proc = subprocess.run(argv, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(f"the child under callgrind failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        blocks = json.loads(proc.stdout.strip().splitlines()[-1])["blocks"]
+        child = json.loads(proc.stdout.strip().splitlines()[-1])
+        blocks = child["blocks"]
         counts = {}
         for part in Path(tmp).glob("callgrind.out.*"):
             text = part.read_text()
@@ -288,7 +295,7 @@ def instructions(args: argparse.Namespace) -> None:
         json.dumps(
             {
                 "measure": "instructions (callgrind Ir) per step, median over blocks",
-                "model": "tiny_panoptic",
+                "model": child["model"],
                 "batch": args.batch,
                 "input": args.size,
                 "steps_per_block": args.steps,
@@ -326,10 +333,8 @@ def many_processes(args: argparse.Namespace) -> None:
 
     runs = []
     for i in range(args.processes):
-        argv = [sys.executable, __file__, "--processes", "1"]
-        for key in ("steps", "rounds", "threads", "batch", "size", "device", "log_every"):
-            argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-        argv += ["--control"] if args.control else []
+        keys = ("steps", "rounds", "threads", "batch", "size", "device", "log_every")
+        argv = child_argv(args, keys, *(["--control"] if args.control else []))
         out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
         runs.append(json.loads(out))
         print(f"process {i + 1}/{args.processes}: {runs[-1]['overhead_paired_median']:+.4f}", file=sys.stderr)
