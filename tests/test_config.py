@@ -146,7 +146,7 @@ def test_true_false_unquoted_mean_the_words(word):
 
 @pytest.mark.parametrize("tool", ["finetune", "evaluate", "predict", "doctor", "export"])
 def test_every_tool_has_its_own_run_directory(tool):
-    """README: the tools write into outputs/<tool>/<date>/<time>, never among the training runs."""
+    """docs/configuration.md: the tools write into outputs/<tool>/<date>/<time>, never among the training runs."""
     cfg = OmegaConf.load(CONFIGS / f"{tool}.yaml")
     run_dir = cfg.hydra.run._get_node("dir")._value()  # unresolved: ${now:...} is Hydra's resolver
     assert str(run_dir).startswith(f"outputs/{tool}/"), run_dir

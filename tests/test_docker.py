@@ -580,6 +580,8 @@ def dockerignored(path: str) -> bool:
         ".env",
         "compose.yaml",
         "docker/compose.yaml",
+        "docs/index.md",
+        "mkdocs.yml",
     ],
 )
 def test_dockerignore_excludes(path):

@@ -1,4 +1,4 @@
-"""The package layers of README's Layout section, read from the source: which package may import which,
+"""The package layers of docs/architecture.md's Layout section, read from the source: which package may import which,
 no import cycles between modules (at import time or inside functions), no entry point imported by anything.
 
 Imports under ``if TYPE_CHECKING:`` are annotations only and are not counted.
@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "tools": {"data", "models", "checkpoint", "evaluation", "engine"},
     "entry": {"data", "models", "checkpoint", "evaluation", "engine", "tools"},
 }
-# The one compatibility name DESIGN.md promises (segtrain.engine.metrics.PanopticQuality).
+# The one compatibility name docs/architecture.md promises (segtrain.engine.metrics.PanopticQuality).
 PUBLIC_ALIASES = {"segtrain.engine.metrics"}
 
 
