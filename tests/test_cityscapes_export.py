@@ -13,7 +13,8 @@ With axis-aligned rectangles, which segtrain rasterises exactly as the official 
 (``test_cityscapes.py::test_agreement_axis_aligned_is_exact``), the ground truths are identical and the mIoU
 (19 classes, averaged over the classes present; void not scored; groups scored with their class) and PQ/SQ/RQ
 (all, things, stuff) must agree to rounding; with the same scenes' corners moved (sloped edges) they differ by
-what the ~0.3 % of boundary pixels drawn differently move (measured: 0.0009 mIoU and PQ; docs/evaluation-and-metrics.md).
+what the ~0.3 % of boundary pixels drawn differently move (measured: 0.0009 mIoU and PQ;
+docs/evaluation-and-metrics.md).
 Run with ``-s`` to see the figures.
 """
 

@@ -237,8 +237,8 @@ def test_accumulation_equals_more_processes(runs):
     for k in params:
         assert torch.allclose(one["model"][k], two["model"][k], rtol=1e-4, atol=1e-5), k
     assert "in 2 micro-batches" in (base / "acc2" / "train.log").read_text()
-    # what docs/training-and-distributed.md says differs: BatchNorm's running statistics, updated per micro-batch (2 per step) with
-    # accumulation, once per step on each rank (the checkpoint keeps rank 0's) with 2 processes
+    # what docs/training-and-distributed.md says differs: BatchNorm's running statistics, updated per micro-batch
+    # (2 per step) with accumulation, once per step on each rank (the checkpoint keeps rank 0's) with 2 processes
     tracked = [k for k in one["model"] if k.endswith("num_batches_tracked")]
     assert tracked and all(int(one["model"][k]) == 2 * int(two["model"][k]) == 6 for k in tracked)
     assert any(not torch.equal(one["model"][k], two["model"][k]) for k in one["model"] if k.endswith("running_mean"))

@@ -158,7 +158,8 @@ def test_resume_auto_without_a_run_directory_is_refused(tmp_path):
 
 
 def test_hook_by_import_path_from_the_command_line(tmp_path):
-    """docs/training-and-distributed.md's one-line example: a hook class in the user's own module, no wrapper script, no registration."""
+    """The documented one-line example (docs/training-and-distributed.md): a hook class in the user's own module, no
+    wrapper script, no registration."""
     (tmp_path / "my_hooks.py").write_text(
         "from pathlib import Path\n"
         "from segtrain.engine.hooks import HookBase\n\n\n"

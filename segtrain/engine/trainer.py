@@ -262,7 +262,7 @@ class Trainer:
                     torch._foreach_copy_(self.buffers, saved_buffers)
             self.scaler.update()
             if self.scheduler is not None:
-                scheduler_step(self.scheduler, stepped)  # every loop step, skipped or not (docs/training-and-distributed.md: fp16)
+                scheduler_step(self.scheduler, stepped)  # every loop step, skipped or not (docs: fp16 overflow steps)
         if self.ema is not None and stepped:  # a skipped step moves neither the average nor its warm-up clock
             self.ema.update(self.model)
         self.state.step += 1

@@ -176,7 +176,8 @@ def predict(cfg: Config, blob: Any, device: torch.device) -> list[Path]:
     written: list[Path] = []
     for path in files:
         rgb = read_image_file(path, cfg.dataset.max_image_pixels)
-        # Outputs stay at the model's size; the native grid is made band by band (memory: see docs/data-formats.md, "Bad input").
+        # Outputs stay at the model's size; the native grid is made band by band
+        # (memory: see docs/data-formats.md, "Bad input").
         out = network_outputs(model, rgb, cfg, device, precision)
         pred = segment_banded(out, spec)
         base = out_dir / names[path]

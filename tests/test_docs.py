@@ -1,0 +1,141 @@
+"""README is a short front page and the documentation site is whole: every page in mkdocs.yml's nav, every
+relative link and anchor resolves, every name the API page documents exists. `.ci/run` also builds the
+site with `mkdocs build --strict`; these checks run in the test suite without mkdocs."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import unicodedata
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+README = REPO / "README.md"
+MAX_README_LINES = 250
+
+TRAIN_COMMAND = "python3 -m venv .venv && . .venv/bin/activate && pip install . && python -m segtrain.train"
+TEST_COMMAND = (
+    'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && '
+    "python -m pytest -q -n auto --dist loadfile"
+)
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~)")
+
+
+def pages() -> list[Path]:
+    return sorted(DOCS.rglob("*.md"))
+
+
+def nav_files(entries: object) -> list[str]:
+    """The page paths of a mkdocs nav (nested sections included)."""
+    if isinstance(entries, str):
+        return [entries]
+    if isinstance(entries, list):
+        return [f for e in entries for f in nav_files(e)]
+    if isinstance(entries, dict):
+        return [f for v in entries.values() for f in nav_files(v)]
+    return []
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks (links and headings in code are not links or headings)."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line.lstrip()):
+            fenced = not fenced
+            continue
+        if not fenced:
+            out.append(line)
+    return "\n".join(out)
+
+
+def slug(heading: str) -> str:
+    """Python-Markdown's toc slug, the anchor mkdocs gives a heading."""
+    text = re.sub(r"`|\*\*|\*", "", heading)
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(path: Path) -> set[str]:
+    return {slug(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*$", prose(path.read_text()), re.M)}
+
+
+def test_readme_is_a_front_page():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines; the rest belongs in docs/"
+
+
+def test_readme_keeps_the_two_quick_start_commands_and_ci_runs_the_test_command():
+    text = README.read_text()
+    for command in (TRAIN_COMMAND, TEST_COMMAND):
+        assert f"```bash\n{command}\n```" in text, command
+    ci = (REPO / ".ci" / "run").read_text()
+    assert TEST_COMMAND.split(" && ")[-1] in ci.splitlines()
+    assert "mkdocs build --strict" in ci
+
+
+def test_every_page_is_in_the_nav_and_every_nav_entry_exists():
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    assert config.get("strict") is True
+    assert (REPO / config.get("docs_dir", "docs")).resolve() == DOCS
+    listed = nav_files(config["nav"])
+    assert len(listed) == len(set(listed)), "a page is listed twice in mkdocs.yml's nav"
+    on_disk = {p.relative_to(DOCS).as_posix() for p in pages()}
+    assert sorted(on_disk - set(listed)) == [], "pages missing from mkdocs.yml's nav"
+    assert sorted(set(listed) - on_disk) == [], "nav entries without a page"
+
+
+@pytest.mark.parametrize("doc", [README, *pages()], ids=lambda p: p.relative_to(REPO).as_posix())
+def test_relative_links_and_anchors_resolve(doc: Path):
+    broken = []
+    for target in LINK.findall(prose(doc.read_text())):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        file_part, _, anchor = target.partition("#")
+        dest = (doc.parent / file_part).resolve() if file_part else doc
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading with anchor #{anchor}")
+        elif doc.is_relative_to(DOCS) and not dest.is_relative_to(DOCS):
+            broken.append(f"{target}: outside docs/, not part of the site (name the file in `code` instead)")
+    assert broken == [], f"{doc.name}: " + "; ".join(broken)
+
+
+def test_every_name_the_api_page_documents_exists():
+    names = re.findall(r"^::: ([\w.]+)\s*$", (DOCS / "api.md").read_text(), re.M)
+    assert {"build_model", "register_model", "make_targets", "panoptic_segmentation", "PanopticQuality"} <= {
+        n.rsplit(".", 1)[-1] for n in names
+    }
+    assert any(n.endswith(".Trainer") for n in names) and any(n.endswith(".HookBase") for n in names)
+    for name in names:
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            for attr in parts[cut:]:
+                assert hasattr(obj, attr), f"docs/api.md: {name} does not exist ({attr} missing)"
+                obj = getattr(obj, attr)
+            break
+        else:
+            pytest.fail(f"docs/api.md: no module of {name} imports")
+
+
+def test_docs_speak_of_the_project_only():
+    """Figures that depend on the machine are ranges with the script that prints them, not 'this machine's'."""
+    banned = re.compile(r"this (?:stop|session)|the previous (?:one|stop)|this (?:2-core )?machine", re.I)
+    hits = [
+        f"{doc.relative_to(REPO)}: {m.group(0)!r}"
+        for doc in (README, *pages())
+        for m in banned.finditer(doc.read_text())
+    ]
+    assert hits == []
