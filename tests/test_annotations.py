@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from segtrain.data.coco import load_coco
-from segtrain.data.image_io import ImageReadError, read_image
-from segtrain.data.labelme import load_labelme
-from segtrain.data.rasterise import rasterise
+from segtrain.data.formats.coco import load_coco
+from segtrain.data.formats.labelme import load_labelme
+from segtrain.data.images.image_io import ImageReadError, read_image
 from segtrain.data.records import IGNORE, AnnotationError, ClassMap, ImageRecord, LoadReport
+from segtrain.data.targets.rasterise import rasterise
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 

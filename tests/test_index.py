@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from segtrain.data import coco as coco_mod
-from segtrain.data.coco import discover_classes_coco, load_coco
-from segtrain.data.image_io import ImageReadError, read_encoded
-from segtrain.data.index import RecordIndex, records_equal
-from segtrain.data.labelme import discover_classes_labelme, load_labelme
+from segtrain.data.formats import coco as coco_mod
+from segtrain.data.formats.coco import discover_classes_coco, load_coco
+from segtrain.data.formats.index import RecordIndex, records_equal
+from segtrain.data.formats.labelme import discover_classes_labelme, load_labelme
+from segtrain.data.formats.rle import box_mask_counts, check_counts, decode_compressed, encode_counts
+from segtrain.data.images.image_io import ImageReadError, read_encoded
 from segtrain.data.records import (
     IGNORE,
     MAX_POLYGON_VERTICES,
@@ -36,7 +37,6 @@ from segtrain.data.records import (
     LoadReport,
     hydra_key,
 )
-from segtrain.data.rle import box_mask_counts, check_counts, decode_compressed, encode_counts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import legacy_loaders as legacy  # noqa: E402  (tests/: the frozen list loaders, the oracle)
@@ -303,8 +303,8 @@ def test_missing_image_is_lazy_unless_check_files(coco_copy, tmp_path):
     with pytest.raises(ImageReadError, match="000000040083.jpg"):
         read_encoded(missing)
     pos = next(i for i, r in enumerate(index) if r.image_id == "40083")
-    from segtrain.data.augmentations import evaluation_pipeline
     from segtrain.data.mappers import CpuMapper, TargetSpec
+    from segtrain.data.transforms.augmentations import evaluation_pipeline
 
     mapper = CpuMapper(evaluation_pipeline((64, 64)), TargetSpec())
     ds = PolygonDataset(index, mapper, classes=["background", "person"], on_error="raise")  # replaces bad images

@@ -371,7 +371,7 @@ UNLISTED = ("error", "drop", "ignore")  # segtrain.data.records.ClassMap
 INFERENCE_MODES = ("fit", "pad", "sliding")  # segtrain.data.mappers.NativeMapper
 
 
-PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.panoptic_gt
+PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.targets.panoptic_gt
 
 
 EXPORT_FORMATS = ("onnx", "torchscript")  # segtrain.tools.export

@@ -1,6 +1,6 @@
 """Records (annotation formats), the per-item pipeline (mappers) and data sets. Never imports segtrain.engine.
 
-The names below load on first use: the config check imports ``segtrain.data.formats`` without torch.
+The names below load on first use: the config check imports ``segtrain.data.formats.registry`` without torch.
 """
 
 from __future__ import annotations

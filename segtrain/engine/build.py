@@ -21,7 +21,7 @@ from segtrain.checkpoint.state import Checkpointer
 from segtrain.config import ConfigError, to_container
 from segtrain.console import progress_bar
 from segtrain.data import PolygonDataset, build_dataset, build_mapper
-from segtrain.data.formats import check_paths
+from segtrain.data.formats.registry import check_paths
 from segtrain.data.loaders import build_loader, fit_batch_to_data, per_rank_batch
 from segtrain.data.pipeline import plan_pipeline
 from segtrain.device import configure_determinism, effective_precision

@@ -24,8 +24,8 @@ from segtrain.config import Config
 from segtrain.data import PolygonDataset, StageTimer, build_dataset, collate
 from segtrain.data.loaders import per_rank_batch, worker_init
 from segtrain.data.pipeline import plan_pipeline
-from segtrain.data.rasterise import rasterise
 from segtrain.data.records import Instance
+from segtrain.data.targets.rasterise import rasterise
 from segtrain.distributed import DistInfo
 from segtrain.engine.build import step_trainer
 from segtrain.placement import DEVICE

@@ -28,10 +28,11 @@ import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from segtrain.data.confine import display
-from segtrain.data.index import RecordIndex
-from segtrain.data.index_cache import cached_index, content_hash
-from segtrain.data.loading import Problems, finish, parse_json, read_annotation_file
+from segtrain.data.formats.confine import display
+from segtrain.data.formats.index import RecordIndex
+from segtrain.data.formats.index_cache import cached_index, content_hash
+from segtrain.data.formats.reading import Problems, finish, parse_json, read_annotation_file
+from segtrain.data.formats.rle import box_mask_counts, encode_counts
 from segtrain.data.records import (
     IGNORE,
     MAX_LABELME_BYTES,
@@ -43,7 +44,6 @@ from segtrain.data.records import (
     LoadReport,
     positive_int,
 )
-from segtrain.data.rle import box_mask_counts, encode_counts
 from segtrain.fileio import open_regular
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 

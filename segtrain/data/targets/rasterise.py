@@ -49,7 +49,7 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
-from segtrain.data.compiled import optional_kernels
+from segtrain.data.targets.compiled import optional_kernels
 
 _kernels: ModuleType | None = optional_kernels("rasterise_kernels", "polygons are rasterised", "4x")
 

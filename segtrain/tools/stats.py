@@ -1,4 +1,4 @@
-"""``python -m segtrain.data.stats [train overrides]``: what is in the data set, per class, before training.
+"""``python -m segtrain.tools.stats [train overrides]``: what is in the data set, per class, before training.
 
 Per class: images, instances, pixel share (annotated area over all image pixels; overlaps counted
 once per instance) and instance-size percentiles (area in pixels); warns about classes without

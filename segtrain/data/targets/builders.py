@@ -28,7 +28,7 @@ from types import ModuleType
 import cv2
 import numpy as np
 
-from segtrain.data.compiled import optional_kernels
+from segtrain.data.targets.compiled import optional_kernels
 
 _kernels: ModuleType | None = optional_kernels("targets_kernels", "targets are built", "2x")
 

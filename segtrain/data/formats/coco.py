@@ -32,10 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from segtrain.data.index import RecordIndex, blob_arrays, encode_column
-from segtrain.data.index_cache import cached_index, file_fingerprint
-from segtrain.data.json_chunks import NotSplittable, Structure, iter_chunks, skeleton
-from segtrain.data.loading import Problems, bounded_list, finish, parse_json, read_annotation_file
+from segtrain.data.formats.index import RecordIndex, blob_arrays, encode_column
+from segtrain.data.formats.index_cache import cached_index, file_fingerprint
+from segtrain.data.formats.json_chunks import NotSplittable, Structure, iter_chunks, skeleton
+from segtrain.data.formats.reading import Problems, bounded_list, finish, parse_json, read_annotation_file
+from segtrain.data.formats.rle import coco_rle
 from segtrain.data.records import (
     MAX_ANNOTATION_BYTES,
     MAX_POLYGON_VERTICES,
@@ -44,7 +45,6 @@ from segtrain.data.records import (
     LoadReport,
     positive_int,
 )
-from segtrain.data.rle import coco_rle
 from segtrain.fileio import is_regular_file
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 

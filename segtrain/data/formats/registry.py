@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from segtrain.config import BACKGROUND_NAMES
-from segtrain.data.coco import load_coco
-from segtrain.data.confine import confine_paths
-from segtrain.data.labelme import load_labelme
+from segtrain.data.formats.coco import load_coco
+from segtrain.data.formats.confine import confine_paths
+from segtrain.data.formats.labelme import load_labelme
+from segtrain.data.formats.synthetic import ensure_synthetic
 from segtrain.data.records import IGNORE, ClassMap, ImageRecord, LoadReport
-from segtrain.data.synthetic import ensure_synthetic
 from segtrain.errors import UserError
 from segtrain.registry import Registry
 
@@ -129,14 +129,14 @@ def _labelme(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRe
 
 
 def _cityscapes(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
-    from segtrain.data.cityscapes import load_cityscapes
+    from segtrain.data.formats.cityscapes import load_cityscapes
 
     images = _existing(ds, split, "images", folder=True)
     return load_cityscapes(images, _existing(ds, split, "annotations", folder=True), class_map, ds.on_error)
 
 
 def _coco_panoptic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
-    from segtrain.data.coco_panoptic import load_coco_panoptic
+    from segtrain.data.formats.coco_panoptic import load_coco_panoptic
 
     return load_coco_panoptic(
         _existing(ds, split, "annotations", folder=False),
@@ -162,25 +162,25 @@ def _synthetic_roots(ds: Any, split: str) -> list[Path]:
 
 
 def _discover_coco(ds: Any) -> list[tuple[str, int]]:
-    from segtrain.data.coco import discover_classes_coco
+    from segtrain.data.formats.coco import discover_classes_coco
 
     return discover_classes_coco(_existing(ds, "train", "annotations", folder=False), **index_options(ds, False))
 
 
 def _discover_labelme(ds: Any) -> list[tuple[str, int]]:
-    from segtrain.data.labelme import discover_classes_labelme
+    from segtrain.data.formats.labelme import discover_classes_labelme
 
     return discover_classes_labelme(_existing(ds, "train", "dir", folder=True), **index_options(ds, False))
 
 
 def _discover_coco_panoptic(ds: Any) -> list[tuple[str, int, bool]]:
-    from segtrain.data.coco_panoptic import discover_classes_coco_panoptic
+    from segtrain.data.formats.coco_panoptic import discover_classes_coco_panoptic
 
     return discover_classes_coco_panoptic(_existing(ds, "train", "annotations", folder=False), cache_dir=ds.cache_dir)
 
 
 def _discover_synthetic(ds: Any) -> list[tuple[str, int]]:
-    from segtrain.data.coco import discover_classes_coco
+    from segtrain.data.formats.coco import discover_classes_coco
 
     s = ds.synthetic
     root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)

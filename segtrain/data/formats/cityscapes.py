@@ -62,7 +62,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from segtrain.config import IGNORE_LABEL
-from segtrain.data.loading import parse_json, read_annotation_file
+from segtrain.data.formats.reading import parse_json, read_annotation_file
 from segtrain.data.records import (
     AnnotationError,
     ClassMap,

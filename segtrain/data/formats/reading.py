@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from segtrain.data.index import RecordIndex
+from segtrain.data.formats.index import RecordIndex
 from segtrain.data.records import ON_ERROR, AnnotationError, ClassMap, LoadReport
 from segtrain.fileio import UnsafeFileError, read_bytes
 
