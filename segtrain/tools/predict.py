@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from segtrain.config import Config
-from segtrain.data.images.image_io import read_image_file
+from segtrain.data import read_image_file
 from segtrain.device import effective_precision
 from segtrain.errors import UserError
 from segtrain.evaluation.banded import (
