@@ -34,7 +34,7 @@ from segtrain.data.records import (
     ClassMap,
     ImageRecord,
     Instance,
-    LoadReport,
+    SkipReport,
     hydra_key,
 )
 
@@ -298,7 +298,7 @@ def test_missing_image_is_lazy_unless_check_files(coco_copy, tmp_path):
     (root / "000000000785.jpg").unlink()
     cm = ClassMap(["background", "person"])
     index, report = load_coco(coco_copy, root, cm, check_files=False)
-    assert len(index) == 4 and report == LoadReport()
+    assert len(index) == 4 and report == SkipReport()
     missing = next(r for r in index if r.image_id == "40083")
     with pytest.raises(ImageReadError, match="000000040083.jpg"):
         read_encoded(missing)
@@ -508,7 +508,7 @@ def test_malformed_polygon_of_a_dropped_class_is_no_error(tmp_path):
     with pytest.raises(AnnotationError, match="at least 3"):
         load_coco(js, tmp_path, ClassMap(["background", "person", "tree"]), check_files=False)
     index, report = load_coco(js, tmp_path, ClassMap(["background", "person"], {"tree": None}), check_files=False)
-    assert report == LoadReport() and sum(len(r.instances) for r in index) == 2
+    assert report == SkipReport() and sum(len(r.instances) for r in index) == 2
 
 
 def test_coco_nan_written_by_python_json_is_one_bad_annotation(tmp_path):

@@ -80,7 +80,7 @@ class ImageRecord:
 
 
 @dataclass
-class LoadReport:
+class SkipReport:
     """What was skipped and why (with on_error="skip"), to be logged by the caller.
 
     One reason may stand for many annotations (all annotations of one unknown label): the
@@ -194,7 +194,7 @@ class Collector:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.skip = on_error == "skip"
-        self.report = LoadReport()
+        self.report = SkipReport()
 
     def image(self, msg: str) -> None:
         if not self.skip:

@@ -61,7 +61,7 @@ from segtrain.data.records import (
     Collector,
     ImageRecord,
     Instance,
-    LoadReport,
+    SkipReport,
     UnknownLabelError,
     crowd_classes,
 )
@@ -200,7 +200,7 @@ def load_coco_panoptic(
     unlabeled: str = "ignore",
     stuff_classes: Collection[str] | None = None,
     check_files: bool = False,
-) -> tuple[list[ImageRecord], LoadReport]:
+) -> tuple[list[ImageRecord], SkipReport]:
     """Records of a COCO panoptic JSON: image ``images / file_name`` (Cityscapes panoptic names: see
     :func:`image_path`), PNG ``panoptic / annotation file_name``.
 

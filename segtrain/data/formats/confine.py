@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from segtrain.data.formats.index import RecordIndex
-from segtrain.data.records import AnnotationError, ImageRecord, LoadReport
+from segtrain.data.records import AnnotationError, ImageRecord, SkipReport
 
 OPTION = "dataset.allow_outside_paths"
 
@@ -111,7 +111,7 @@ def confine_paths(
     records: Sequence[ImageRecord],
     roots: Sequence[str | os.PathLike],
     on_error: str = "raise",
-    report: LoadReport | None = None,
+    report: SkipReport | None = None,
 ) -> Sequence[ImageRecord]:
     """``records`` whose files all resolve inside ``roots``; the others raise :class:`OutsidePathError`
     (``on_error="raise"``) or are left out and listed in ``report`` (``"skip"``)."""
