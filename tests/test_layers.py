@@ -218,3 +218,10 @@ def test_outside_data_only_its_face_is_imported():
         if o.startswith("segtrain.data.")
     ]
     assert not wrong, "import these names from segtrain.data (add them to its face):\n" + "\n".join(wrong)
+
+
+def test_every_name_of_the_data_face_resolves():
+    import segtrain.data as face
+
+    unresolved = [n for n in face.__all__ if getattr(face, n, None) is None]
+    assert face.__all__ and not unresolved, unresolved
