@@ -241,7 +241,7 @@ def _measure_json(path: str) -> dict:
 
 
 def _measure_build(path: str, cache: str | None) -> dict:
-    from segtrain.data.coco import load_coco
+    from segtrain.data.formats.coco import load_coco
 
     cm = _class_map()
     start, cpu = _rss(), _cpu()
@@ -294,7 +294,7 @@ def _measure_workers(path: str, cache: str, kind: str, workers: int, batch: int)
     import torch
     from torch.utils.data import DataLoader, Dataset
 
-    from segtrain.data.coco import load_coco
+    from segtrain.data.formats.coco import load_coco
 
     index, _ = load_coco(path, Path(path).parent / "images", _class_map(), check_files=False, cache_dir=cache)
     records = list(index) if kind == "list" else index

@@ -52,15 +52,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from segtrain.config import compose  # noqa: E402
-from segtrain.data.coco import load_coco  # noqa: E402
 from segtrain.data.dataset import PolygonDataset  # noqa: E402
-from segtrain.data.image_io import decode_image, read_encoded  # noqa: E402
-from segtrain.data.labelme import load_labelme  # noqa: E402
+from segtrain.data.formats.coco import load_coco  # noqa: E402
+from segtrain.data.formats.labelme import load_labelme  # noqa: E402
+from segtrain.data.formats.synthetic import CLASSES, ensure_synthetic  # noqa: E402
+from segtrain.data.images.image_io import decode_image, read_encoded  # noqa: E402
 from segtrain.data.loaders import keep_freed_memory  # noqa: E402
 from segtrain.data.mappers import StageTimer  # noqa: E402
 from segtrain.data.pipeline import plan_pipeline  # noqa: E402
 from segtrain.data.records import ClassMap  # noqa: E402
-from segtrain.data.synthetic import CLASSES, ensure_synthetic  # noqa: E402
 
 FULL_GOAL = 1.8
 DEVICE_GOAL = 1.3
@@ -170,7 +170,7 @@ def device_side(ds: PolygonDataset, batch: int = 8, repeats: int = 3, where: str
     """With CUDA: the training process's part of ``dataset.decode=device`` per image (batched nvjpeg decode
     into the padded float batch), best of ``repeats`` passes over the set, in batches of ``batch``."""
     from segtrain.data.dataset import collate
-    from segtrain.data.device_decode import decode_batch
+    from segtrain.data.images.device_decode import decode_batch
     from segtrain.device import to_device
 
     device = torch.device(where)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark ``segtrain.data.targets.make_targets`` against a per-instance reference.
+"""Benchmark ``segtrain.data.targets.builders.make_targets`` against a per-instance reference.
 
 The reference follows Panoptic-DeepLab's ``PanopticTargetGenerator``: one full-image ``mask == k`` /
 ``np.where`` pass per instance.  Every case also checks that both produce identical outputs (and that
@@ -37,8 +37,8 @@ import numpy as np  # noqa: E402
 cv2.setNumThreads(1)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from segtrain.data import targets  # noqa: E402
-from segtrain.data.targets import gaussian_radius, make_targets  # noqa: E402
+from segtrain.data.targets import builders as targets  # noqa: E402
+from segtrain.data.targets.builders import gaussian_radius, make_targets  # noqa: E402
 
 OUTPUT_KEYS = ("semantic", "center", "offset", "semantic_weight", "center_weight", "offset_weight")
 THING_CLASSES = (1, 2, 3, 4, 5, 6)
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = [case["info"] for case in cases]
     report = {
-        "benchmark": "segtrain.data.targets.make_targets vs per-instance (Panoptic-DeepLab style) reference",
+        "benchmark": "segtrain.data.targets.builders.make_targets vs per-instance (Panoptic-DeepLab style) reference",
         "command": "python scripts/bench_targets.py" + (" --quick" if args.quick else ""),
         "quick": args.quick,
         "threads": 1,

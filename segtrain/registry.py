@@ -38,9 +38,11 @@ DECLARED: dict[str, Declared] = {
         "segtrain.models", "model", ("deeplabv3", "fcn", "lraspp", "panoptic_deeplab", "tiny_panoptic")
     ),
     "dataset.format": Declared(
-        "segtrain.data.formats", "data format", ("cityscapes", "coco", "coco_panoptic", "labelme", "synthetic")
+        "segtrain.data.formats.registry", "data format", ("cityscapes", "coco", "coco_panoptic", "labelme", "synthetic")
     ),
-    "augment.name": Declared("segtrain.data.augmentations", "augmentation pipeline", ("default", "none", "strong")),
+    "augment.name": Declared(
+        "segtrain.data.transforms.augmentations", "augmentation pipeline", ("default", "none", "strong")
+    ),
     "optim.name": Declared("segtrain.engine.optim", "optimiser", ("adam", "adamw", "sgd")),
     "schedule.name": Declared("segtrain.engine.optim", "LR schedule", ("constant", "cosine", "poly", "step")),
     "trainer.hooks": Declared("segtrain.engine.hooks", "hook", (), import_paths=True),

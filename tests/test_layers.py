@@ -159,3 +159,69 @@ def test_no_import_cycles():
 def test_public_aliases_are_not_imported_inside(alias):
     users = [m for m, imported in all_modules().items() if alias in imported and m != alias]
     assert not users, f"{alias} is only for users; segtrain imports the real module: {users}"
+
+
+# segtrain.data by stage: the stage subpackages are read by the pipeline at the top of the package, never
+# the other way round. records (the data model every format produces and every stage reads) and seeding
+# (per-item seeds) are the two top-level modules a stage may use; they import no other data module.
+DATA_STAGES = ("formats", "images", "targets", "transforms")
+DATA_MODEL = {"segtrain.data.records", "segtrain.data.seeding"}
+
+
+def imports_with_type_checking(path: Path) -> set[str]:
+    """Every segtrain module the file names in an import, including those under ``if TYPE_CHECKING:``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("segtrain"))
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("segtrain"):
+            found.add(node.module or "")
+    return found
+
+
+def _data_modules() -> dict[str, set[str]]:
+    return {module_name(p): imports_with_type_checking(p) for p in sorted((ROOT / "data").rglob("*.py"))}
+
+
+def test_data_stages_never_import_the_pipeline():
+    wrong = []
+    for module, imported in _data_modules().items():
+        parts = module.split(".")
+        if len(parts) < 4 or parts[2] not in DATA_STAGES:
+            continue
+        for other in imported:
+            o = other.split(".")
+            if other == "segtrain.data" or (o[:2] == ["segtrain", "data"] and len(o) == 3 and other not in DATA_MODEL):
+                wrong.append(f"{module} imports {other}")
+    assert not wrong, "a stage imports the pipeline (mappers, dataset, loaders, build...):\n" + "\n".join(wrong)
+
+
+def test_data_model_imports_no_other_data_module():
+    wrong = [
+        f"{m} imports {o}"
+        for m, imported in _data_modules().items()
+        if m in DATA_MODEL
+        for o in imported
+        if o.startswith("segtrain.data")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_outside_data_only_its_face_is_imported():
+    """engine, evaluation, tools and the rest import names from ``segtrain.data``, never its modules. The
+    config check reaches the torch-free format registry through segtrain.registry's module paths (strings)."""
+    wrong = [
+        f"{module_name(p)} imports {o}"
+        for p in sorted(ROOT.rglob("*.py"))
+        if not module_name(p).startswith("segtrain.data")
+        for o in imports_with_type_checking(p)
+        if o.startswith("segtrain.data.")
+    ]
+    assert not wrong, "import these names from segtrain.data (add them to its face):\n" + "\n".join(wrong)
+
+
+def test_every_name_of_the_data_face_resolves():
+    import segtrain.data as face
+
+    unresolved = [n for n in face.__all__ if getattr(face, n, None) is None]
+    assert face.__all__ and not unresolved, unresolved

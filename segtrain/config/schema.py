@@ -362,7 +362,7 @@ Config = SegtrainConfig | DictConfig
 # Fixed sets of values. Sets that grow (models, data formats, augmentation pipelines, optimisers,
 # schedules, hooks) are registries (segtrain.registry): their allowed values come from there.
 # The lists the code branches on are defined here once and imported by it (config imports no package).
-ON_ERROR = ("raise", "skip")  # segtrain.data.records.Collector, data.loading
+ON_ERROR = ("raise", "skip")  # segtrain.data.records.Collector, data.formats.reading
 
 
 UNLISTED = ("error", "drop", "ignore")  # segtrain.data.records.ClassMap
@@ -371,7 +371,7 @@ UNLISTED = ("error", "drop", "ignore")  # segtrain.data.records.ClassMap
 INFERENCE_MODES = ("fit", "pad", "sliding")  # segtrain.data.mappers.NativeMapper
 
 
-PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.panoptic_gt
+PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.targets.panoptic_gt
 
 
 EXPORT_FORMATS = ("onnx", "torchscript")  # segtrain.tools.export

@@ -16,8 +16,8 @@ import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from segtrain.config import Config
-from segtrain.data.formats import check_paths, load_split
-from segtrain.data.image_io import SKIP_HINT, ImageReadError
+from segtrain.data.formats.registry import check_paths, load_split
+from segtrain.data.images.image_io import SKIP_HINT, ImageReadError
 from segtrain.data.mappers import (
     CpuMapper,
     DeviceMapper,

@@ -32,13 +32,13 @@ import numpy as np
 import torch
 
 from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, Config, ConfigError, DatasetConfig
-from segtrain.data.augmentations import DEVICE_PIPELINES, evaluation_pipeline
-from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
-from segtrain.data.image_io import decode_image, device_jpeg_orientation, read_encoded
-from segtrain.data.rasterise import rasterise
+from segtrain.data.formats.coco_panoptic import rasterise_panoptic, read_segment_ids
+from segtrain.data.images.image_io import decode_image, device_jpeg_orientation, read_encoded
 from segtrain.data.records import AnnotationError, ImageRecord, crowd_classes
-from segtrain.data.targets import make_targets
-from segtrain.data.transforms import (
+from segtrain.data.targets.builders import make_targets
+from segtrain.data.targets.rasterise import rasterise
+from segtrain.data.transforms.augmentations import DEVICE_PIPELINES, evaluation_pipeline
+from segtrain.data.transforms.cpu_augment import (
     MAX_INSTANCES,
     AffineCrop,
     draw_plan,
@@ -185,7 +185,7 @@ class CpuMapper(_Mapper):
     worker stops after augmenting: items are ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16 with the
     id ``outside`` on invented pixels, ``instance_classes``, ``crowd_classes`` (with
     ``dataset.crowd_in_semantic``) and ``outside`` (), 5 bytes a pixel instead of 32, and the batch step
-    builds the targets on the device (:class:`~segtrain.data.device_targets.BatchTargets`).
+    builds the targets on the device (:class:`~segtrain.data.targets.device_targets.BatchTargets`).
     """
 
     def __init__(
@@ -264,7 +264,7 @@ class DeviceMapper(_Mapper):
     With ``decode_on_device`` (``dataset.decode=device``) a JPEG shipped as decoded is not decoded here: the
     item carries its checked file bytes, ``jpeg`` (L,) uint8, and ``orientation`` () (EXIF, 1-8, under the
     record's convention), ``image`` is (3,0,0), and ``instance``/``content`` are at the native size;
-    :class:`~segtrain.data.device_decode.DeviceDecode` decodes the batch on the device. Every other image
+    :class:`~segtrain.data.images.device_decode.DeviceDecode` decodes the batch on the device. Every other image
     (not a JPEG the device decodes, or one the fit shrinks 2x or more) is decoded here as above, with an empty
     ``jpeg`` and ``orientation`` 1. :func:`collate` pads ``jpeg`` and records ``jpeg_length``.
     """

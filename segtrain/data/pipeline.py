@@ -79,8 +79,8 @@ class PipelinePlan:
 
     def mapper(self, *, timer: StageTimer | None = None, reader: Reader | None = None) -> CpuMapper | DeviceMapper:
         """What a loader worker does to one record (``timer``: per-stage seconds; ``reader``: image bytes)."""
-        from segtrain.data.augmentations import build_pipeline
         from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
+        from segtrain.data.transforms.augmentations import build_pipeline
 
         cfg = self.cfg
         size = (cfg.dataset.input_size[0], cfg.dataset.input_size[1])
@@ -117,18 +117,18 @@ class PipelinePlan:
 
         targets = TargetSpec.from_config(self.cfg.dataset)
         if self.augment == DEVICE:
-            from segtrain.data.device_augment import DeviceBatchAugment
+            from segtrain.data.transforms.device_augment import DeviceBatchAugment
 
             size = (int(self.cfg.dataset.input_size[0]), int(self.cfg.dataset.input_size[1]))
             device = torch.device(self.device or "cpu")
             seed = int(self.cfg.trainer.seed) if seed is None else int(seed)
             augment = DeviceBatchAugment(self.cfg.augment, size, targets, device, seed, rank)
             if self.decode == DEVICE:
-                from segtrain.data.device_decode import DeviceDecode
+                from segtrain.data.images.device_decode import DeviceDecode
 
                 return DeviceDecode(augment, device, on_error=str(self.cfg.dataset.on_error))
             return augment
-        from segtrain.data.device_targets import BatchTargets
+        from segtrain.data.targets.device_targets import BatchTargets
 
         return BatchTargets(targets)
 

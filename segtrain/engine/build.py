@@ -20,10 +20,7 @@ from segtrain.checkpoint.resume import find_resume_checkpoint, restore_training_
 from segtrain.checkpoint.state import Checkpointer
 from segtrain.config import ConfigError, to_container
 from segtrain.console import progress_bar
-from segtrain.data import PolygonDataset, build_dataset, build_mapper
-from segtrain.data.formats import check_paths
-from segtrain.data.loaders import build_loader, fit_batch_to_data, per_rank_batch
-from segtrain.data.pipeline import plan_pipeline
+from segtrain.data import build_training_data, check_paths, per_rank_batch
 from segtrain.device import configure_determinism, effective_precision
 from segtrain.distributed import DistInfo, broadcast_object
 from segtrain.engine.ema import ModelEMA
@@ -64,32 +61,11 @@ def _build(
     tr = cfg.trainer
     configure_determinism(tr)
     precision = effective_precision(tr.precision, dist.device)
-    native = tr.val_resolution == "native"
-    train_set = build_dataset(cfg, "train", device=dist.device)
-    val_set = build_dataset(cfg, "val", native=native)
-    # input-size items of the same records: TensorBoard panels and the unused-parameter probe
-    panel_set = (
-        val_set
-        if not native
-        else PolygonDataset(val_set.records, build_mapper(cfg, train=False), classes=val_set.classes, name=val_set.name)
-    )
-    plan = plan_pipeline(cfg, dist.device)  # the same decision build_dataset's mapper came from
-    batch_step = plan.batch_step(int(tr.seed), dist.rank)
-    if plan.on_device:
-        log.info("input pipeline: %s", plan.describe())
-    fit_batch_to_data(tr, len(train_set), dist.world_size, dist.is_main)  # the run record is written later
-    per_rank = per_rank_batch(int(tr.batch_size), dist.world_size)
-    if per_rank % int(tr.accumulate):
-        raise ConfigError(
-            f"trainer.batch_size={tr.batch_size} gives {per_rank} images per rank on {dist.world_size} "
-            f"process(es), which do not split into trainer.accumulate={tr.accumulate} equal micro-batches"
-        )
-    train_loader = build_loader(train_set, dist, tr, train=True)
-    val_loader = build_loader(val_set, dist, tr, train=False, batch_size=1 if native else None)
+    data = build_training_data(cfg, dist)
     model = prepare_model(cfg, dist, init_weights, classes)
     check_metric_available(cfg, model)
     optimizer = build_optimizer(model, cfg.optim)
-    total_steps = len(train_loader) * int(tr.epochs)
+    total_steps = len(data.train_loader) * int(tr.epochs)
     if tr.max_steps is not None:
         total_steps = min(total_steps, int(tr.max_steps))
     checkpointer = Checkpointer(run_dir, to_container(cfg), int(tr.checkpoint.keep_last), dist.is_main)
@@ -98,8 +74,8 @@ def _build(
         optimizer,
         build_scheduler(optimizer, cfg.schedule, total_steps),
         torch.amp.GradScaler(dist.device.type, enabled=(precision == "fp16")),
-        train_loader,
-        batch_step=batch_step,
+        data.train_loader,
+        batch_step=data.batch_step,
         settings=StepSettings.from_config(tr, precision),
         dist=dist,
         ema=ModelEMA(model, tr.ema.decay, tr.ema.warmup_steps) if tr.ema.decay > 0 else None,
@@ -114,12 +90,12 @@ def _build(
         net = trainer.eval_model()
         metrics = evaluate(
             net,
-            val_loader,
-            evaluators_for(cfg, net, dist.device, panoptic=bool(tr.val_panoptic), records=val_set.records),
+            data.val_loader,
+            evaluators_for(cfg, net, dist.device, panoptic=bool(tr.val_panoptic), records=data.val_set.records),
             dist.device,
             precision,
             progress_bar(dist.is_main, tr.progress),
-            forward=native_forward(cfg) if native else None,
+            forward=native_forward(cfg) if data.native else None,
         )
         metrics["val_time_s"] = round(time.perf_counter() - t0, 3)
         check_scored(metrics, "validation")
@@ -127,11 +103,12 @@ def _build(
             metrics["weights"] = "ema"
         return metrics
 
-    trainer.register_hooks(default_hooks(cfg, run_dir, validate=validate, checkpointer=checkpointer, panels=panel_set))
+    hooks = default_hooks(cfg, run_dir, validate=validate, checkpointer=checkpointer, panels=data.panels)
+    trainer.register_hooks(hooks)
     found = find_resume_checkpoint(cfg, run_dir)
     if found is not None:
         restore_training_state(trainer, found, cfg)
-    trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(panel_set), precision)
+    trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(data.panels), precision)
     return trainer, found
 
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.config import Config, LossConfig
-from segtrain.data.dataset import collate
+from segtrain.data import collate
 from segtrain.device import autocast, to_device
 from segtrain.distributed import DistInfo, all_reduce_
 from segtrain.engine.freeze import apply_freeze, freeze_report

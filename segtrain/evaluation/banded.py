@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from segtrain.config import POSTPROCESS
-from segtrain.data.mappers import inference_size, prepare_input
+from segtrain.data import inference_size, prepare_input
 from segtrain.device import autocast
 from segtrain.evaluation.evaluator import PanopticSpec
 from segtrain.evaluation.inference import Outputs, run_network

@@ -20,8 +20,7 @@ from tqdm import tqdm
 
 from segtrain.checkpoint.state import unwrap
 from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL, POSTPROCESS, Config
-from segtrain.data.coco import coco_ids
-from segtrain.data.panoptic_gt import panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
+from segtrain.data import coco_ids, panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
 from segtrain.device import autocast, to_device
 from segtrain.distributed import all_reduce_
 from segtrain.evaluation.instance_ap import (
@@ -106,7 +105,7 @@ class PanopticSpec:
 
     @classmethod
     def from_config(cls, cfg: Config) -> PanopticSpec:
-        from segtrain.data.formats import FORMATS
+        from segtrain.data import FORMATS
 
         ds = cfg.dataset
         classes = [str(c) for c in ds.classes]

@@ -18,7 +18,7 @@ from torch import nn
 
 from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.config import MAX_SLIDING_WINDOWS, Config, ConfigError
-from segtrain.data.mappers import inference_size, prepare_input
+from segtrain.data import inference_size, prepare_input
 from segtrain.device import autocast
 from segtrain.models import build_model
 

@@ -32,8 +32,7 @@ from pycocotools.cocoeval import COCOeval
 from torch import Tensor
 
 from segtrain.config import POSTPROCESS
-from segtrain.data.coco_panoptic import read_segment_ids
-from segtrain.data.records import ImageRecord, Instance
+from segtrain.data import ImageRecord, Instance, read_segment_ids
 from segtrain.distributed import all_gather_object
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from segtrain.config import Config
-from segtrain.data.image_io import read_image_file
+from segtrain.data import is_utf8, read_image_file
 from segtrain.device import effective_precision
 from segtrain.errors import UserError
 from segtrain.evaluation.banded import (
@@ -72,26 +72,18 @@ OUTPUT_SUFFIXES = (
 )
 
 
-def _utf8(path: Path) -> bool:
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:  # undecodable bytes, kept by Python as surrogates
-        return False
-    return True
-
-
 def collect_inputs(source: str | Path) -> tuple[Path, list[Path]]:
     """(root, image files): one file, or every image under a folder (recursively, sorted). Names that are not
     valid UTF-8 are skipped with a warning (they cannot be named in logs or JSON)."""
     path = Path(str(source)).expanduser()
     if path.is_file():
-        if not _utf8(path):
+        if not is_utf8(str(path)):
             raise PredictInputError(f"input={ascii(str(path))}: the file name is not valid UTF-8; rename the file")
         return path.parent, [path]
     if not path.is_dir():
         raise PredictInputError(f"input={source!r}: no such file or folder")
     found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    files = [p for p in found if _utf8(p)]
+    files = [p for p in found if is_utf8(str(p))]
     for p in sorted(set(found) - set(files)):
         log.warning("skipping %s: its name is not valid UTF-8; rename it to predict on it", ascii(str(p)))
     if not files:

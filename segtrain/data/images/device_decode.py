@@ -7,7 +7,7 @@ file bytes (``jpeg`` (B, L) uint8, zero-padded, ``jpeg_length`` (B,), kept on th
 :class:`DeviceDecode` decodes them in one ``torchvision.io.decode_jpeg(list, device=...)`` call (nvjpeg on
 CUDA, libjpeg-turbo on a CPU), orients each image as ``image_io.orient`` does (EXIF orientation under the
 record's convention), writes it top-left into the padded float batch as ``to_device`` would have, and hands
-the batch to :class:`~segtrain.data.device_augment.DeviceBatchAugment` (fit, augment, targets).
+the batch to :class:`~segtrain.data.transforms.device_augment.DeviceBatchAugment` (fit, augment, targets).
 
 Equality: on a CPU, torchvision's libjpeg-turbo and OpenCV's give the same pixels (the test compares the
 batch bit for bit with ``augment.device=cpu``-decoded items), so the device path is exactly the CPU path.
@@ -17,7 +17,7 @@ test states its tolerance); augmentation already moves pixel values by far more.
 Failures: images the workers decoded themselves (not a JPEG nvjpeg takes, or one the fit shrinks 2x or more)
 arrive decoded. A JPEG the batched call cannot decode is retried alone on the device, then on the CPU with
 OpenCV (as the workers decode: it tolerates damage libjpeg only warns about, torchvision refuses some); if
-that fails too, ``dataset.on_error=raise`` raises :class:`~segtrain.data.image_io.ImageReadError` naming its
+that fails too, ``dataset.on_error=raise`` raises :class:`~segtrain.data.images.image_io.ImageReadError` naming its
 data set index, and ``skip`` replaces the sample by another of the batch (as the data set replaces an
 unreadable training image by the next readable one).
 """
@@ -31,7 +31,7 @@ import cv2
 import torch
 from torch import Tensor
 
-from segtrain.data.image_io import ImageReadError
+from segtrain.data.images.image_io import ImageReadError
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def _replace_failed(batch: dict[str, Tensor], failed: list[int], on_error: str) 
 
 class DeviceDecode:
     """``dataset.decode=device``: decode the batch's JPEGs on ``device``, then ``augment`` it (a
-    :class:`~segtrain.data.device_augment.DeviceBatchAugment`: fit, augmentation, targets)."""
+    :class:`~segtrain.data.transforms.device_augment.DeviceBatchAugment`: fit, augmentation, targets)."""
 
     def __init__(self, augment: Any, device: torch.device, on_error: str = "raise") -> None:
         self.augment = augment

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, cast
 import cv2
 import numpy as np
 
-from segtrain.data.image_header import ImageHeader, oriented_size, read_header
+from segtrain.data.images.image_header import ImageHeader, oriented_size, read_header
 from segtrain.errors import UserError
 from segtrain.fileio import UnsafeFileError, read_bytes
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS, OPENCV_LIMIT_VAR

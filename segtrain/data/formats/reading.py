@@ -15,8 +15,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from segtrain.data.index import RecordIndex
-from segtrain.data.records import ON_ERROR, AnnotationError, ClassMap, LoadReport
+from segtrain.data.formats.index import RecordIndex
+from segtrain.data.records import ON_ERROR, AnnotationError, ClassMap, SkipReport
 from segtrain.fileio import UnsafeFileError, read_bytes
 
 orjson: ModuleType | None
@@ -88,7 +88,7 @@ def finish(
     class_map: ClassMap,
     on_error: str,
     describe: Callable[[RecordIndex, int, int], str],
-) -> tuple[RecordIndex, LoadReport]:
+) -> tuple[RecordIndex, SkipReport]:
     """Bind ``index`` to ``class_map``, then raise (``on_error="raise"``) or report (``"skip"``)
     the recorded problems and the unknown labels. ``describe(index, image, instance)`` names an
     annotation for messages (file, image, annotation id)."""
@@ -119,7 +119,7 @@ def finish(
                 n,
             )
         )
-    report = LoadReport()
+    report = SkipReport()
     if on_error == "raise":
         if problems:
             lines = [m for _, m, _ in problems[:MAX_LISTED]]
@@ -152,3 +152,19 @@ def bounded_list(items: list[str], limit: int = 20) -> str:
     """Items one per line, at most ``limit`` of them, then how many more."""
     shown = "\n".join(f"  {x}" for x in items[:limit])
     return shown + (f"\n  ... and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def is_utf8(s: str) -> bool:
+    """Whether ``s`` encodes as UTF-8. JSON's ``\\udcff`` escapes and file names whose bytes are not UTF-8
+    (``os.fsdecode``) become lone surrogates, which do not: such text cannot be stored in the index, logs or JSON."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown(v: Any) -> str:
+    """``repr(v)`` cut to 40 characters, for naming a bad value in a one-line message."""
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."

@@ -31,7 +31,7 @@ Class discovery (:func:`discover_classes_coco_panoptic`, for ``dataset.classes=a
 
 :func:`panoptic_ground_truth_from_png` gives a record's panoptic ground truth at native resolution
 (id map + segments with training class ids), by the same rule as for polygon records
-(:func:`segtrain.data.panoptic_gt.panoptic_ground_truth`).
+(:func:`segtrain.data.targets.panoptic_gt.panoptic_ground_truth`).
 """
 
 from __future__ import annotations
@@ -51,10 +51,9 @@ import cv2
 import numpy as np
 
 from segtrain.config import IGNORE_LABEL
-from segtrain.data.image_io import ImageReadError, decode_image, max_encoded_bytes
-from segtrain.data.index_cache import cache_file, file_fingerprint, glob_escape
-from segtrain.data.loading import parse_json, read_annotation_file
-from segtrain.data.panoptic_gt import panoptic_ground_truth
+from segtrain.data.formats.index_cache import cache_file, file_fingerprint, glob_escape
+from segtrain.data.formats.reading import parse_json, read_annotation_file
+from segtrain.data.images.image_io import ImageReadError, decode_image, max_encoded_bytes
 from segtrain.data.records import (
     MAX_ANNOTATION_BYTES,
     AnnotationError,
@@ -62,10 +61,11 @@ from segtrain.data.records import (
     Collector,
     ImageRecord,
     Instance,
-    LoadReport,
+    SkipReport,
     UnknownLabelError,
     crowd_classes,
 )
+from segtrain.data.targets.panoptic_gt import panoptic_ground_truth
 from segtrain.fileio import is_regular_file, read_bytes
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
@@ -200,7 +200,7 @@ def load_coco_panoptic(
     unlabeled: str = "ignore",
     stuff_classes: Collection[str] | None = None,
     check_files: bool = False,
-) -> tuple[list[ImageRecord], LoadReport]:
+) -> tuple[list[ImageRecord], SkipReport]:
     """Records of a COCO panoptic JSON: image ``images / file_name`` (Cityscapes panoptic names: see
     :func:`image_path`), PNG ``panoptic / annotation file_name``.
 
@@ -498,7 +498,7 @@ def _png_format_problem(data: bytes) -> str | None:
 def read_segment_ids(record: ImageRecord, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> np.ndarray:
     """(H, W) int32 segment ids (``R + 256 G + 256^2 B``, 0 = VOID) of ``record.panoptic_png``.
 
-    Read and checked as images are (:mod:`segtrain.data.image_io`): non-blocking bounded read, truncation,
+    Read and checked as images are (:mod:`segtrain.data.images.image_io`): non-blocking bounded read, truncation,
     header size against the record's height/width and ``max_image_pixels`` before decoding. Raises
     :class:`ImageReadError` naming the PNG and the fix.
     """
@@ -526,7 +526,7 @@ def read_segment_ids(record: ImageRecord, max_image_pixels: int = DEFAULT_MAX_IM
 def rasterise_panoptic(record: ImageRecord, segment_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(instance_mask (H, W) uint16 with ids 1..N in the order of ``record.instances``, 0 unannotated;
     instance_classes (N+1,) int64, [0] = 0) from the PNG's ``segment_ids`` (:func:`read_segment_ids`):
-    what :func:`segtrain.data.rasterise.rasterise` gives for polygons. Ids are looked up per run of equal
+    what :func:`segtrain.data.targets.rasterise.rasterise` gives for polygons. Ids are looked up per run of equal
     pixels (one ``searchsorted`` over the runs), then expanded.
     """
     instances = record.instances
@@ -576,11 +576,11 @@ def panoptic_ground_truth_from_png(
     VOID = 0, segments ``[{"id", "category_id", "iscrowd", "area"}]``), ``category_id`` being the
     training class (the COCO category mapped by name through ``dataset.classes``/``class_map``).
 
-    The rule is :func:`~segtrain.data.panoptic_gt.panoptic_ground_truth`'s (the one for polygon records):
+    The rule is :func:`~segtrain.data.targets.panoptic_gt.panoptic_ground_truth`'s (the one for polygon records):
     each thing segment is a segment, the segments of one stuff class are united into one, crowd segments
     of one class form one ``iscrowd`` segment, VOID / ignored / dropped pixels are VOID. Segment ids are
     renumbered 1..S. Score it with :class:`segtrain.evaluation.metrics.PanopticQuality` and
-    :func:`~segtrain.data.panoptic_gt.panoptic_categories`.
+    :func:`~segtrain.data.targets.panoptic_gt.panoptic_categories`.
     """
     inst, classes = rasterise_panoptic(record, read_segment_ids(record, max_image_pixels))
     return panoptic_ground_truth(

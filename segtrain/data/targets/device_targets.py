@@ -1,7 +1,8 @@
 """Panoptic-DeepLab targets for a whole batch of id masks, in torch, on the masks' device.
 
 ``make_targets_torch`` is the batched, device-resident twin of the NumPy
-:func:`segtrain.data.targets.make_targets` (same definitions, same outputs per image; see its docstring).  It is used
+:func:`segtrain.data.targets.builders.make_targets` (same definitions, same outputs per image; see its
+docstring).  It is used
 when augmentation runs on the training device (``augment.device=cuda|auto``): the batch is augmented there and its
 targets must be built there too, without a round trip through the host.
 
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from segtrain.data.targets import gaussian_kernel, gaussian_radius
+from segtrain.data.targets.builders import gaussian_kernel, gaussian_radius
 
 __all__ = ["BatchTargets", "make_targets_torch"]
 
@@ -188,7 +189,7 @@ def make_targets_torch(
     small_instance_weight: float = 1.0,
     crowd_classes: Tensor | None = None,
 ) -> dict[str, Tensor]:
-    """Targets of a batch, per image exactly :func:`segtrain.data.targets.make_targets`.
+    """Targets of a batch, per image exactly :func:`segtrain.data.targets.builders.make_targets`.
 
     Args:
         instance: (B, H, W) integer ids 0..K (0 = background).

@@ -7,7 +7,7 @@ will open (its image, a COCO panoptic PNG) must resolve, symlinks included, insi
 the config names for the split (``dataset.<split>.images`` / ``dir`` / ``panoptic`` ...) or inside
 ``dataset.root``; ``dataset.allow_outside_paths=true`` lifts the rule for layouts that need it.
 
-Checked once per split, after the format's loader (:func:`segtrain.data.formats.load_split`, which
+Checked once per split, after the format's loader (:func:`segtrain.data.formats.registry.load_split`, which
 every format goes through, the cached annotation index included), on the paths exactly as they will
 be opened. Cost for 100k images: one ``realpath`` per distinct folder and one directory listing per
 folder (symlinked files are found from the listing's entry types), no ``stat`` per image
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from segtrain.data.index import RecordIndex
-from segtrain.data.records import AnnotationError, ImageRecord, LoadReport
+from segtrain.data.formats.index import RecordIndex
+from segtrain.data.records import AnnotationError, ImageRecord, SkipReport
 
 OPTION = "dataset.allow_outside_paths"
 
@@ -111,7 +111,7 @@ def confine_paths(
     records: Sequence[ImageRecord],
     roots: Sequence[str | os.PathLike],
     on_error: str = "raise",
-    report: LoadReport | None = None,
+    report: SkipReport | None = None,
 ) -> Sequence[ImageRecord]:
     """``records`` whose files all resolve inside ``roots``; the others raise :class:`OutsidePathError`
     (``on_error="raise"``) or are left out and listed in ``report`` (``"skip"``)."""

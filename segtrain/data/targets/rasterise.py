@@ -49,9 +49,9 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
-from segtrain.data.compiled import optional_kernels
+from segtrain.data.targets.compiled import optional_kernels
 
-_kernels: ModuleType | None = optional_kernels("rasterise_kernels", "polygons are rasterised", "4x")
+_kernels: ModuleType | None = optional_kernels("rasterise_kernels", __name__, "polygons are rasterised", "4x")
 
 if TYPE_CHECKING:
     from segtrain.data.records import Instance

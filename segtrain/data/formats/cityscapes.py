@@ -62,14 +62,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from segtrain.config import IGNORE_LABEL
-from segtrain.data.loading import parse_json, read_annotation_file
+from segtrain.data.formats.reading import parse_json, read_annotation_file
 from segtrain.data.records import (
     AnnotationError,
     ClassMap,
     Collector,
     ImageRecord,
     Instance,
-    LoadReport,
+    SkipReport,
     UnknownLabelError,
     positive_int,
 )
@@ -299,7 +299,7 @@ def _void(height: int, width: int) -> Instance:
 
 def load_cityscapes(
     images_dir: str | Path, gt_dir: str | Path, class_map: ClassMap, on_error: str = "raise"
-) -> tuple[list[ImageRecord], LoadReport]:
+) -> tuple[list[ImageRecord], SkipReport]:
     """Records of every ``gt_dir/<city>/<stem>_gtFine_polygons.json`` (sorted; ``_gtCoarse_`` too),
     the image being ``images_dir/<city>/<stem>_leftImg8bit.png``; rules as cityscapesscripts (see
     the module docstring). ``class_map`` maps Cityscapes label names onto the training classes

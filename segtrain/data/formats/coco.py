@@ -32,19 +32,27 @@ from typing import Any
 
 import numpy as np
 
-from segtrain.data.index import RecordIndex, blob_arrays, encode_column
-from segtrain.data.index_cache import cached_index, file_fingerprint
-from segtrain.data.json_chunks import NotSplittable, Structure, iter_chunks, skeleton
-from segtrain.data.loading import Problems, bounded_list, finish, parse_json, read_annotation_file
+from segtrain.data.formats.index import RecordIndex, blob_arrays, encode_column
+from segtrain.data.formats.index_cache import cached_index, file_fingerprint
+from segtrain.data.formats.json_chunks import NotSplittable, Structure, iter_chunks, skeleton
+from segtrain.data.formats.reading import (
+    Problems,
+    bounded_list,
+    finish,
+    is_utf8,
+    parse_json,
+    read_annotation_file,
+    shown,
+)
+from segtrain.data.formats.rle import coco_rle
 from segtrain.data.records import (
     MAX_ANNOTATION_BYTES,
     MAX_POLYGON_VERTICES,
     AnnotationError,
     ClassMap,
-    LoadReport,
+    SkipReport,
     positive_int,
 )
-from segtrain.data.rle import coco_rle
 from segtrain.fileio import is_regular_file
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
@@ -63,7 +71,7 @@ def load_coco(
     cache_dir: str | os.PathLike | None = None,
     check_files: bool = True,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-) -> tuple[RecordIndex, LoadReport]:
+) -> tuple[RecordIndex, SkipReport]:
     """Records of a COCO instances JSON; image paths are ``images / file_name``.
 
     Polygon segmentations (one or more parts, unioned) and RLE segmentations (compressed string
@@ -130,7 +138,7 @@ def _describe(index: RecordIndex, j: int, t: int) -> str:
     )
 
 
-def _check_files(index: RecordIndex, on_error: str, report: LoadReport, img_root: Path) -> RecordIndex:
+def _check_files(index: RecordIndex, on_error: str, report: SkipReport, img_root: Path) -> RecordIndex:
     """One stat per image (dataset.check_files=true): all missing files in one error, or skipped."""
     root = str(img_root)
     stored = [index.stored_position(i) for i in range(len(index))]
@@ -254,20 +262,6 @@ def _slices(anns: list) -> Iterator[list]:
         yield chunk
 
 
-def _utf8(s: str) -> bool:
-    """Whether ``s`` encodes as UTF-8 (JSON's ``\\udcff`` escapes decode to lone surrogates, which do not)."""
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _show(v: Any) -> str:
-    s = repr(v)
-    return s if len(s) <= 40 else s[:37] + "..."
-
-
 def _id_codec(ids: list) -> str:
     return "intstr" if ids and set(map(type, ids)) == {int} and min(ids) >= -(2**63) and max(ids) < 2**63 else "str"
 
@@ -278,12 +272,12 @@ def _categories(cats: list, src: str) -> tuple[list[str], list, dict]:
     code: dict = {}
     for c in cats:
         if not isinstance(c, dict) or "id" not in c or "name" not in c:
-            raise AnnotationError(f"{src}: category entry {_show(c)} needs 'id' and 'name'")
+            raise AnnotationError(f"{src}: category entry {shown(c)} needs 'id' and 'name'")
         cid, name = c["id"], c["name"]
         if type(cid) not in (int, str):
-            raise AnnotationError(f"{src}: category {_show(name)} has id {_show(cid)}; ids must be integers")
+            raise AnnotationError(f"{src}: category {shown(name)} has id {shown(cid)}; ids must be integers")
         if not isinstance(name, str) or not name:
-            raise AnnotationError(f"{src}: category id {cid} has name {_show(name)}; names must be non-empty strings")
+            raise AnnotationError(f"{src}: category id {cid} has name {shown(name)}; names must be non-empty strings")
         if cid in code:
             raise AnnotationError(f"{src}: category id {cid} appears twice; category ids must be unique")
         code[cid] = len(labels)
@@ -314,7 +308,7 @@ class _Images:
             return False
         if not (set(map(type, ids)) <= _ID_TYPES and set(map(type, names)) <= {str}):
             return False
-        if not _utf8("".join(names)) or (str in set(map(type, ids)) and not _utf8("".join(map(str, ids)))):
+        if not is_utf8("".join(names)) or (str in set(map(type, ids)) and not is_utf8("".join(map(str, ids)))):
             return False  # a lone surrogate escape ("\udcff") somewhere: the slow path names it
         if not (set(map(type, hs)) <= {int} and set(map(type, ws)) <= {int}) or not images:
             return False
@@ -330,14 +324,14 @@ class _Images:
     def _slow(self, images: list, src: str, max_pixels: int, problems: Problems) -> None:
         for i, im in enumerate(images):
             if type(im) is not dict:
-                problems.image(f"{src}: images[{i}] is {_show(im)}, not an object")
+                problems.image(f"{src}: images[{i}] is {shown(im)}, not an object")
                 continue
             im_id = im.get("id")
             if type(im_id) not in (int, str):
-                what = "has no 'id'" if im_id is None else f"has the id {_show(im_id)}"
+                what = "has no 'id'" if im_id is None else f"has the id {shown(im_id)}"
                 problems.image(f"{src}: images[{i}] {what}; every COCO image needs a unique integer id")
                 continue
-            if isinstance(im_id, str) and not _utf8(im_id):
+            if isinstance(im_id, str) and not is_utf8(im_id):
                 problems.image(f"{src}: images[{i}] has the id {ascii(im_id)}, which is not valid Unicode text")
                 continue
             where = f"{src}: image id {im_id}"
@@ -349,7 +343,7 @@ class _Images:
                 self.bad.add(im_id)
                 problems.image(f"{where} has no 'file_name'; add the image's path relative to the images folder")
                 continue
-            if not _utf8(file_name):
+            if not is_utf8(file_name):
                 self.bad.add(im_id)
                 problems.image(
                     f"{where}: file_name {ascii(file_name)} is not valid Unicode text (a lone surrogate escape such "
@@ -363,7 +357,7 @@ class _Images:
                 self.bad.add(im_id)
                 problems.image(
                     f"{where}: 'height'/'width' missing or not positive integers "
-                    f"({_show(im.get('height'))} x {_show(im.get('width'))}); write the real image size into the JSON"
+                    f"({shown(im.get('height'))} x {shown(im.get('width'))}); write the real image size into the JSON"
                 )
                 continue
             if h * w > max_pixels:
@@ -384,7 +378,7 @@ class _Images:
 def _flat_part(part: Any) -> list:
     """A polygon part as a flat list of numbers: ``[x, y, ...]`` or ``[[x, y], ...]``; ValueError."""
     if type(part) is not list:
-        raise ValueError(f"{_show(part)} is not a list of coordinates")
+        raise ValueError(f"{shown(part)} is not a list of coordinates")
     kinds = set(map(type, part))
     if kinds <= {int, float}:
         return part
@@ -559,17 +553,17 @@ class _Annotations:
         """Check one annotation the fast path did not take; record it in ``pend`` or a problem."""
         src, pr = self.src, self.problems
         if type(a) is not dict:
-            pr.annotation(f"{src}: annotations[{i}] is {_show(a)}, not an object")
+            pr.annotation(f"{src}: annotations[{i}] is {shown(a)}, not an object")
             return
         aid = a.get("id")
         if type(aid) not in (int, str):
-            what = "has no 'id'" if aid is None else f"has the id {_show(aid)}"
+            what = "has no 'id'" if aid is None else f"has the id {shown(aid)}"
             pr.annotation(f"{src}: annotations[{i}] {what}; annotation ids must be integers")
             return
         where = f"{src}: annotation id {aid}"
         im = a.get("image_id")
         if type(im) not in (int, str):
-            pr.annotation(f"{where}: image_id {_show(im)} is not an image id (an integer); fix the annotation")
+            pr.annotation(f"{where}: image_id {shown(im)} is not an image id (an integer); fix the annotation")
             return
         if im in self.imgs.bad:
             return  # the image was already reported
@@ -583,14 +577,14 @@ class _Annotations:
         if code is None:
             ids = sorted(self.cat_code, key=lambda c: (isinstance(c, str), c))
             pr.annotation(
-                f"{where}: category_id {_show(cat)} is not in 'categories' (ids {_show(ids)}); "
+                f"{where}: category_id {shown(cat)} is not in 'categories' (ids {shown(ids)}); "
                 "fix the category_id or add the category"
             )
             return
         label = self.labels[code]
         crowd = a.get("iscrowd", 0)
         if type(crowd) not in (int, bool) or crowd not in (0, 1):
-            pr.annotation(f"{where}, category {label!r}: 'iscrowd' is {_show(crowd)}; expected 0 or 1. {_FIX}", code)
+            pr.annotation(f"{where}, category {label!r}: 'iscrowd' is {shown(crowd)}; expected 0 or 1. {_FIX}", code)
             return
         seg = a.get("segmentation")
         try:

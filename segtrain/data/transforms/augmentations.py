@@ -1,7 +1,7 @@
 """Augmentation pipelines by name (``augment.name``): one registry, the config's allowed values.
 
 A pipeline builder takes ``cfg.augment`` and the output size and returns an albumentations
-``Compose`` whose first transform is an :class:`~segtrain.data.transforms.AffineCrop` (it fits
+``Compose`` whose first transform is an :class:`~segtrain.data.transforms.cpu_augment.AffineCrop` (it fits
 the image into the input size and marks invented pixels), so every pipeline yields items of
 the same geometry. ``default`` and ``strong`` differ only in their parameters
 (``configs/augment/*.yaml``); ``none`` only fits. Add your own with
@@ -18,7 +18,7 @@ from typing import Any
 
 import albumentations as A
 
-from segtrain.data.transforms import AffineCrop, build_transforms
+from segtrain.data.transforms.cpu_augment import AffineCrop, build_transforms
 from segtrain.registry import Registry
 
 Pipeline = Callable[[Any, tuple[int, int]], A.Compose]

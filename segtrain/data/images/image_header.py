@@ -2,7 +2,7 @@
 
 Why: a decoder allocates the whole pixel buffer as soon as it has read the header, so a 60-byte
 PNG that claims 30000x30000 pixels costs 2.7 GB before any check can run. Reading the size here
-lets :mod:`segtrain.data.image_io` compare it with the annotation and a pixel cap first.
+lets :mod:`segtrain.data.images.image_io` compare it with the annotation and a pixel cap first.
 
 Formats: JPEG (SOFn), PNG (IHDR), BMP, WebP (VP8, VP8L, VP8X), TIFF and BigTIFF (first IFD),
 GIF (logical screen, as OpenCV decodes it), PNM/PAM/PFM and Sun raster. For anything else

@@ -1,4 +1,4 @@
-"""Compiled (numba) kernels behind :func:`segtrain.data.targets.make_targets`.
+"""Compiled (numba) kernels behind :func:`segtrain.data.targets.builders.make_targets`.
 
 Why: the NumPy path (``_targets_numpy`` in targets.py) is run-based and vectorised, but it
 still writes most output bytes two or three times (a run-length decode into temporaries, a copy,
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from segtrain.data.rasterise_kernels import _jit
+from segtrain.data.targets.rasterise_kernels import _jit
 
 
 @_jit

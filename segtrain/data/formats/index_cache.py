@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from segtrain.config import expand_path
-from segtrain.data.index import RecordIndex, schema_fingerprint
+from segtrain.data.formats.index import RecordIndex, schema_fingerprint
 from segtrain.fileio import open_regular
 
 log = logging.getLogger(__name__)

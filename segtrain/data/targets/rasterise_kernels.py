@@ -1,4 +1,4 @@
-"""Compiled (numba) kernels behind :func:`segtrain.data.rasterise.rasterise`.
+"""Compiled (numba) kernels behind :func:`segtrain.data.targets.rasterise.rasterise`.
 
 Why: the NumPy path (``_runs`` / ``_Boxes`` in rasterise.py) is vectorised but pays ~60 small NumPy
 calls plus per-box cv2 calls per image, which dominates a loader worker's rasterisation (~0.5-2 ms).

@@ -28,10 +28,11 @@ import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from segtrain.data.confine import display
-from segtrain.data.index import RecordIndex
-from segtrain.data.index_cache import cached_index, content_hash
-from segtrain.data.loading import Problems, finish, parse_json, read_annotation_file
+from segtrain.data.formats.confine import display
+from segtrain.data.formats.index import RecordIndex
+from segtrain.data.formats.index_cache import cached_index, content_hash
+from segtrain.data.formats.reading import Problems, finish, is_utf8, parse_json, read_annotation_file, shown
+from segtrain.data.formats.rle import box_mask_counts, encode_counts
 from segtrain.data.records import (
     IGNORE,
     MAX_LABELME_BYTES,
@@ -40,10 +41,9 @@ from segtrain.data.records import (
     ClassMap,
     ImageRecord,
     Instance,
-    LoadReport,
+    SkipReport,
     positive_int,
 )
-from segtrain.data.rle import box_mask_counts, encode_counts
 from segtrain.fileio import open_regular
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
@@ -69,7 +69,7 @@ def load_labelme(
     cache_dir: str | os.PathLike | None = None,
     check_files: bool = True,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-) -> tuple[RecordIndex, LoadReport]:
+) -> tuple[RecordIndex, SkipReport]:
     """Records of every ``*.json`` in ``folder`` (sorted), LabelMe v3 to v5 (see the module doc).
 
     ``cache_dir``: cache the built index there (None: no cache). ``check_files``: open each image
@@ -164,7 +164,7 @@ class _Listing:
         return path.name in names
 
 
-def _resolve_images(index: RecordIndex, root: Path, on_error: str, report: LoadReport, check_files: bool):
+def _resolve_images(index: RecordIndex, root: Path, on_error: str, report: SkipReport, check_files: bool):
     """Per image: the file at imagePath, the file of that name beside the JSON, or the embedded
     data; images with none of these are errors (or skipped)."""
     exists = _is_image_file if check_files else _Listing()
@@ -238,7 +238,7 @@ def build_labelme(root: Path, files: list[Path], max_image_pixels: int = DEFAULT
     listing = _Listing()
     for js in files:
         src = str(js)
-        if not _utf8(js.name):  # bytes that are not UTF-8 (os.fsdecode's surrogates): cannot be stored or shown
+        if not is_utf8(js.name):  # bytes that are not UTF-8 (os.fsdecode's surrogates): cannot be stored or shown
             problems.image(
                 f"{display(js)}: the file name is not valid UTF-8; rename it (e.g. with convmv) or move it out of "
                 f"{display(root)}"
@@ -311,19 +311,6 @@ def build_labelme(root: Path, files: list[Path], max_image_pixels: int = DEFAULT
     return index
 
 
-def _utf8(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _show(v: Any) -> str:
-    s = repr(v)
-    return s if len(s) <= 40 else s[:37] + "..."
-
-
 def _shapes(shapes: list, js: Path, h: int, w: int, problems: Problems, labels: set[str]) -> list[Instance]:
     src = str(js)
     instances: list[Instance] = []
@@ -331,15 +318,15 @@ def _shapes(shapes: list, js: Path, h: int, w: int, problems: Problems, labels: 
     for i, shape in enumerate(shapes):
         ann_id = f"{js.name}#shape{i}"
         if not isinstance(shape, dict):
-            problems.annotation(f"{src}: shape {i} ({ann_id}) is {_show(shape)}, not an object")
+            problems.annotation(f"{src}: shape {i} ({ann_id}) is {shown(shape)}, not an object")
             continue
         stype = shape.get("shape_type") or "polygon"
         label = shape.get("label", "")
         if type(label) is int:
             label = str(label)
-        where = f"{src}: shape {i} ({ann_id}, label {_show(label)})"
+        where = f"{src}: shape {i} ({ann_id}, label {shown(label)})"
         if not isinstance(stype, str):
-            problems.annotation(f"{where}: shape_type {_show(stype)} is not a string")
+            problems.annotation(f"{where}: shape_type {shown(stype)} is not a string")
             continue
         if stype in NON_AREA_SHAPES:
             continue

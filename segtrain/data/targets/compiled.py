@@ -11,13 +11,13 @@ import logging
 from types import ModuleType
 
 
-def optional_kernels(module: str, work: str, slowdown: str) -> ModuleType | None:
-    """``segtrain.data.<module>``, or None (with one warning on ``segtrain.data.<module>``'s user's logger)
+def optional_kernels(module: str, user: str, work: str, slowdown: str) -> ModuleType | None:
+    """``segtrain.data.targets.<module>``, or None (with one warning on the logger of ``user``, the importer)
     when numba cannot be imported. ``work`` says what the NumPy path then does, e.g. "targets are built"."""
     try:
-        return importlib.import_module(f"segtrain.data.{module}")
+        return importlib.import_module(f"segtrain.data.targets.{module}")
     except ImportError as exc:
-        logging.getLogger(f"segtrain.data.{module.removesuffix('_kernels')}").warning(
+        logging.getLogger(user).warning(
             "numba is unavailable (%s): %s by the NumPy path, identical but about %s slower per image. "
             "Fix: pip install 'numba>=0.60' matching your NumPy",
             exc,

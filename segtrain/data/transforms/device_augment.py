@@ -1,7 +1,8 @@
 """Training augmentation of a whole batch on the training device (``augment.device=cuda|auto``).
 
-With CPU augmentation the loader workers run the albumentations pipeline of ``segtrain.data.transforms``; on fast
-GPUs they cannot keep up.  In device mode the workers only read, decode and rasterise each image (fitting it into the
+With CPU augmentation the loader workers run the albumentations pipeline of ``segtrain.data.transforms.cpu_augment``;
+on fast GPUs they cannot keep up.
+In device mode the workers only read, decode and rasterise each image (fitting it into the
 input size only when it is 2x larger or more: content top-left, the rest padding, see ``mappers.DeviceMapper``);
 :class:`DeviceAugment` then applies the *same* random transforms, with the same ``cfg.augment``
 parameters, to the collated batch on the device, and :func:`make_targets_torch` (``device_targets.py``) builds the
@@ -55,8 +56,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from segtrain.config import ConfigError
-from segtrain.data.device_targets import make_targets_torch
 from segtrain.data.seeding import item_seed
+from segtrain.data.targets.device_targets import make_targets_torch
 
 __all__ = ["DeviceAugment", "DeviceBatchAugment", "make_targets_torch"]
 

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from segtrain.config import BACKGROUND_NAMES
-from segtrain.data.coco import load_coco
-from segtrain.data.confine import confine_paths
-from segtrain.data.labelme import load_labelme
-from segtrain.data.records import IGNORE, ClassMap, ImageRecord, LoadReport
-from segtrain.data.synthetic import ensure_synthetic
+from segtrain.data.formats.coco import load_coco
+from segtrain.data.formats.confine import confine_paths
+from segtrain.data.formats.labelme import load_labelme
+from segtrain.data.formats.synthetic import ensure_synthetic
+from segtrain.data.records import IGNORE, ClassMap, ImageRecord, SkipReport
 from segtrain.errors import UserError
 from segtrain.registry import Registry
 
-Loader = Callable[[Any, str, ClassMap], tuple[Sequence[ImageRecord], LoadReport]]
+Loader = Callable[[Any, str, ClassMap], tuple[Sequence[ImageRecord], SkipReport]]
 Discovered = tuple[str, int] | tuple[str, int, bool]  # (label, instances[, is_stuff])
 
 
@@ -118,25 +118,25 @@ def check_paths(ds: Any, splits: tuple[str, ...] = ("train", "val")) -> None:
         raise DataPathError(f"data not found{root}:\n" + "\n".join(problems))
 
 
-def _coco(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
+def _coco(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
     annotations = _existing(ds, split, "annotations", folder=False)
     images = _existing(ds, split, "images", folder=True)
     return load_coco(annotations, images, class_map, ds.on_error, **index_options(ds))
 
 
-def _labelme(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
+def _labelme(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
     return load_labelme(_existing(ds, split, "dir", folder=True), class_map, ds.on_error, **index_options(ds))
 
 
-def _cityscapes(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
-    from segtrain.data.cityscapes import load_cityscapes
+def _cityscapes(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+    from segtrain.data.formats.cityscapes import load_cityscapes
 
     images = _existing(ds, split, "images", folder=True)
     return load_cityscapes(images, _existing(ds, split, "annotations", folder=True), class_map, ds.on_error)
 
 
-def _coco_panoptic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
-    from segtrain.data.coco_panoptic import load_coco_panoptic
+def _coco_panoptic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+    from segtrain.data.formats.coco_panoptic import load_coco_panoptic
 
     return load_coco_panoptic(
         _existing(ds, split, "annotations", folder=False),
@@ -149,7 +149,7 @@ def _coco_panoptic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[I
     )
 
 
-def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], LoadReport]:
+def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
     s = ds.synthetic
     root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
     return load_coco(root / f"{split}.json", root / split, class_map, ds.on_error, **index_options(ds))
@@ -162,25 +162,25 @@ def _synthetic_roots(ds: Any, split: str) -> list[Path]:
 
 
 def _discover_coco(ds: Any) -> list[tuple[str, int]]:
-    from segtrain.data.coco import discover_classes_coco
+    from segtrain.data.formats.coco import discover_classes_coco
 
     return discover_classes_coco(_existing(ds, "train", "annotations", folder=False), **index_options(ds, False))
 
 
 def _discover_labelme(ds: Any) -> list[tuple[str, int]]:
-    from segtrain.data.labelme import discover_classes_labelme
+    from segtrain.data.formats.labelme import discover_classes_labelme
 
     return discover_classes_labelme(_existing(ds, "train", "dir", folder=True), **index_options(ds, False))
 
 
 def _discover_coco_panoptic(ds: Any) -> list[tuple[str, int, bool]]:
-    from segtrain.data.coco_panoptic import discover_classes_coco_panoptic
+    from segtrain.data.formats.coco_panoptic import discover_classes_coco_panoptic
 
     return discover_classes_coco_panoptic(_existing(ds, "train", "annotations", folder=False), cache_dir=ds.cache_dir)
 
 
 def _discover_synthetic(ds: Any) -> list[tuple[str, int]]:
-    from segtrain.data.coco import discover_classes_coco
+    from segtrain.data.formats.coco import discover_classes_coco
 
     s = ds.synthetic
     root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
@@ -230,7 +230,7 @@ def data_roots(ds: Any, split: str) -> list[Path]:
     return roots + ([Path(str(ds.root))] if ds.get("root") else [])
 
 
-def load_split(ds: Any, split: str) -> tuple[Sequence[ImageRecord], LoadReport]:
+def load_split(ds: Any, split: str) -> tuple[Sequence[ImageRecord], SkipReport]:
     """Records of one split of ``cfg.dataset`` (fails before training when a path is missing). Every
     format goes through here: files outside the data set's folders are refused here, once (confine.py)."""
     records, report = FORMATS.get(str(ds.format)).load(ds, split, class_map_of(ds))

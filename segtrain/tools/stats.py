@@ -1,4 +1,4 @@
-"""``python -m segtrain.data.stats [train overrides]``: what is in the data set, per class, before training.
+"""``python -m segtrain.tools.stats [train overrides]``: what is in the data set, per class, before training.
 
 Per class: images, instances, pixel share (annotated area over all image pixels; overlaps counted
 once per instance) and instance-size percentiles (area in pixels); warns about classes without
@@ -18,7 +18,7 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from segtrain.config import IGNORE_LABEL, ConfigError, compose
-from segtrain.data.records import ImageRecord
+from segtrain.data import ImageRecord
 from segtrain.errors import UserError
 
 PERCENTILES = (5, 50, 95)
@@ -141,7 +141,7 @@ def format_table(stats: dict[str, Any], split: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from segtrain.data.dataset import load_records
+    from segtrain.data import load_records
 
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args

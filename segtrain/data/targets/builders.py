@@ -28,9 +28,9 @@ from types import ModuleType
 import cv2
 import numpy as np
 
-from segtrain.data.compiled import optional_kernels
+from segtrain.data.targets.compiled import optional_kernels
 
-_kernels: ModuleType | None = optional_kernels("targets_kernels", "targets are built", "2x")
+_kernels: ModuleType | None = optional_kernels("targets_kernels", __name__, "targets are built", "2x")
 
 __all__ = ["gaussian_kernel", "gaussian_radius", "make_targets"]
 
