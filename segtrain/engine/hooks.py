@@ -320,7 +320,7 @@ class EarlyStopping(HookBase):
         self.min_delta = float(min_delta)
         self.metric = metric
         self.mode = mode
-        self.best: float | None = None
+        self.best: float | None = None  # the value to beat by min_delta; the best so far is TrainState.best_metric
         self.bad = 0
 
     def after_epoch(self) -> None:
