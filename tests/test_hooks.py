@@ -352,3 +352,33 @@ def test_trainer_state_dict_round_trips_through_a_file_and_resumes_bit_exactly(s
     assert {k: v for k, v in a.items() if k not in ("model", "ema", "optimizer")} == {
         k: v for k, v in b.items() if k not in ("model", "ema", "optimizer")
     }
+
+
+def test_resume_with_another_checkpoint_metric_forgets_the_best_and_early_stopping_patience(smoke_batches, tmp_path):
+    """The best so far lives in TrainState alone: resume forgets it when trainer.checkpoint.metric changed, and
+    EarlyStopping's patience, which only exists relative to a best, starts afresh with it (no hook named)."""
+    from segtrain.checkpoint.resume import restore_training_state
+
+    cfg, batches = smoke_batches
+    cfg = cfg.copy()
+
+    def with_stop():
+        return trainer_for(cfg, batches[:1], tmp_path, 1, [EarlyStopping(3, 0.0, "miou", "max")])
+
+    t = with_stop()
+    t.train()
+    t.state.best_metric, t.state.best_at = 0.5, [0, 1]
+    t.hooks[0].load_state_dict({"best": 0.5, "bad": 2})
+    Checkpointer(tmp_path, to_container(cfg), keep_last=1, is_main=True).save(t, ["last"], epoch_done=True)
+    path = tmp_path / "checkpoints" / "last.pt"
+    blob = torch.load(path, weights_only=True)
+    same = with_stop()
+    restore_training_state(same, (path, blob), cfg)
+    assert same.state.best_metric == 0.5 and same.hooks[0].state_dict() == {"best": 0.5, "bad": 2}
+    other = cfg.copy()
+    other.trainer.checkpoint.metric = "pixel_acc"
+    moved = with_stop()
+    restore_training_state(moved, (path, blob), other)
+    assert (moved.state.best_metric, moved.state.best_at) == (None, None)
+    assert moved.hooks[0].state_dict() == {"best": None, "bad": 0}
+    assert moved.state.step == same.state.step == 1

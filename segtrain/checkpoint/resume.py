@@ -164,10 +164,8 @@ def _freeze_key(freeze: Any) -> list[str]:
 
 @dataclass(frozen=True)
 class Resumed:
-    """What :func:`restore_training_state` did that its caller acts on."""
+    """What :func:`restore_training_state` leaves to its caller."""
 
-    path: Path
-    step: int
     optim_changed: list[str]  # "optim.<key>: <then> in the checkpoint, <now> now": this run's settings apply
 
 
@@ -241,4 +239,4 @@ def restore_training_state(owner: Stateful, found: tuple[Path, Any], cfg: Any) -
         )
     epoch, in_epoch = int(blob.get("epoch", 0)), int(blob.get("step_in_epoch", 0))
     log.info("resumed from %s: epoch %d, step %d (+%d in epoch)", path, epoch, step, in_epoch)
-    return Resumed(path, step, optim_changed)
+    return Resumed(optim_changed)
