@@ -16,11 +16,29 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from segtrain.config import ConfigError
 from segtrain.launch_env import env_rank  # noqa: F401 - re-exported: engine code asks distributed
 
 log = logging.getLogger(__name__)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model under any stack of DDP / torch.compile wrappers.
+
+    Engine code reaches the model only through this, so ``model.freeze_part()`` or
+    ``model.backbone`` mean the same wrapped or not, and state dicts carry no
+    ``module.`` / ``_orig_mod.`` prefixes. DDP / DataParallel hold the model as ``.module``, torch.compile
+    as ``._orig_mod``; the key prefixes they leave in state dicts are ``checkpoint.state.WRAPPER_PREFIXES``.
+    """
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):
+            model = model.module  # WRAPPER_PREFIXES[0]
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod  # WRAPPER_PREFIXES[1]
+        else:
+            return model
 
 
 @dataclass(frozen=True)

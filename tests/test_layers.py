@@ -1,13 +1,15 @@
 """The package layers of docs/architecture.md's Layout section, read from the source: which package may import which,
 no import cycles between modules (at import time or inside functions), no entry point imported by anything.
 
-Imports under ``if TYPE_CHECKING:`` are annotations only and are not counted.
+Imports under ``if TYPE_CHECKING:`` count like any other: an annotation that names an upper layer's type, or
+closes a circle, is the same coupling a runtime import would be.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,22 +54,14 @@ def layer_of(module: str) -> str:
     return "entry" if parts[1] in ENTRY_LAYER else "foundation"
 
 
-def _type_checking_block(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
 def imports_of(path: Path) -> set[str]:
-    """Every segtrain module this file imports, anywhere in it, except under ``if TYPE_CHECKING:``."""
+    """Every segtrain module this file imports, anywhere in it (inside functions and ``if TYPE_CHECKING:`` too)."""
     tree = ast.parse(path.read_text(), str(path))
     this = module_name(path)
     package = this if path.name == "__init__.py" else this.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if _type_checking_block(node):
-            for child in getattr(node, "orelse", []):
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("segtrain"))
         elif isinstance(node, ast.ImportFrom):
@@ -225,3 +219,28 @@ def test_every_name_of_the_data_face_resolves():
 
     unresolved = [n for n in face.__all__ if getattr(face, n, None) is None]
     assert face.__all__ and not unresolved, unresolved
+
+
+def test_type_checking_imports_are_read(tmp_path, monkeypatch):
+    """The reader sees an import under ``if TYPE_CHECKING:`` (the rules above apply to annotations too)."""
+    package = tmp_path / "segtrain" / "checkpoint"
+    package.mkdir(parents=True)
+    (tmp_path / "segtrain" / "engine").mkdir()
+    (tmp_path / "segtrain" / "engine" / "trainer.py").write_text("")
+    source = package / "resume.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from segtrain.engine import trainer\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path / "segtrain")
+    assert imports_of(source) == {"segtrain.engine", "segtrain.engine.trainer"}
+
+
+def test_checkpoint_never_imports_the_engine():
+    """checkpoint/ works on dicts and files: the Trainer hands it ``state_dict()`` and takes ``load_state_dict()``."""
+    wrong = [
+        f"{m} imports {o}"
+        for m, imported in all_modules().items()
+        if layer_of(m) == "checkpoint"
+        for o in imported
+        if layer_of(o) in ("engine", "models")
+    ]
+    assert not wrong, "\n".join(wrong)
+    assert any(layer_of(m) == "checkpoint" for m in all_modules()), "no checkpoint module found: the test reads nothing"

@@ -26,7 +26,7 @@ from segtrain.distributed import DistInfo, broadcast_object
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.hooks import default_hooks
 from segtrain.engine.model_setup import prepare_model, probe_batch, wrap_model
-from segtrain.engine.optim import build_optimizer, build_scheduler
+from segtrain.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler, optimizer_settings
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.run_dir import RunDirLock, check_fresh
 from segtrain.engine.session import start_run_record
@@ -107,7 +107,9 @@ def _build(
     trainer.register_hooks(hooks)
     found = find_resume_checkpoint(cfg, run_dir)
     if found is not None:
-        restore_training_state(trainer, found, cfg)
+        fresh = optimizer_settings(optimizer)
+        if restore_training_state(trainer, found, cfg).optim_changed:
+            apply_optimizer_settings(optimizer, trainer.scheduler, fresh)
     trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(data.panels), precision)
     return trainer, found
 

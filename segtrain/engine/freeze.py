@@ -15,8 +15,8 @@ from typing import Any
 
 from torch import nn
 
-from segtrain.checkpoint.state import unwrap
 from segtrain.config import ConfigError
+from segtrain.distributed import unwrap
 
 
 def parse_patterns(freeze: Any) -> list[str]:

@@ -1,7 +1,7 @@
 """From config to a model ready to train on this rank: build, load weights, freeze, place, wrap.
 
 Everything that must happen to the *unwrapped* model (weights, SyncBN, freezing) happens here
-before DDP wraps it; the wrapped model is reached through ``segtrain.checkpoint.state.unwrap`` afterwards.
+before DDP wraps it; the wrapped model is reached through ``segtrain.distributed.unwrap`` afterwards.
 """
 
 from __future__ import annotations

@@ -108,6 +108,33 @@ def build_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, [make(b) for b in base])
 
 
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each param group's hyper-parameters (everything but its parameters): this run's, to re-apply over a
+    restored optimiser state with :func:`apply_optimizer_settings`."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def apply_optimizer_settings(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR | None, fresh: list[dict[str, Any]]
+) -> None:
+    """This run's hyper-parameters (``fresh``: :func:`optimizer_settings` before the restore) over the restored
+    ones, and the schedule re-based on the new learning rate at the restored step (resume with changed optim)."""
+    for group, new in zip(optimizer.param_groups, fresh, strict=True):
+        for key, value in new.items():
+            if key not in ("lr", "initial_lr"):
+                group[key] = value
+        group["initial_lr"] = new.get("initial_lr", new["lr"])
+    if scheduler is None:
+        for group, new in zip(optimizer.param_groups, fresh, strict=True):
+            group["lr"] = new["lr"]
+        return
+    scheduler.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
+    lrs = [base * lam(scheduler.last_epoch) for base, lam in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what get_last_lr() reports
+
+
 def scaler_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
     """``scaler.step(optimizer)``; True when the optimiser really stepped. False: fp16 found inf/NaN gradients
     and the scaler skipped the update, so nothing that follows an update (the EMA) may move either.

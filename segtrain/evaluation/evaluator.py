@@ -18,11 +18,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from segtrain.checkpoint.state import unwrap
 from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL, POSTPROCESS, Config
 from segtrain.data import coco_ids, panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
 from segtrain.device import autocast, to_device
-from segtrain.distributed import all_reduce_
+from segtrain.distributed import all_reduce_, unwrap
 from segtrain.evaluation.instance_ap import (
     InstanceAP,
     annotation_instances,
