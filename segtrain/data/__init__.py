@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from segtrain.data.mappers import StageTimer as StageTimer
     from segtrain.data.mappers import inference_size as inference_size
     from segtrain.data.mappers import prepare_input as prepare_input
+    from segtrain.data.pipeline import BatchStep as BatchStep
     from segtrain.data.pipeline import build_mapper as build_mapper
     from segtrain.data.pipeline import plan_pipeline as plan_pipeline
     from segtrain.data.records import ImageRecord as ImageRecord
@@ -60,6 +61,7 @@ _HOMES = {
     "StageTimer": "segtrain.data.mappers",
     "inference_size": "segtrain.data.mappers",
     "prepare_input": "segtrain.data.mappers",
+    "BatchStep": "segtrain.data.pipeline",
     "build_mapper": "segtrain.data.pipeline",
     "plan_pipeline": "segtrain.data.pipeline",
     "ImageRecord": "segtrain.data.records",

@@ -35,7 +35,7 @@ from segtrain.errors import NonFiniteError, Preempted, mark_running
 from segtrain.preemption import StopSignals
 
 if TYPE_CHECKING:
-    from segtrain.data.pipeline import BatchStep
+    from segtrain.data import BatchStep
 
 log = logging.getLogger("segtrain.trainer")
 
