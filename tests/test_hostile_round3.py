@@ -4,12 +4,27 @@ wrong, no hang, and one line naming the key or file and the fix instead of a tra
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 from proc_utils import run_module
 
+from segtrain.config import ConfigError, compose
+
 SMOKE = ["experiment=cpu_smoke", "trainer.max_steps=2", "trainer.epochs=1"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, str]:
+    """(run directory, stderr) of one short real training run, with a warmup longer than the run."""
+    base = tmp_path_factory.mktemp("round3")
+    run_dir = base / "run"
+    proc = run_module(
+        "segtrain.train", [*SMOKE, "schedule.warmup_steps=1000", f"hydra.run.dir={run_dir}"], base, base / "cache"
+    )
+    return run_dir, proc.stderr
 
 
 def one_line_error(proc, *names: str) -> str:
@@ -25,10 +40,10 @@ def one_line_error(proc, *names: str) -> str:
 
 # --------------------------------------------------------------------------- data loss
 @pytest.mark.slow
-def test_overwrite_removes_only_what_segtrain_wrote(tmp_path: Path):
+def test_overwrite_removes_only_what_segtrain_wrote(tmp_path: Path, trained):
     run_dir = tmp_path / "run"
+    shutil.copytree(trained[0], run_dir)
     args = [*SMOKE, f"hydra.run.dir={run_dir}"]
-    run_module("segtrain.train", args, tmp_path, tmp_path / "cache")
     mine = {
         run_dir / "checkpoints" / "my_model.pt": b"a user's model",
         run_dir / "checkpoints" / "NOTES.txt": b"notes",
@@ -50,3 +65,78 @@ def test_overwrite_removes_only_what_segtrain_wrote(tmp_path: Path):
     assert (run_dir / "checkpoints" / "last.pt").is_file() and (run_dir / "train.log").read_text().count(
         "run directory:"
     ) == 1, "train.log holds the new run only"
+
+
+# --------------------------------------------------------------------------- silently wrong
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        (["schedule.min_lr=1.0", "optim.lr=0.001"], ["schedule.min_lr=1", "optim.lr=0.001", "floor"]),
+        (
+            ["trainer.loss.semantic=0", "trainer.loss.center=0", "trainer.loss.offset=0"],
+            ["trainer.loss.semantic", "all 0"],
+        ),
+        (["dataset.panoptic.threshold=5"], ["dataset.panoptic.threshold=5", "<= 1"]),
+        (["dataset.panoptic.threshold=0"], ["dataset.panoptic.threshold=0", "> 0"]),
+    ],
+)
+def test_values_that_would_train_or_score_nothing_are_refused(overrides, names, smoke_cache):
+    with pytest.raises(ConfigError) as e:
+        compose(["experiment=cpu_smoke", *overrides], "evaluate" if "threshold" in overrides[0] else "train")
+    msg = str(e.value)
+    assert "\n" not in msg and all(n in msg for n in names), msg
+
+
+@pytest.mark.slow
+def test_a_warmup_longer_than_the_run_is_said(trained):
+    lines = [x for x in trained[1].splitlines() if "schedule.warmup_steps=1000 is not below" in x]
+    assert len(lines) == 1 and "this run's 2 optimiser steps" in lines[0], trained[1][-2000:]
+
+
+def _cityscapes(root: Path, objects: list[dict]) -> None:
+    import cv2
+    import numpy as np
+
+    for split in ("train", "val"):
+        for i in range(2):
+            stem = f"city_{i:06d}_000019"
+            gt = root / "gtFine" / split / "city" / f"{stem}_gtFine_polygons.json"
+            gt.parent.mkdir(parents=True, exist_ok=True)
+            gt.write_text(json.dumps({"imgHeight": 32, "imgWidth": 64, "objects": objects}))
+            img = root / "leftImg8bit" / split / "city" / f"{stem}_leftImg8bit.png"
+            img.parent.mkdir(parents=True, exist_ok=True)
+            cv2.imwrite(str(img), np.full((32, 64, 3), 90, np.uint8))
+
+
+@pytest.mark.slow
+def test_cityscapes_files_without_objects_are_refused(tmp_path: Path):
+    _cityscapes(tmp_path / "cs", [])
+    args = [
+        "experiment=cpu_smoke",
+        "dataset=cityscapes",
+        f"dataset.root={tmp_path / 'cs'}",
+        "dataset.input_size=[32,64]",
+    ]
+    proc = run_module(
+        "segtrain.train", [*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, tmp_path / "cache", check=False
+    )
+    one_line_error(proc, str(tmp_path / "cs" / "gtFine" / "train"), "no pixel is labelled")
+
+
+@pytest.mark.slow
+def test_predict_names_the_files_it_skips(tmp_path: Path, trained):
+    import cv2
+    import numpy as np
+
+    src = tmp_path / "in"
+    src.mkdir()
+    cv2.imwrite(str(src / "a.png"), np.full((40, 40, 3), 120, np.uint8))
+    (src / "anim.gif").write_bytes(b"GIF89a" + bytes(20))
+    (src / "notes.txt").write_text("not an image")
+    ckpt = trained[0] / "checkpoints" / "last.pt"
+    proc = run_module(
+        "segtrain.predict", [f"ckpt={ckpt}", f"input={src}", f"output={tmp_path / 'out'}"], tmp_path, tmp_path / "cache"
+    )
+    line = next((x for x in proc.stderr.splitlines() if "skipping 2 file(s)" in x), proc.stderr[-2000:])
+    assert "1 .gif" in line and "1 .txt" in line and "convert" in line, line
+    assert (tmp_path / "out" / "a_panoptic.png").is_file()

@@ -316,7 +316,7 @@ BOUNDS: dict[str, Bound] = {
     "dataset.synthetic.max_instances": Bound(1, MAX_SYNTHETIC_INSTANCES, "objects per synthetic image", early=True),
     "dataset.panoptic.label_divisor": _AT_LEAST_1,
     "dataset.panoptic.stuff_area": _AT_LEAST_0,
-    "dataset.panoptic.threshold": _AT_LEAST_0,
+    "dataset.panoptic.threshold": Bound(0, 1, "the centre heatmap's values lie in [0, 1]", low_open=True),
     "dataset.panoptic.nms_kernel": _AT_LEAST_1,
     "dataset.panoptic.top_k": _AT_LEAST_1,
     "inference.input_size": Bound(8, None, "pixels of a side"),
@@ -364,6 +364,7 @@ def check_ranges(cfg: DictConfig) -> None:
     if pan.nms_kernel % 2 == 0:
         raise ConfigError(f"dataset.panoptic.nms_kernel={pan.nms_kernel} must be odd")
     # label_divisor > top_k: check_data_values (it runs first, before class discovery)
+    check_training_values(cfg)
     exports = cfg.evaluate.export
     named = [exports] if isinstance(exports, str) else list(exports or [])
     panoptic_exports = [n for n in named if str(n).split(",")[0].strip() in PANOPTIC_EXPORTS]
@@ -371,6 +372,22 @@ def check_ranges(cfg: DictConfig) -> None:
         raise ConfigError(
             f"evaluate.export={panoptic_exports[0]} writes panoptic predictions, which evaluate.panoptic=false turns "
             "off: set evaluate.panoptic=true or drop evaluate.export"
+        )
+
+
+def check_training_values(cfg: DictConfig) -> None:
+    """Values each in range whose combination trains nothing, or something other than asked."""
+    lr, min_lr = cfg.optim.lr, cfg.schedule.min_lr
+    if min_lr > lr:
+        raise ConfigError(
+            f"schedule.min_lr={min_lr:g} is above optim.lr={lr:g}: min_lr is a floor on the rate, so every step "
+            f"would train at {min_lr:g}. Lower schedule.min_lr (e.g. 0 or {lr / 100:g}) or raise optim.lr"
+        )
+    loss = cfg.trainer.loss
+    if loss.semantic == 0 and loss.center == 0 and loss.offset == 0:
+        raise ConfigError(
+            "trainer.loss.semantic, trainer.loss.center and trainer.loss.offset are all 0: the loss would be 0 on "
+            "every step and nothing would train. Give at least one a positive weight (defaults: 1, 200, 0.01)"
         )
 
 

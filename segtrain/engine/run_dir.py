@@ -111,9 +111,7 @@ def check_fresh(run_dir: Path, resume: Any, overwrite: bool) -> None:
     removed, left = remove_run_outputs(Path(run_dir))
     shown = ", ".join(str(p.relative_to(run_dir)) for p in left[:6]) + (", ..." if len(left) > 6 else "")
     kept = f"; left {len(left)} file(s) it did not write: {shown}" if left else ""
-    log.warning(
-        "trainer.overwrite=true: removed the previous run's %d file(s) in %s%s", len(removed), run_dir, kept
-    )
+    log.warning("trainer.overwrite=true: removed the previous run's %d file(s) in %s%s", len(removed), run_dir, kept)
 
 
 def remove_run_outputs(run_dir: Path) -> tuple[list[Path], list[Path]]:
