@@ -140,3 +140,55 @@ def test_predict_names_the_files_it_skips(tmp_path: Path, trained):
     line = next((x for x in proc.stderr.splitlines() if "skipping 2 file(s)" in x), proc.stderr[-2000:])
     assert "1 .gif" in line and "1 .txt" in line and "convert" in line, line
     assert (tmp_path / "out" / "a_panoptic.png").is_file()
+
+
+# --------------------------------------------------------------------------- hangs
+@pytest.mark.slow
+def test_a_leaked_rank_environment_times_out_naming_the_variables(tmp_path: Path):
+    from proc_utils import child_env, free_port
+
+    env = child_env(
+        tmp_path / "cache",
+        RANK="1",
+        WORLD_SIZE="2",
+        LOCAL_RANK="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+    )
+    args = ["experiment=cpu_smoke", "trainer.ddp.rendezvous_timeout_s=3", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = run_module("segtrain.train", args, tmp_path, tmp_path / "cache", check=False, env=env, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "frame #" not in proc.stderr, proc.stderr
+    assert "[rank 1] waiting up to 3 s" in proc.stderr, proc.stderr
+    error = [x for x in proc.stderr.splitlines() if "error:" in x]
+    assert len(error) == 1 and "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1" in error[0] and "not started by torchrun" in error[0]
+
+
+@pytest.mark.parametrize(
+    ("launch_args", "names"),
+    [
+        (["--nproc_per_node", "0"], ["--nproc_per_node 0", "1 or more"]),
+        (["--nproc_per_node", "abc"], ["--nproc_per_node abc", "auto"]),
+        (
+            ["--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:{port}"],
+            ["{port}", "in use"],
+        ),
+        (["--nproc_per_node", "1", "--master-port", "{port}"], ["{port}", "in use"]),
+    ],
+)
+def test_launch_says_what_torchrun_would_trip_over(tmp_path: Path, launch_args, names):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        args = [a.replace("{port}", port) for a in launch_args]
+        proc = run_module(
+            "segtrain.launch",
+            [*args, "-m", "segtrain.train", "experiment=cpu_smoke"],
+            tmp_path,
+            tmp_path / "c",
+            check=False,
+            timeout=120,
+        )
+    one_line_error(proc, *(n.replace("{port}", port) for n in names))

@@ -286,6 +286,7 @@ BOUNDS: dict[str, Bound] = {
     "trainer.ema.decay": Bound(0, 1, "0 turns EMA off", high_open=True),
     "trainer.ema.warmup_steps": _AT_LEAST_0,
     "trainer.ddp.timeout_s": _AT_LEAST_1,
+    "trainer.ddp.rendezvous_timeout_s": _AT_LEAST_1,
     "trainer.profile.wait": _AT_LEAST_0,
     "trainer.profile.warmup": _AT_LEAST_0,
     "trainer.profile.active": _AT_LEAST_1,
