@@ -21,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
+from segtrain.config.user_files import check_user_configs, split_flags
 from segtrain.errors import (
     EXIT_INTERRUPTED,
     EXIT_PREEMPTED,
@@ -53,13 +54,14 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
 
     argv = sys.argv[1:]
     debug = debug_requested(argv)
+    flags, overrides = split_flags(argv)  # segtrain's own overrides join the user's block, after any flag
     try:
-        check_overrides([a for a in argv if not a.startswith("-")])
-        check_resume_target(config_name, argv)
-        check_run_dir(argv)
+        check_overrides(overrides, check_user_configs(argv))
+        check_resume_target(config_name, overrides)
+        check_run_dir(overrides)
     except ConfigError as e:
         _user_error(e, debug)
-    sys.argv = [sys.argv[0], *defer_hydra_record(follower_overrides(argv))]
+    sys.argv = [sys.argv[0], *flags, *defer_hydra_record(follower_overrides(overrides))]
 
     _task()
     if failure:

@@ -78,11 +78,16 @@ def test_overwrite_removes_only_what_segtrain_wrote(tmp_path: Path, trained):
         ),
         (["dataset.panoptic.threshold=5"], ["dataset.panoptic.threshold=5", "<= 1"]),
         (["dataset.panoptic.threshold=0"], ["dataset.panoptic.threshold=0", "> 0"]),
+        # unbounded values, bounded in the one table
+        (["trainer.seed=-1"], ["trainer.seed=-1", ">= 0"]),
+        ([f"trainer.seed={2**64}"], ["trainer.seed=", "4,294,967,295"]),
+        (["inference.pad_multiple=100000"], ["inference.pad_multiple=100000", "<= 1024"]),
+        (["inference.input_size=[60000,60000]"], ["inference.input_size=[60000, 60000]", "max_image_pixels"]),
     ],
 )
 def test_values_that_would_train_or_score_nothing_are_refused(overrides, names, smoke_cache):
     with pytest.raises(ConfigError) as e:
-        compose(["experiment=cpu_smoke", *overrides], "evaluate" if "threshold" in overrides[0] else "train")
+        compose(["experiment=cpu_smoke", *overrides], "evaluate" if "threshold" in overrides[0] else "predict")
     msg = str(e.value)
     assert "\n" not in msg and all(n in msg for n in names), msg
 
@@ -192,3 +197,96 @@ def test_launch_says_what_torchrun_would_trip_over(tmp_path: Path, launch_args, 
             timeout=120,
         )
     one_line_error(proc, *(n.replace("{port}", port) for n in names))
+
+
+# --------------------------------------------------------------------------- one line instead of a traceback
+BOMB = "a0: &a0 [1, 2, 3, 4, 5, 6, 7, 8, 9]\n" + "".join(
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10)
+)
+
+
+#: A user's config files, each with one mistake: a primary config with a YAML error, one with a tag, and a
+#: YAML alias bomb (9 levels of 9).
+USER_FILES = {
+    "broken": "defaults:\n  - train\ntrainer: [1\n",
+    "tagged": "x: !!python/object/apply:os.system ['echo owned']\n",
+    "bomb": BOMB,
+}
+
+
+def _user_configs(root: Path, *extra: str) -> Path:
+    """A user's config folder with a preset of their own (``experiment=mine``) and the ``extra`` files."""
+    (root / "experiment").mkdir(parents=True)
+    (root / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - cpu_smoke\ntrainer:\n  epochs: 7\n"
+    )
+    for name in extra:
+        (root / f"{name}.yaml").write_text(USER_FILES[name])
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["trainer.epochs=${nope}"], ["trainer.epochs", "nope", "interpolation"]),
+        (["trainer.epochs=${trainer.epochs}"], ["trainer.epochs", "Recursive"]),
+        (["dataset.root=${oc.env:SEGTRAIN_NOPE}"], ["dataset.root", "SEGTRAIN_NOPE", "${oc.env:VAR,default}"]),
+        (["dataset.root=/data/café"], ["dataset.root=/data/café", "quoted", "\"dataset.root='/data/café'\""]),
+        (["--config-dir", "{broken}", "-cn", "broken"], ["broken.yaml, line 4", "not valid YAML"]),
+        (["--config-dir", "{tagged}"], ["tagged.yaml, line 1", "!!python/object/apply"]),
+        (["hydra.searchpath=[file://{bomb}]"], ["bomb.yaml", "100,000 values"]),
+        (
+            ["dataset=labelme", "dataset.train.dir=tr", "dataset.val.dir=va", "hydra.job.chdir=true"],
+            ["hydra.job.chdir=true", "relative paths"],
+        ),
+    ],
+)
+def test_config_mistakes_are_one_line(tmp_path: Path, args, names):
+    extra = [name for name in USER_FILES if any(f"{{{name}}}" in a for a in args)]
+    cfg = _user_configs(tmp_path / "mine", *extra)
+    args = [a.replace(f"{{{name}}}", str(cfg)) for a in args for name in extra or [""]]
+    (tmp_path / "tr").mkdir()
+    proc = run_module(
+        "segtrain.train",
+        ["experiment=cpu_smoke", *args, f"hydra.run.dir={tmp_path / 'run'}"],
+        tmp_path,
+        tmp_path / "c",
+        check=False,
+        timeout=120,
+    )
+    one_line_error(proc, *names)
+
+
+@pytest.mark.slow
+def test_hydra_flags_after_the_overrides_and_a_users_own_preset(tmp_path: Path):
+    cfg = _user_configs(tmp_path / "mine")
+    run = ["segtrain.train"]
+    shown = run_module(run[0], ["experiment=cpu_smoke", "trainer.epochs=2", "--cfg", "job"], tmp_path, tmp_path / "c")
+    assert "epochs: 2" in shown.stdout and "output_subdir" not in shown.stdout
+    helped = run_module(run[0], ["trainer.epochs=2", "--help"], tmp_path, tmp_path / "c")
+    assert "Powered by Hydra" in helped.stdout or "override" in helped.stdout.lower(), helped.stdout[-500:]
+    mine = run_module(run[0], ["--config-dir", str(cfg), "experiment=mine", "--cfg", "job"], tmp_path, tmp_path / "c")
+    assert "epochs: 7" in mine.stdout
+    searched = run_module(
+        run[0], [f"hydra.searchpath=[file://{cfg}]", "experiment=mine", "--cfg", "job"], tmp_path, tmp_path / "c"
+    )
+    assert "epochs: 7" in searched.stdout
+    swept = run_module(
+        run[0],
+        [
+            "experiment=cpu_smoke",
+            "trainer.max_steps=1",
+            "trainer.epochs=1",
+            "trainer.seed=0,1",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            "-m",
+        ],
+        tmp_path,
+        tmp_path / "c",
+        timeout=600,
+    )
+    logs = sorted((tmp_path / "sweep").glob("*/train.log"))
+    assert len(logs) == 2, swept.stderr[-2000:]
+    first = logs[0].read_text()
+    assert "run finished" in first and "#1 :" not in first, "job 0's train.log holds a line of job 1"

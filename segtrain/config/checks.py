@@ -6,7 +6,9 @@ and Hydra take to start."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -35,20 +37,23 @@ from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 _GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment")
 
 
-def check_overrides(overrides: list[str]) -> None:
-    """Reject a mistyped key before Hydra does, with a suggestion instead of Hydra's hint to use '+'."""
+def check_overrides(overrides: list[str], search_dirs: Sequence[Path] = ()) -> None:
+    """Reject a mistyped key before Hydra does, with a suggestion instead of Hydra's hint to use '+'.
+    ``search_dirs``: the user's own config folders (``--config-dir``, ``hydra.searchpath``), whose presets
+    a group override may name."""
     import difflib
 
     schema = OmegaConf.structured(SegtrainConfig)
     for ov in overrides:
         if "=" not in ov:
             continue
+        check_override_syntax(ov)
         key, value = ov.split("=", 1)
         key = key.lstrip("+~")
         if key.startswith("hydra"):
             continue
         if key in _GROUPS:
-            check_group_option(key, value)
+            check_group_option(key, value, search_dirs)
             continue
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(schema, parent) if parent else schema
@@ -64,6 +69,24 @@ def check_overrides(overrides: list[str]) -> None:
                 f"unknown config key {key!r}.{hint} Valid keys of {parent or 'the root'}: "
                 f"{', '.join(map(str, node.keys()))}"
             )
+
+
+def check_override_syntax(override: str) -> None:
+    """An override Hydra's grammar cannot read, in one line; unquoted non-ASCII letters (``dataset.root=/data/café``)
+    and spaces or brackets in a path are the usual cause, and quoting is the fix."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except OverrideParseException as e:
+        key, _, value = override.partition("=")
+        first = str(e).strip().splitlines()[0]
+        why = "non-ASCII letters" if not value.isascii() else "characters Hydra's override grammar reserves"
+        raise ConfigError(
+            f"cannot read the override {override!r} ({first}); a value with {why} must be quoted: "
+            f"\"{key}='{value}'\" (the double quotes are for the shell)"
+        ) from None
 
 
 _TYPE_NAMES = {"IntegerNode": "an integer", "FloatNode": "a number", "BooleanNode": "true or false"}
@@ -110,17 +133,20 @@ def given_on_command_line(key: str) -> bool:
     return any(ov.split("=", 1)[0].lstrip("+~") == key for ov in task)
 
 
-def check_group_option(group: str, value: str) -> None:
-    """``experiment=nme`` must name a file of ``configs/<group>/``; Hydra would skip an optional one silently."""
+def check_group_option(group: str, value: str, search_dirs: Sequence[Path] = ()) -> None:
+    """``experiment=nme`` must name a file of ``configs/<group>/`` (or of ``<dir>/<group>/`` for a user's config
+    folder in ``search_dirs``); Hydra would skip an optional one silently."""
     if value in ("", "null", "None") or "," in value:  # removal, or a multirun sweep (Hydra checks each)
         return
-    options = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+    folders = [config_dir(), *search_dirs]
+    options = sorted({p.stem for d in folders for p in (Path(d) / group).glob("*.yaml")})
     if value not in options:
         import difflib
 
         near = difflib.get_close_matches(value, options, n=1)
         hint = f" Did you mean {group}={near[0]}?" if near else ""
-        raise ConfigError(f"{group}={value}: no such preset in configs/{group}/.{hint} Available: {', '.join(options)}")
+        where = " or ".join([f"configs/{group}/", *(str(Path(d) / group) for d in search_dirs)])
+        raise ConfigError(f"{group}={value}: no such preset in {where}.{hint} Available: {', '.join(options)}")
 
 
 def _is_free_form(parent: str) -> bool:
@@ -320,8 +346,10 @@ BOUNDS: dict[str, Bound] = {
     "dataset.panoptic.threshold": Bound(0, 1, "the centre heatmap's values lie in [0, 1]", low_open=True),
     "dataset.panoptic.nms_kernel": _AT_LEAST_1,
     "dataset.panoptic.top_k": _AT_LEAST_1,
-    "inference.input_size": Bound(8, None, "pixels of a side"),
-    "inference.pad_multiple": _AT_LEAST_1,
+    "inference.input_size": Bound(8, 65536, "pixels of a side; their product is bounded by dataset.max_image_pixels"),
+    "inference.pad_multiple": Bound(1, 1024, "the padded image grows to a multiple of it; the network needs 32"),
+    "trainer.seed": Bound(0, 2**32 - 1, "numpy's seeds"),
+    "dataset.synthetic.seed": Bound(0, 2**32 - 1, "numpy's seeds", early=True),
     "inference.overlap": Bound(0, 0.75, "each pixel runs through the network up to 1/(1-overlap)^2 times: 16 at 0.75"),
     "doctor.num_images": _AT_LEAST_1,
     "doctor.steps": _AT_LEAST_1,
@@ -425,7 +453,11 @@ def check_data_values(cfg: DictConfig) -> None:
     check runs on a checkpoint's stored config (config_from_checkpoint finalises it)."""
     _check_bounds(cfg, early=True)
     pixels = OmegaConf.select(cfg, "dataset.max_image_pixels")
-    for key in ("dataset.input_size", "dataset.synthetic.image_size"):
+    sized = ["dataset.input_size", "dataset.synthetic.image_size"]
+    inference = OmegaConf.select(cfg, "inference.input_size", default=None)
+    if inference is not None and len(inference) == 2 and all(type(v) is int and v >= 8 for v in inference):
+        sized.append("inference.input_size")  # other mistakes in it: BOUNDS, with the others
+    for key in sized:
         h, w = _pair(cfg, key)
         if h * w > pixels:
             raise ConfigError(

@@ -50,7 +50,22 @@ def compose(overrides: list[str] | None = None, config_name: str = "train") -> D
 
 
 def finalize(cfg: DictConfig) -> DictConfig:
-    """Resolve interpolations once (so every rank sees the same values) and keep the schema."""
+    """Resolve interpolations once (so every rank sees the same values) and keep the schema. An interpolation
+    that cannot resolve (``${nope}``, a self-reference, ``${oc.env:NOPE}``) is one line naming the key."""
+    from omegaconf.errors import GrammarParseError, InterpolationResolutionError
+
+    try:
+        return _finalize(cfg)
+    except (InterpolationResolutionError, GrammarParseError) as e:
+        key = getattr(e, "full_key", None) or "a config value"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"{key}: its interpolation cannot be resolved ({first}). ${{a.b}} names another config key, "
+            "${oc.env:VAR} needs VAR set (or a default: ${oc.env:VAR,default}); quote a literal $ as \\$"
+        ) from None
+
+
+def _finalize(cfg: DictConfig) -> DictConfig:
     try:  # keys added with `+key=value` bypass Hydra's struct check; the schema still rejects them
         OmegaConf.merge(OmegaConf.structured(SegtrainConfig), cfg)
     except Exception as e:  # noqa: BLE001 - re-raised with the key named
@@ -97,6 +112,22 @@ def to_container(cfg: DictConfig | object) -> dict:
 
 def expand_path(path: str | os.PathLike) -> Path:
     return Path(os.path.expandvars(os.path.expanduser(str(path))))
+
+
+def chdir_note() -> str:
+    """With ``hydra.job.chdir=true`` the job runs inside its run directory, so a relative path is read from there:
+    said next to a "not found" (empty otherwise)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return ""
+    hc = HydraConfig.get()
+    if not hc.job.chdir or os.getcwd() == hc.runtime.cwd:
+        return ""
+    return (
+        f" (hydra.job.chdir=true: relative paths are read from the run directory {os.getcwd()}, not from "
+        f"{hc.runtime.cwd} where the command ran; give absolute paths, or drop hydra.job.chdir)"
+    )
 
 
 def check_stored_size(stored: object, origin: str) -> None:

@@ -86,6 +86,16 @@ def start_run_log() -> None:
             h.start()
 
 
+def close_run_log() -> None:
+    """Detach and close the run's log file once its job ends: in a ``-m`` sweep the next job's lines (Hydra's
+    launcher logs "#1 : ..." before it starts) must not reach this run's train.log."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_segtrain", False) and isinstance(h, logging.FileHandler | DeferredFileHandler):
+            root.removeHandler(h)
+            h.close()
+
+
 def setup_logging(run_dir: Path | None, rank: int, log_name: str = "train.log", deferred: bool = False) -> None:
     """Rank 0: INFO to the console and ``run_dir/log_name``. Other ranks: WARNING+ to the console, tagged.
 

@@ -17,7 +17,7 @@ import torch
 
 import segtrain
 from segtrain.distributed import DistInfo, broadcast_object, cleanup, setup
-from segtrain.engine.recorder import setup_logging, start_run_log
+from segtrain.engine.recorder import close_run_log, setup_logging, start_run_log
 from segtrain.launch_env import DEFERRAL
 
 log = logging.getLogger("segtrain")
@@ -71,6 +71,7 @@ def session(
             )
         yield dist, run_dir
     finally:
+        close_run_log()
         cleanup()
 
 
