@@ -349,7 +349,7 @@ BOUNDS: dict[str, Bound] = {
     "inference.input_size": Bound(8, 65536, "pixels of a side; their product is bounded by dataset.max_image_pixels"),
     "inference.pad_multiple": Bound(1, 1024, "the padded image grows to a multiple of it; the network needs 32"),
     "trainer.seed": Bound(0, 2**32 - 1, "numpy's seeds"),
-    "dataset.synthetic.seed": Bound(0, 2**32 - 1, "numpy's seeds", early=True),
+    "dataset.synthetic.seed": Bound(0, 2**32 - 1, "numpy's seeds"),
     "inference.overlap": Bound(0, 0.75, "each pixel runs through the network up to 1/(1-overlap)^2 times: 16 at 0.75"),
     "doctor.num_images": _AT_LEAST_1,
     "doctor.steps": _AT_LEAST_1,
