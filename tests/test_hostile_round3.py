@@ -369,3 +369,75 @@ def test_unwritable_places_are_one_line(tmp_path: Path, read_only: Path, trained
         argv.append(f"hydra.run.dir={tmp_path / 'run'}")
     proc = run_module(module, argv, tmp_path, tmp_path / "cache", check=False, env=env, timeout=300)
     one_line_error(proc, *map(fill, names))
+
+
+# --------------------------------------------------------------------------- empty and corrupt files
+def _labelme_without_shapes(folder: Path) -> Path:
+    import cv2
+    import numpy as np
+
+    folder.mkdir(parents=True)
+    for i in range(2):
+        cv2.imwrite(str(folder / f"{i}.png"), np.zeros((32, 32, 3), np.uint8))
+        doc = {"shapes": [], "imagePath": f"{i}.png", "imageHeight": 32, "imageWidth": 32, "imageData": None}
+        (folder / f"{i}.json").write_text(json.dumps(doc))
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["empty_coco", "labelme_without_shapes"])
+def test_empty_annotations_are_one_line(tmp_path: Path, case: str):
+    if case == "empty_coco":
+        (tmp_path / "img").mkdir()
+        (tmp_path / "a.json").write_bytes(b"")
+        data = ["dataset=coco", *(f"dataset.{s}.annotations={tmp_path / 'a.json'}" for s in ("train", "val"))]
+        data += [f"dataset.{s}.images={tmp_path / 'img'}" for s in ("train", "val")]
+        names = [str(tmp_path / "a.json"), "is empty"]
+    else:
+        folder = _labelme_without_shapes(tmp_path / "lm")
+        data = ["dataset=labelme", f"dataset.train.dir={folder}", f"dataset.val.dir={folder}"]
+        names = ["dataset.classes=auto found no label", str(folder)]
+    args = ["experiment=cpu_smoke", *data, "dataset.classes=auto", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = run_module("segtrain.train", args, tmp_path, tmp_path / "c", check=False, timeout=120)
+    one_line_error(proc, *names)
+
+
+def test_labelme_without_a_class_lists_background_once(tmp_path: Path):
+    folder = _labelme_without_shapes(tmp_path / "lm")
+    with pytest.raises(ConfigError) as e:
+        compose(
+            [
+                "experiment=cpu_smoke",
+                "dataset=labelme",
+                f"dataset.train.dir={folder}",
+                f"dataset.val.dir={folder}",
+                "dataset.classes=[background]",
+            ]
+        )
+    assert "dataset.classes=[background,person]" in str(e.value), str(e.value)
+
+
+def test_an_emptied_cached_synthetic_file_is_rebuilt(tmp_path: Path):
+    from segtrain.data.synthetic import ensure_synthetic
+
+    args = (tmp_path, 3, 2, (32, 32), 2, 0)
+    root = ensure_synthetic(*args)
+    original = (root / "train.json").read_bytes()
+    (root / "train.json").write_bytes(b"")
+    assert ensure_synthetic(*args) == root and (root / "train.json").read_bytes() == original
+
+
+def test_coco_categories_sharing_a_name_are_said(tmp_path: Path, caplog):
+    from segtrain.data.coco import load_coco
+    from segtrain.data.records import ClassMap
+
+    doc = {
+        "images": [{"id": 1, "file_name": "a.png", "height": 8, "width": 8}],
+        "annotations": [],
+        "categories": [{"id": 1, "name": "cell"}, {"id": 2, "name": "cell"}, {"id": 3, "name": "dot"}],
+    }
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    with caplog.at_level("WARNING"):
+        load_coco(tmp_path / "a.json", tmp_path, ClassMap(["background", "cell", "dot"]), check_files=False)
+    said = [r.getMessage() for r in caplog.records if "more than one category id" in r.getMessage()]
+    assert len(said) == 1 and "'cell'" in said[0] and "'dot'" not in said[0], said

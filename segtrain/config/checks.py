@@ -491,11 +491,12 @@ def check_classes(cfg: DictConfig) -> None:
     classes = [str(c) for c in cfg.dataset.classes]
     fmt = load("dataset.format").get(str(cfg.dataset.format))
     if fmt.unlabeled == "background":
+        named = [c for c in classes if c.lower() not in BACKGROUND_NAMES]  # for the example: background is first
         if len(classes) < 2 or classes[0].lower() not in BACKGROUND_NAMES:
             raise ConfigError(
                 f"dataset.classes={classes[:6]}{'...' if len(classes) > 6 else ''}: with dataset.format="
                 f"{cfg.dataset.format}, unannotated pixels become class 0, so list the background first, then at "
-                f"least one class: e.g. dataset.classes=[background,{','.join(classes[:2]) or 'person'}]"
+                f"least one class: e.g. dataset.classes=[background,{','.join(named[:2]) or 'person'}]"
             )
     elif not classes:
         raise ConfigError("dataset.classes is empty; list the training classes")

@@ -94,7 +94,15 @@ def resolve_auto_classes(cfg: DictConfig) -> None:
     from segtrain.registry import load
 
     ds = OmegaConf.create(OmegaConf.to_container(cfg.dataset, resolve=True))
-    found = load("dataset.format").get(str(ds.format)).auto_classes(ds)
+    fmt = load("dataset.format").get(str(ds.format))
+    found = fmt.auto_classes(ds)
+    if fmt.unlabeled == "background" and len(found.classes) < 2:
+        given = [str(ds.train.get(k)) for k in fmt.split_keys if ds.train.get(k)]
+        raise ConfigError(
+            f"dataset.classes=auto found no label in the training annotations ({', '.join(given)}): every file's "
+            "annotation list is empty, or every label is mapped to the background, __ignore__ or null. Annotate "
+            "objects, or list the classes: dataset.classes=[background,CLASS]"
+        )
     cfg.dataset.classes = found.classes
     counts = found.counts
     shown = ", ".join(f"{c} ({n})" for c, n in counts[:40]) + (", ..." if len(counts) > 40 else "")
