@@ -216,5 +216,11 @@ def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
     from segtrain.checkpoint.io import read_checkpoint
 
     blob = read_checkpoint(cfg.ckpt, trust=cfg.trust_checkpoint, what="ckpt")
-    stored = blob.get("config") if isinstance(blob, dict) and isinstance(blob.get("config"), dict) else None
+    stored = blob.get("config") if isinstance(blob, dict) else None
+    if stored is not None and not isinstance(stored, dict):
+        raise ConfigError(
+            f"ckpt={cfg.ckpt}: its stored config is a {type(stored).__name__}, not a mapping (edited by hand?), so "
+            "the model and data set it was trained with are unknown. Restore it, or save the weights alone (a state "
+            "dict) and give model and dataset on the command line"
+        )
     return config_from_checkpoint(cfg, stored, list(HydraConfig.get().overrides.task), f"ckpt={cfg.ckpt}"), blob

@@ -441,3 +441,38 @@ def test_coco_categories_sharing_a_name_are_said(tmp_path: Path, caplog):
         load_coco(tmp_path / "a.json", tmp_path, ClassMap(["background", "cell", "dot"]), check_files=False)
     said = [r.getMessage() for r in caplog.records if "more than one category id" in r.getMessage()]
     assert len(said) == 1 and "'cell'" in said[0] and "'dot'" not in said[0], said
+
+
+# --------------------------------------------------------------------------- also seen
+def test_more_processes_than_images_suggests_fewer_processes(tmp_path: Path):
+    from omegaconf import OmegaConf
+
+    from segtrain.data.loaders import build_loader
+    from segtrain.distributed import DistInfo
+
+    trainer = OmegaConf.create(
+        {
+            "batch_size": 3,
+            "num_workers": 0,
+            "pin_memory": False,
+            "persistent_workers": False,
+            "prefetch_factor": 2,
+            "seed": 0,
+        }
+    )
+    with pytest.raises(ConfigError) as e:
+        build_loader([0, 1], DistInfo(rank=0, world_size=3), trainer, train=True)
+    assert "at most 2 process(es)" in str(e.value) and "lower trainer.batch_size" not in str(e.value), str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stored", ["a string", {"model": "tiny_panoptic"}])
+def test_an_unusable_stored_config_is_named(tmp_path: Path, trained, stored):
+    import torch
+
+    blob = torch.load(trained[0] / "checkpoints" / "last.pt", weights_only=False)
+    blob["config"] = stored
+    torch.save(blob, tmp_path / "edited.pt")
+    args = [f"ckpt={tmp_path / 'edited.pt'}", f"output={tmp_path / 'm.onnx'}", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = run_module("segtrain.export", args, tmp_path, tmp_path / "c", check=False)
+    one_line_error(proc, "edited.pt", "not a mapping")

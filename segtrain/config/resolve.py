@@ -170,6 +170,14 @@ def config_from_checkpoint(
     if not stored:
         return cli_cfg
     check_stored_size(stored, origin)
+    groups = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    for section in CHECKPOINT_SECTIONS:
+        if section in stored and section not in groups and not isinstance(stored[section], dict):
+            raise ConfigError(
+                f"{origin}: its stored config's {section!r} section is a {type(stored[section]).__name__}, not a "
+                "mapping (edited by hand?); restore it, or give "
+                f"{section}=... on the command line to use the current one"
+            )
     from omegaconf.errors import OmegaConfBaseException
 
     try:
