@@ -44,6 +44,8 @@ def unwritable_error(err: BaseException, hint: str = "") -> UnwritablePathError 
     reason = UNWRITABLE[err.errno]
     if err.errno in (errno.EEXIST, errno.ENOTDIR) and not Path(path).is_dir():
         reason = f"{reason} ({path} or a folder above it is a file)"
+    if err.errno == errno.EACCES and Path(path).is_file() and not os.access(path, os.R_OK):
+        return UnwritablePathError(f"cannot read {path}: permission denied. Make it readable")
     error = UnwritablePathError(f"cannot write {path}: {reason}. {hint or 'Choose a writable place'}")
     error.errno = err.errno
     return error
