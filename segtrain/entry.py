@@ -12,15 +12,16 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
+from segtrain.config.user_files import check_user_configs, split_flags
 from segtrain.errors import (
     EXIT_INTERRUPTED,
     EXIT_PREEMPTED,
@@ -30,7 +31,7 @@ from segtrain.errors import (
     debug_requested,
     is_running,
 )
-from segtrain.fileio import atomic_write_bytes
+from segtrain.fileio import atomic_write_bytes, unwritable_error, writable_folder_problem
 from segtrain.launch_env import defer_hydra_record, env_rank, follower_overrides
 
 
@@ -49,17 +50,18 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
             cfg = finalize(cfg)
             job(cfg, HydraConfig.get().runtime.output_dir)
         except BaseException as e:  # noqa: BLE001 - re-raised below, outside Hydra's handler
-            failure.append(e)
+            failure.append(unwritable_error(e, where_to_write(e, cfg) if isinstance(e, OSError) else "") or e)
 
     argv = sys.argv[1:]
     debug = debug_requested(argv)
+    flags, overrides = split_flags(argv)  # segtrain's own overrides join the user's block, after any flag
     try:
-        check_overrides([a for a in argv if not a.startswith("-")])
-        check_resume_target(config_name, argv)
-        check_run_dir(argv)
+        check_overrides(overrides, check_user_configs(argv))
+        check_resume_target(config_name, overrides)
+        check_run_dir(overrides, flags)
     except ConfigError as e:
         _user_error(e, debug)
-    sys.argv = [sys.argv[0], *defer_hydra_record(follower_overrides(argv))]
+    sys.argv = [sys.argv[0], *flags, *defer_hydra_record(follower_overrides(overrides))]
 
     _task()
     if failure:
@@ -74,6 +76,29 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         if isinstance(err, UserError):
             _user_error(err, debug)
         _report_crash(err)
+
+
+def where_to_write(err: BaseException, cfg: Any) -> str:
+    """How to point the output that ``err`` (an OSError naming a path) could not write elsewhere."""
+    try:
+        return _where_to_write(err, cfg)
+    except Exception:  # noqa: BLE001 - a config that did not resolve: the generic advice
+        return "Make it writable, or choose a writable place"
+
+
+def _where_to_write(err: BaseException, cfg: Any) -> str:
+    path = Path(os.fsdecode(getattr(err, "filename", "") or "")).expanduser().absolute()
+    places = [
+        (OmegaConf.select(cfg, "dataset.cache_dir"), "set SEGTRAIN_CACHE=DIR (or dataset.cache_dir=DIR)"),
+        (OmegaConf.select(cfg, "output"), "choose another output="),
+        (HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None, "choose another hydra.run.dir="),
+    ]
+    for place, fix in places:
+        where = Path(str(place)).expanduser().absolute() if place else None
+        # the place itself, a file inside it, or a folder above it that had to be made for it
+        if where is not None and (path == where or where in path.parents or path in where.parents):
+            return f"Make it writable, or {fix} (a writable folder)"
+    return "Make it writable, or choose a writable place"
 
 
 def _report_crash(err: BaseException) -> None:
@@ -101,7 +126,7 @@ def _user_error(err: BaseException, debug: bool) -> None:
     if debug:
         traceback.print_exception(err)
     rank = env_rank()
-    if rank != 0 and not is_running():
+    if rank != 0 and not is_running() and not getattr(err, "rank_local", False):
         time.sleep(RANK0_GRACE_S)
     prefix = f"[rank {rank}] " if rank else ""
     message = user_message(err)
@@ -156,20 +181,32 @@ def check_resume_target(config_name: str, argv: list[str]) -> None:
     )
 
 
-def check_run_dir(argv: list[str]) -> None:
-    """``hydra.run.dir`` must name a folder, or a path that can become one: Hydra would create it (and its
-    parents) with a traceback where a file stands in the way."""
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key.lstrip("+") != "hydra.run.dir" or not value or "${" in value:
-            continue
-        path = Path(value.strip("'\"")).expanduser()
-        for p in (path, *path.parents):
-            if p.exists():
-                if not p.is_dir():
-                    where = "is a file" if p == path else f"has a file in its path: {p}"
-                    raise ConfigError(f"hydra.run.dir={value} {where}; name a folder (created when missing)")
-                break
+#: Hydra flags that show something instead of running a job (no run directory is made).
+SHOW_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--version", "--shell-completion", "-sc")
+
+
+def check_run_dir(overrides: list[str], flags: Sequence[str] = ()) -> None:
+    """``hydra.run.dir`` (``hydra.sweep.dir`` with ``-m``) must name a folder, or a path that can become one:
+    Hydra would create it (and its parents) with a traceback where a file stands in the way or the place is not
+    writable (a read-only folder or file system). The default (``outputs/`` here) is checked the same way."""
+    if any(f.split("=")[0] in SHOW_FLAGS for f in flags):
+        return
+    multirun = any(f in ("-m", "--multirun") for f in flags)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    value = "multirun" if multirun else "outputs"
+    for arg in overrides:
+        k, sep, v = arg.partition("=")
+        if sep and k.lstrip("+") == key and v:
+            value = v
+    fixed = value.split("${")[0].strip("'\"")  # the part before any interpolation (${now:...})
+    if not fixed:
+        return
+    path = Path(fixed).expanduser()
+    if "${" in value and not fixed.endswith("/"):
+        path = path.parent
+    problem = writable_folder_problem(path)
+    if problem:
+        raise ConfigError(f"{key}={value}: {problem}; name a writable folder (created when missing): {key}=DIR")
 
 
 def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
@@ -179,5 +216,11 @@ def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
     from segtrain.checkpoint.io import read_checkpoint
 
     blob = read_checkpoint(cfg.ckpt, trust=cfg.trust_checkpoint, what="ckpt")
-    stored = blob.get("config") if isinstance(blob, dict) and isinstance(blob.get("config"), dict) else None
+    stored = blob.get("config") if isinstance(blob, dict) else None
+    if stored is not None and not isinstance(stored, dict):
+        raise ConfigError(
+            f"ckpt={cfg.ckpt}: its stored config is a {type(stored).__name__}, not a mapping (edited by hand?), so "
+            "the model and data set it was trained with are unknown. Restore it, or save the weights alone (a state "
+            "dict) and give model and dataset on the command line"
+        )
     return config_from_checkpoint(cfg, stored, list(HydraConfig.get().overrides.task), f"ckpt={cfg.ckpt}"), blob

@@ -6,7 +6,9 @@ and Hydra take to start."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -35,20 +37,23 @@ from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 _GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment")
 
 
-def check_overrides(overrides: list[str]) -> None:
-    """Reject a mistyped key before Hydra does, with a suggestion instead of Hydra's hint to use '+'."""
+def check_overrides(overrides: list[str], search_dirs: Sequence[Path] = ()) -> None:
+    """Reject a mistyped key before Hydra does, with a suggestion instead of Hydra's hint to use '+'.
+    ``search_dirs``: the user's own config folders (``--config-dir``, ``hydra.searchpath``), whose presets
+    a group override may name."""
     import difflib
 
     schema = OmegaConf.structured(SegtrainConfig)
     for ov in overrides:
         if "=" not in ov:
             continue
+        check_override_syntax(ov)
         key, value = ov.split("=", 1)
         key = key.lstrip("+~")
         if key.startswith("hydra"):
             continue
         if key in _GROUPS:
-            check_group_option(key, value)
+            check_group_option(key, value, search_dirs)
             continue
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(schema, parent) if parent else schema
@@ -64,6 +69,24 @@ def check_overrides(overrides: list[str]) -> None:
                 f"unknown config key {key!r}.{hint} Valid keys of {parent or 'the root'}: "
                 f"{', '.join(map(str, node.keys()))}"
             )
+
+
+def check_override_syntax(override: str) -> None:
+    """An override Hydra's grammar cannot read, in one line; unquoted non-ASCII letters (``dataset.root=/data/café``)
+    and spaces or brackets in a path are the usual cause, and quoting is the fix."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except OverrideParseException as e:
+        key, _, value = override.partition("=")
+        first = str(e).strip().splitlines()[0]
+        why = "non-ASCII letters" if not value.isascii() else "characters Hydra's override grammar reserves"
+        raise ConfigError(
+            f"cannot read the override {override!r} ({first}); a value with {why} must be quoted: "
+            f"\"{key}='{value}'\" (the double quotes are for the shell)"
+        ) from None
 
 
 _TYPE_NAMES = {"IntegerNode": "an integer", "FloatNode": "a number", "BooleanNode": "true or false"}
@@ -110,17 +133,20 @@ def given_on_command_line(key: str) -> bool:
     return any(ov.split("=", 1)[0].lstrip("+~") == key for ov in task)
 
 
-def check_group_option(group: str, value: str) -> None:
-    """``experiment=nme`` must name a file of ``configs/<group>/``; Hydra would skip an optional one silently."""
+def check_group_option(group: str, value: str, search_dirs: Sequence[Path] = ()) -> None:
+    """``experiment=nme`` must name a file of ``configs/<group>/`` (or of ``<dir>/<group>/`` for a user's config
+    folder in ``search_dirs``); Hydra would skip an optional one silently."""
     if value in ("", "null", "None") or "," in value:  # removal, or a multirun sweep (Hydra checks each)
         return
-    options = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+    folders = [config_dir(), *search_dirs]
+    options = sorted({p.stem for d in folders for p in (Path(d) / group).glob("*.yaml")})
     if value not in options:
         import difflib
 
         near = difflib.get_close_matches(value, options, n=1)
         hint = f" Did you mean {group}={near[0]}?" if near else ""
-        raise ConfigError(f"{group}={value}: no such preset in configs/{group}/.{hint} Available: {', '.join(options)}")
+        where = " or ".join([f"configs/{group}/", *(str(Path(d) / group) for d in search_dirs)])
+        raise ConfigError(f"{group}={value}: no such preset in {where}.{hint} Available: {', '.join(options)}")
 
 
 def _is_free_form(parent: str) -> bool:
@@ -286,6 +312,7 @@ BOUNDS: dict[str, Bound] = {
     "trainer.ema.decay": Bound(0, 1, "0 turns EMA off", high_open=True),
     "trainer.ema.warmup_steps": _AT_LEAST_0,
     "trainer.ddp.timeout_s": _AT_LEAST_1,
+    "trainer.ddp.rendezvous_timeout_s": _AT_LEAST_1,
     "trainer.profile.wait": _AT_LEAST_0,
     "trainer.profile.warmup": _AT_LEAST_0,
     "trainer.profile.active": _AT_LEAST_1,
@@ -316,11 +343,13 @@ BOUNDS: dict[str, Bound] = {
     "dataset.synthetic.max_instances": Bound(1, MAX_SYNTHETIC_INSTANCES, "objects per synthetic image", early=True),
     "dataset.panoptic.label_divisor": _AT_LEAST_1,
     "dataset.panoptic.stuff_area": _AT_LEAST_0,
-    "dataset.panoptic.threshold": _AT_LEAST_0,
+    "dataset.panoptic.threshold": Bound(0, 1, "the centre heatmap's values lie in [0, 1]", low_open=True),
     "dataset.panoptic.nms_kernel": _AT_LEAST_1,
     "dataset.panoptic.top_k": _AT_LEAST_1,
-    "inference.input_size": Bound(8, None, "pixels of a side"),
-    "inference.pad_multiple": _AT_LEAST_1,
+    "inference.input_size": Bound(8, 65536, "pixels of a side; their product is bounded by dataset.max_image_pixels"),
+    "inference.pad_multiple": Bound(1, 1024, "the padded image grows to a multiple of it; the network needs 32"),
+    "trainer.seed": Bound(0, 2**32 - 1, "numpy's seeds"),
+    "dataset.synthetic.seed": Bound(0, 2**32 - 1, "numpy's seeds"),
     "inference.overlap": Bound(0, 0.75, "each pixel runs through the network up to 1/(1-overlap)^2 times: 16 at 0.75"),
     "doctor.num_images": _AT_LEAST_1,
     "doctor.steps": _AT_LEAST_1,
@@ -364,6 +393,7 @@ def check_ranges(cfg: DictConfig) -> None:
     if pan.nms_kernel % 2 == 0:
         raise ConfigError(f"dataset.panoptic.nms_kernel={pan.nms_kernel} must be odd")
     # label_divisor > top_k: check_data_values (it runs first, before class discovery)
+    check_training_values(cfg)
     exports = cfg.evaluate.export
     named = [exports] if isinstance(exports, str) else list(exports or [])
     panoptic_exports = [n for n in named if str(n).split(",")[0].strip() in PANOPTIC_EXPORTS]
@@ -371,6 +401,22 @@ def check_ranges(cfg: DictConfig) -> None:
         raise ConfigError(
             f"evaluate.export={panoptic_exports[0]} writes panoptic predictions, which evaluate.panoptic=false turns "
             "off: set evaluate.panoptic=true or drop evaluate.export"
+        )
+
+
+def check_training_values(cfg: DictConfig) -> None:
+    """Values each in range whose combination trains nothing, or something other than asked."""
+    lr, min_lr = cfg.optim.lr, cfg.schedule.min_lr
+    if min_lr > lr:
+        raise ConfigError(
+            f"schedule.min_lr={min_lr:g} is above optim.lr={lr:g}: min_lr is a floor on the rate, so every step "
+            f"would train at {min_lr:g}. Lower schedule.min_lr (e.g. 0 or {lr / 100:g}) or raise optim.lr"
+        )
+    loss = cfg.trainer.loss
+    if loss.semantic == 0 and loss.center == 0 and loss.offset == 0:
+        raise ConfigError(
+            "trainer.loss.semantic, trainer.loss.center and trainer.loss.offset are all 0: the loss would be 0 on "
+            "every step and nothing would train. Give at least one a positive weight (defaults: 1, 200, 0.01)"
         )
 
 
@@ -407,7 +453,11 @@ def check_data_values(cfg: DictConfig) -> None:
     check runs on a checkpoint's stored config (config_from_checkpoint finalises it)."""
     _check_bounds(cfg, early=True)
     pixels = OmegaConf.select(cfg, "dataset.max_image_pixels")
-    for key in ("dataset.input_size", "dataset.synthetic.image_size"):
+    sized = ["dataset.input_size", "dataset.synthetic.image_size"]
+    inference = OmegaConf.select(cfg, "inference.input_size", default=None)
+    if inference is not None and len(inference) == 2 and all(type(v) is int and v >= 8 for v in inference):
+        sized.append("inference.input_size")  # other mistakes in it: BOUNDS, with the others
+    for key in sized:
         h, w = _pair(cfg, key)
         if h * w > pixels:
             raise ConfigError(
@@ -441,11 +491,12 @@ def check_classes(cfg: DictConfig) -> None:
     classes = [str(c) for c in cfg.dataset.classes]
     fmt = load("dataset.format").get(str(cfg.dataset.format))
     if fmt.unlabeled == "background":
+        named = [c for c in classes if c.lower() not in BACKGROUND_NAMES]  # for the example: background is first
         if len(classes) < 2 or classes[0].lower() not in BACKGROUND_NAMES:
             raise ConfigError(
                 f"dataset.classes={classes[:6]}{'...' if len(classes) > 6 else ''}: with dataset.format="
                 f"{cfg.dataset.format}, unannotated pixels become class 0, so list the background first, then at "
-                f"least one class: e.g. dataset.classes=[background,{','.join(classes[:2]) or 'person'}]"
+                f"least one class: e.g. dataset.classes=[background,{','.join(named[:2]) or 'person'}]"
             )
     elif not classes:
         raise ConfigError("dataset.classes is empty; list the training classes")

@@ -208,6 +208,9 @@ class DDPConfig:
     find_unused_parameters: str = "auto"  # auto | true | false
     static_graph: bool = False
     timeout_s: int = 1800
+    # Seconds a process waits for the others to join the process group (a leaked RANK/WORLD_SIZE outside
+    # torchrun would otherwise wait for ever); a cluster whose processes start far apart may need more.
+    rendezvous_timeout_s: int = 60
 
 
 @dataclass

@@ -183,7 +183,31 @@ def load_records(cfg: Config, split: str) -> Sequence[ImageRecord]:
         )
     if not len(records):
         raise AnnotationError(f"dataset {cfg.dataset.name!r} split {split!r} holds no usable images")
+    if split == "train":
+        check_labelled(cfg, records)
     return records
+
+
+def check_labelled(cfg: Config, records: Sequence[ImageRecord]) -> None:
+    """Where unannotated pixels are void (Cityscapes, COCO panoptic), a training set without one object of a
+    training class has no labelled pixel: every loss would be 0 on every step. Stops at the first object found."""
+    from segtrain.config import IGNORE_LABEL
+    from segtrain.data.formats.registry import FORMATS
+
+    if FORMATS.get(str(cfg.dataset.format)).unlabeled == "background":
+        return  # unannotated pixels train as the background class
+    for rec in records:
+        for inst in rec.instances:
+            if 0 <= inst.class_id < IGNORE_LABEL or inst.crowd_class is not None:
+                return
+    split = cfg.dataset.train
+    given = (getattr(split, k, None) for k in ("annotations", "dir", "panoptic", "images"))
+    folder = next((str(v) for v in given if v), "dataset.train")
+    raise AnnotationError(
+        f"{folder}: none of the {len(records)} training images holds an object of a training class (every objects "
+        "list is empty, or only ignored labels), so no pixel is labelled and nothing would train. Check the "
+        "annotation files, or dataset.classes / dataset.class_map"
+    )
 
 
 def build_dataset(

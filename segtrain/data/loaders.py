@@ -158,9 +158,13 @@ def build_loader(
         bs = per_rank_batch(int(trainer.batch_size), dist.world_size)
         sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed))
         if len(sampler) < bs:
+            if len(dataset) < dist.world_size:  # not one image per process: no batch size can help
+                fix = f"use at most {len(dataset)} process(es) (--nproc_per_node), or add training images"
+            else:
+                fix = f"lower trainer.batch_size to at most {len(sampler) * dist.world_size}"
             raise ConfigError(
-                f"the training set has {len(dataset)} images: {len(sampler)} per rank, fewer than the per-rank "
-                f"batch {bs}; lower trainer.batch_size"
+                f"the training set has {len(dataset)} images: {len(sampler)} per rank on {dist.world_size} "
+                f"process(es), fewer than the per-rank batch {bs}; {fix}"
             )
         return DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **common)
     vbs = int(trainer.val_batch_size or trainer.batch_size)

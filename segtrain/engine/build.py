@@ -68,6 +68,7 @@ def _build(
     total_steps = len(data.train_loader) * int(tr.epochs)
     if tr.max_steps is not None:
         total_steps = min(total_steps, int(tr.max_steps))
+    warn_long_warmup(cfg, total_steps, dist.is_main)
     checkpointer = Checkpointer(run_dir, to_container(cfg), int(tr.checkpoint.keep_last), dist.is_main)
     trainer = Trainer(
         model,
@@ -170,6 +171,20 @@ def log_start(cfg: Any, trainer: Trainer) -> None:
             trainer.total_steps,
             tr.epochs,
             tr.max_steps,
+        )
+
+
+def warn_long_warmup(cfg: Any, total_steps: int, main: bool) -> None:
+    """A warmup as long as the run (``trainer.max_steps`` unset: the steps follow from the data) never reaches
+    ``optim.lr``; said in one line (a short trial run of a long recipe may mean it)."""
+    warmup = int(cfg.schedule.warmup_steps)
+    if main and warmup >= total_steps:
+        log.warning(
+            "schedule.warmup_steps=%d is not below this run's %d optimiser steps: it ends still warming up and "
+            "never trains at optim.lr=%g; lower schedule.warmup_steps for a run this short",
+            warmup,
+            total_steps,
+            cfg.optim.lr,
         )
 
 

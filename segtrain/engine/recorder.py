@@ -86,6 +86,16 @@ def start_run_log() -> None:
             h.start()
 
 
+def close_run_log() -> None:
+    """Detach and close the run's log file once its job ends: in a ``-m`` sweep the next job's lines (Hydra's
+    launcher logs "#1 : ..." before it starts) must not reach this run's train.log."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_segtrain", False) and isinstance(h, logging.FileHandler | DeferredFileHandler):
+            root.removeHandler(h)
+            h.close()
+
+
 def setup_logging(run_dir: Path | None, rank: int, log_name: str = "train.log", deferred: bool = False) -> None:
     """Rank 0: INFO to the console and ``run_dir/log_name``. Other ranks: WARNING+ to the console, tagged.
 
@@ -133,6 +143,28 @@ def _plain(v: Any) -> Any:
     return v
 
 
+#: TensorBoard's folder in a run directory, and the names of the event files its SummaryWriter writes there.
+TB_FOLDER = "tb"
+TB_EVENTS = "events.out.tfevents.*"
+
+
+def remove_owned(folder: Path, patterns: tuple[str, ...]) -> tuple[list[Path], list[Path]]:
+    """Remove the files directly in ``folder`` whose names match ``patterns`` (files segtrain writes), then the
+    folder itself when that left it empty; returns (removed, other files found below ``folder``)."""
+    if not folder.is_dir():
+        return [], []
+    removed = []
+    for pattern in patterns:
+        for path in sorted(folder.glob(pattern)):
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+                removed.append(path)
+    left = sorted(p for p in folder.rglob("*") if not p.is_dir())
+    if not any(folder.iterdir()):
+        folder.rmdir()
+    return removed, left
+
+
 class Recorder:
     """metrics.jsonl (one JSON object per line: split, epoch, step, ...) + TensorBoard scalars/images.
 
@@ -142,7 +174,7 @@ class Recorder:
     purged from TensorBoard; a run starting at step 0 starts both afresh."""
 
     METRICS = "metrics.jsonl"
-    TB = "tb"
+    TB = TB_FOLDER
 
     def __init__(self, run_dir: Path, enabled: bool) -> None:
         self.run_dir = Path(run_dir)
@@ -154,8 +186,6 @@ class Recorder:
         """Open the files at position ``step`` (the step the run continues from; 0: a run from scratch)."""
         if not self.enabled or self.jsonl is not None:
             return
-        import shutil
-
         path = self.run_dir / self.METRICS
         dropped = truncate_records(path, step)
         if dropped:
@@ -169,9 +199,14 @@ class Recorder:
                 else "left by an earlier run in this directory that saved no checkpoint",
             )
         tb = self.run_dir / self.TB
-        if step == 0 and tb.is_dir() and any(tb.iterdir()):
-            log.warning("%s: removing the TensorBoard files of an earlier run that saved no checkpoint", tb)
-            shutil.rmtree(tb)
+        if step == 0 and tb.is_dir():
+            removed, _ = remove_owned(tb, (TB_EVENTS,))
+            if removed:
+                log.warning(
+                    "%s: removed %d TensorBoard event file(s) of an earlier run that saved no checkpoint",
+                    tb,
+                    len(removed),
+                )
         self._open(purge_step=step + 1 if step else None)
 
     def _open(self, purge_step: int | None = None) -> None:

@@ -33,7 +33,6 @@ import importlib
 import json
 import logging
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -47,6 +46,7 @@ from torch import Tensor, nn
 import segtrain
 from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.config import EXPORT_FORMATS, Config, ConfigError, to_container
+from segtrain.fileio import temp_beside
 from segtrain.models import build_model
 
 log = logging.getLogger("segtrain.export")
@@ -140,8 +140,7 @@ def _output_names(model: nn.Module, example: Tensor) -> list[str]:
 @contextlib.contextmanager
 def _atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path``, renamed over it when the block succeeds (removed otherwise)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp_name = temp_beside(path)
     os.close(fd)
     tmp = Path(tmp_name)
     try:

@@ -82,13 +82,34 @@ def collect_inputs(source: str | Path) -> tuple[Path, list[Path]]:
         return path.parent, [path]
     if not path.is_dir():
         raise PredictInputError(f"input={source!r}: no such file or folder")
-    found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    every = [p for p in path.rglob("*") if p.is_file()]
+    found = sorted(p for p in every if p.suffix.lower() in IMAGE_SUFFIXES)
     files = [p for p in found if is_utf8(str(p))]
     for p in sorted(set(found) - set(files)):
         log.warning("skipping %s: its name is not valid UTF-8; rename it to predict on it", ascii(str(p)))
+    report_unread(path, [p for p in every if p.suffix.lower() not in IMAGE_SUFFIXES])
     if not files:
         raise PredictInputError(f"input={source!r} holds no images ({', '.join(IMAGE_SUFFIXES)}, searched recursively)")
     return path, files
+
+
+def report_unread(root: Path, others: list[Path]) -> None:
+    """One line naming the files of ``input=`` that predict does not read, by extension (``.gif``: animated or
+    palette images are not read; convert them to PNG), so nothing is left out without a word."""
+    if not others:
+        return
+    by_suffix = Counter(p.suffix.lower() or "(no extension)" for p in others)
+    kinds = ", ".join(f"{n} {s}" for s, n in by_suffix.most_common(8)) + (", ..." if len(by_suffix) > 8 else "")
+    example = ascii(str(sorted(others)[0].relative_to(root)))
+    log.warning(
+        "skipping %d file(s) under %s that are not images predict reads (%s; e.g. %s): it reads %s; convert "
+        "others (e.g. .gif) to PNG to predict on them",
+        len(others),
+        root,
+        kinds,
+        example,
+        ", ".join(IMAGE_SUFFIXES),
+    )
 
 
 def output_names(root: Path, files: list[Path]) -> dict[Path, Path]:

@@ -19,6 +19,7 @@ unless ``check_files=True``: a missing image is reported when it is read (see im
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from array import array
@@ -55,6 +56,8 @@ from segtrain.data.records import (
 )
 from segtrain.fileio import is_regular_file
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
+
+log = logging.getLogger(__name__)
 
 #: Annotations converted per step when the document was parsed whole (see CHUNK_BYTES otherwise).
 CHUNK = 8192
@@ -95,10 +98,27 @@ def load_coco(
         cache_dir,
     )
     index = index.with_roots(path=img_root).with_consts(source=str(ann_path))
+    warn_shared_names(index.meta["labels"], ann_path)
     index, report = finish(index, class_map, on_error, _describe)
     if check_files:
         index = _check_files(index, on_error, report, img_root)
     return index, report
+
+
+def warn_shared_names(labels: list[str], path: Path) -> None:
+    """Categories of one name (different ids) become one class, as ``dataset.classes`` names classes: said once
+    per load, so the merge is never silent (``dataset.class_map`` cannot tell them apart either)."""
+    from collections import Counter
+
+    shared = sorted(name for name, n in Counter(labels).items() if n > 1)
+    if shared:
+        log.warning(
+            "%s: %d category name(s) used by more than one category id (%s): their annotations train as one class "
+            "each; rename the categories in the file if they are different things",
+            path,
+            len(shared),
+            ", ".join(repr(n) for n in shared[:8]) + (", ..." if len(shared) > 8 else ""),
+        )
 
 
 def discover_classes_coco(

@@ -32,6 +32,8 @@ class Structure:
 
     def __init__(self, raw: bytes) -> None:
         buf = np.frombuffer(raw, np.uint8)
+        if not len(buf):
+            raise NotSplittable("empty document")
         quotes, slashes, opens, closes = [], [], [], []
         for s in range(0, len(buf), _BLOCK):
             blk = buf[s : s + _BLOCK]  # one SIMD comparison per character class is the fastest scan

@@ -32,7 +32,12 @@ MAX_LISTED = 5
 def read_annotation_file(path: Path, what: str, max_bytes: int) -> bytes:
     """The bytes of an annotation file; FIFOs, devices and oversized files are refused."""
     try:
-        return read_bytes(path, what, max_bytes)
+        data = read_bytes(path, what, max_bytes)
+        if not data.strip():
+            raise AnnotationError(
+                f"{path}: the {what} is empty ({len(data)} bytes): an interrupted copy or download? Copy it again"
+            )
+        return data
     except FileNotFoundError as e:
         raise AnnotationError(f"{path}: {what} not found") from e
     except UnsafeFileError as e:

@@ -115,7 +115,9 @@ def check_paths(ds: Any, splits: tuple[str, ...] = ("train", "val")) -> None:
                 problems.append(f"  dataset.{split}.{key}: {problem}")
     if problems:
         root = f" (dataset.root={ds.root})" if ds.get("root") else ""
-        raise DataPathError(f"data not found{root}:\n" + "\n".join(problems))
+        from segtrain.config import chdir_note
+
+        raise DataPathError(f"data not found{root}{chdir_note()}:\n" + "\n".join(problems))
 
 
 def _coco(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:

@@ -69,7 +69,13 @@ def ensure_synthetic(
     root = synthetic_root(cache_dir, params)
     remove_stale_temp_folders(root.parent)  # of writers killed before (one glob: cheap on every call)
     if (root / "done").is_file():
-        return root
+        if all(_nonempty(root / f"{split}.json") for split in ("train", "val")):
+            return root
+        log.warning("%s: a cached annotation file is missing or empty; removing the folder and writing it again", root)
+        stale = root.with_name(f".{root.name}{TMP_MARK}stale-{os.getpid()}")
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(root, stale)  # out of the way at once; another process rebuilding it meets no half folder
+        shutil.rmtree(stale, ignore_errors=True)
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}{TMP_MARK}", dir=root.parent))
     try:
@@ -88,6 +94,13 @@ def ensure_synthetic(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+def _nonempty(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
