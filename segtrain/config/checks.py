@@ -195,6 +195,7 @@ def validate(cfg: DictConfig) -> None:
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {list(allowed)}")
     check_registered(cfg)
+    check_loggers(cfg)
     check_ranges(cfg)
     check_classes(cfg)
     from segtrain.placement import check as check_placement  # where each input stage runs: decided there, once
@@ -462,6 +463,28 @@ def check_classes(cfg: DictConfig) -> None:
             f"model.num_classes={cfg.model.num_classes} but dataset.classes has {len(classes)} entries; "
             "leave model.num_classes to its default ${len:${dataset.classes}}"
         )
+
+
+#: The package each optional tracker imports, checked before torch loads (pyproject.toml's ``trackers`` extra).
+LOGGER_PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}
+
+
+def check_loggers(cfg: DictConfig) -> None:
+    """``trainer.loggers``: each name once, and a tracker's package installed (its absence would otherwise show
+    only once the run has started)."""
+    import importlib.util
+
+    names = [str(n) for n in cfg.trainer.loggers]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"trainer.loggers={names} names {', '.join(twice)} twice; give each logger once")
+    for name in names:
+        package = LOGGER_PACKAGES.get(name)
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"trainer.loggers: {name} needs the {package} package, which is not installed: "
+                "pip install 'segtrain[trackers]'"
+            )
 
 
 def check_registered(cfg: DictConfig) -> None:

@@ -33,6 +33,7 @@ from segtrain.engine.optim import build_optimizer, build_scheduler
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.run_dir import RunDirLock, check_fresh
 from segtrain.engine.session import start_run_record
+from segtrain.engine.trackers import tracker_hook
 from segtrain.engine.trainer import StepSettings, Trainer
 from segtrain.errors import UserError
 from segtrain.evaluation.evaluator import evaluate, evaluators_for
@@ -104,7 +105,7 @@ def _build(
         dist=dist,
         ema=ModelEMA(model, tr.ema.decay, tr.ema.warmup_steps) if tr.ema.decay > 0 else None,
         total_steps=total_steps,
-        recorder=Recorder(run_dir, dist.is_main),
+        recorder=Recorder(run_dir, dist.is_main, tensorboard="tensorboard" in tr.loggers),
         on_preempt=lambda t: checkpointer.save(t, [io.LAST]),
     )
 
@@ -128,6 +129,9 @@ def _build(
         return metrics
 
     trainer.register_hooks(default_hooks(cfg, run_dir, validate=validate, checkpointer=checkpointer, panels=panel_set))
+    trackers = tracker_hook(cfg, run_dir)  # MLflow, W&B: after the checkpoints, restored with the other hooks
+    if trackers is not None:
+        trainer.register_hooks([trackers])
     found = find_resume_checkpoint(cfg, run_dir)
     if found is not None:
         restore_training_state(trainer, found, cfg)
@@ -208,7 +212,8 @@ def log_summary(cfg: Any, trainer: Trainer, run_dir: Path, seconds: float) -> No
             f"best {cfg.trainer.checkpoint.metric} {s.best_metric:.4f} ({where}): {io.path_of(run_dir, io.BEST)}"
         )
     lines.append(f"last checkpoint: {io.path_of(run_dir, io.LAST)}")
-    lines.append(f"look at it: tensorboard --logdir {run_dir / 'tb'}")
+    if "tensorboard" in cfg.trainer.loggers:
+        lines.append(f"look at it: tensorboard --logdir {run_dir / 'tb'}")
     log.info("\n  ".join(lines))
 
 
