@@ -18,6 +18,7 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
@@ -32,6 +33,7 @@ from segtrain.errors import (
 )
 from segtrain.fileio import atomic_write_bytes
 from segtrain.launch_env import defer_hydra_record, env_rank, follower_overrides
+from segtrain.sweep import check_direction
 
 
 def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
@@ -44,12 +46,20 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
     failure: list[BaseException] = []
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base=VERSION_BASE)
-    def _task(cfg: DictConfig) -> None:
+    def _task(cfg: DictConfig) -> Any:
         try:
+            if HydraConfig.get().mode == RunMode.MULTIRUN:
+                check_direction(HydraConfig.get().sweeper, cfg)
             cfg = finalize(cfg)
-            job(cfg, HydraConfig.get().runtime.output_dir)
-        except BaseException as e:  # noqa: BLE001 - re-raised below, outside Hydra's handler
+            return job(cfg, HydraConfig.get().runtime.output_dir)
+        except Exception as e:
+            if HydraConfig.get().mode == RunMode.MULTIRUN:  # one job of a sweep: Hydra marks it FAILED
+                _report_job_failure(e)
+                raise
+            failure.append(e)  # re-raised below, outside Hydra's handler
+        except BaseException as e:  # noqa: BLE001 - Ctrl-C and exits: reported below
             failure.append(e)
+        return None
 
     argv = sys.argv[1:]
     debug = debug_requested(argv)
@@ -74,6 +84,16 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         if isinstance(err, UserError):
             _user_error(err, debug)
         _report_crash(err)
+
+
+def _report_job_failure(err: Exception) -> None:
+    """A sweep's job failed: its one line (a user error), or its traceback (a bug); the sweep goes on."""
+    where = HydraConfig.get().runtime.output_dir
+    if isinstance(err, UserError) and not debug_requested(sys.argv[1:]):
+        print(f"error in {where}: {user_message(err)}", file=sys.stderr, flush=True)
+    else:
+        print(f"job in {where} failed:", file=sys.stderr, flush=True)
+        traceback.print_exception(err)
 
 
 def _report_crash(err: BaseException) -> None:

@@ -32,7 +32,15 @@ from segtrain.config.schema import (
 from segtrain.errors import ConfigError
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
-_GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment")
+_GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment", "hparams_search")
+
+#: Hydra plugins of the optional extras: (override key, value prefix) -> (module, extra). Checked before Hydra
+#: composes, which would otherwise list the config groups it found instead of saying what to install.
+PLUGINS = {
+    ("hydra/sweeper", "optuna"): ("hydra_plugins.hydra_optuna_sweeper", "sweep"),
+    ("hparams_search", ""): ("hydra_plugins.hydra_optuna_sweeper", "sweep"),
+    ("hydra/launcher", "submitit"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+}
 
 
 def check_overrides(overrides: list[str]) -> None:
@@ -45,6 +53,7 @@ def check_overrides(overrides: list[str]) -> None:
             continue
         key, value = ov.split("=", 1)
         key = key.lstrip("+~")
+        check_plugin(key, value)
         if key.startswith("hydra"):
             continue
         if key in _GROUPS:
@@ -67,6 +76,22 @@ def check_overrides(overrides: list[str]) -> None:
 
 
 _TYPE_NAMES = {"IntegerNode": "an integer", "FloatNode": "a number", "BooleanNode": "true or false"}
+
+
+def check_plugin(key: str, value: str) -> None:
+    """``hydra/sweeper=optuna``, ``hparams_search=...``, ``hydra/launcher=submitit_*``: the plugin is installed."""
+    import importlib.util
+
+    for (k, prefix), (module, extra) in PLUGINS.items():
+        if key == k and value.startswith(prefix) and value not in ("", "null"):
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ModuleNotFoundError:  # hydra_plugins itself absent
+                found = False
+            if not found:
+                raise ConfigError(
+                    f"{key}={value} needs {module}, which is not installed: pip install 'segtrain[{extra}]'"
+                )
 
 
 def check_override_type(schema: DictConfig, override: str) -> None:

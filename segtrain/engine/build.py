@@ -139,8 +139,9 @@ def _build(
     return trainer, found
 
 
-def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwargs: Any) -> dict[str, Any]:
-    """Build the trainer ``cfg`` describes and train; returns the last validation metrics."""
+def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwargs: Any) -> float | None:
+    """Build the trainer ``cfg`` describes and train; returns the best ``trainer.checkpoint.metric`` (None: no
+    validation measured it), what a sweep optimises."""
     trainer, lock, found = build_trainer(cfg, run_dir, dist, init_weights, **kwargs)
     started = time.perf_counter()
     try:
@@ -155,12 +156,12 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwa
                     log.warning("wrote %s again from %s: the save that wrote it was interrupted", name, found[0].name)
         trainer.recorder.start(trainer.state.step)
         log_start(cfg, trainer)
-        metrics = trainer.train()
+        trainer.train()
     finally:
         if lock is not None:
             lock.release()
     log_summary(cfg, trainer, run_dir, time.perf_counter() - started)
-    return metrics
+    return trainer.state.best_metric
 
 
 def log_start(cfg: Any, trainer: Trainer) -> None:
