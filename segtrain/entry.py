@@ -32,7 +32,7 @@ from segtrain.errors import (
     is_running,
 )
 from segtrain.fileio import atomic_write_bytes
-from segtrain.launch_env import defer_hydra_record, env_rank, follower_overrides
+from segtrain.launch_env import adopt_cluster_env, defer_hydra_record, env_rank, follower_overrides
 from segtrain.sweep import check_direction
 
 
@@ -47,6 +47,7 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base=VERSION_BASE)
     def _task(cfg: DictConfig) -> Any:
+        adopt_cluster_env()  # a submitit task runs this function in its own process, without run_entry
         try:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 check_direction(HydraConfig.get().sweeper, cfg)
@@ -61,6 +62,7 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
             failure.append(e)
         return None
 
+    adopt_cluster_env()  # srun without torchrun: ranks from SLURM
     argv = sys.argv[1:]
     debug = debug_requested(argv)
     try:

@@ -119,7 +119,9 @@ class SweepCallback(_HydraCallback):
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
-        if HydraConfig.get().mode != RunMode.MULTIRUN:
+        from segtrain.launch_env import env_rank
+
+        if HydraConfig.get().mode != RunMode.MULTIRUN or env_rank() != 0:  # one result per job, by its rank 0
             return
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         if not run_dir.is_dir():
