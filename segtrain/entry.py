@@ -33,6 +33,7 @@ from segtrain.errors import (
 )
 from segtrain.fileio import atomic_write_bytes
 from segtrain.launch_env import adopt_cluster_env, defer_hydra_record, env_rank, follower_overrides
+from segtrain.preemption import prefer_submitit_signal, requeue_with_submitit
 from segtrain.sweep import check_direction
 
 
@@ -55,6 +56,8 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
             return job(cfg, HydraConfig.get().runtime.output_dir)
         except Exception as e:
             if HydraConfig.get().mode == RunMode.MULTIRUN:  # one job of a sweep: Hydra marks it FAILED
+                if isinstance(e, Preempted):  # last.pt is saved: submitit requeues the job (when it sent the signal)
+                    requeue_with_submitit(e.signal_name)
                 _report_job_failure(e)
                 raise
             failure.append(e)  # re-raised below, outside Hydra's handler
@@ -63,6 +66,7 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         return None
 
     adopt_cluster_env()  # srun without torchrun: ranks from SLURM
+    prefer_submitit_signal()
     argv = sys.argv[1:]
     debug = debug_requested(argv)
     try:
@@ -166,6 +170,8 @@ def check_resume_target(config_name: str, argv: list[str]) -> None:
     directory, where there is nothing to resume, and the run would silently start from scratch."""
     overrides = [a for a in argv if not a.startswith("-")]
     if config_name not in ("train", "finetune") or "resume=auto" not in overrides:
+        return
+    if "-m" in argv or "--multirun" in argv:  # each job continues in its own hydra.sweep.dir/subdir
         return
     if any(a.startswith(("hydra.run.dir=", "++hydra.run.dir=", "+hydra.run.dir=")) for a in overrides):
         return

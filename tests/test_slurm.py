@@ -115,3 +115,23 @@ def test_srun_style_environment_alone_gives_two_ranks(tmp_path, torchrun_run):
         assert p.returncode == 0, err.decode()[-3000:]
     assert "world size 2, backend gloo" in (run_dir / "train.log").read_text()
     assert_same_result(run_dir, torchrun_run)
+
+
+def test_after_saving_a_submitit_task_hands_its_warning_signal_back_to_submitit(monkeypatch):
+    """SIGUSR1 (submitit's warning signal as segtrain submits) saved last.pt: submitit's own handler, restored
+    after training, is called to requeue; another signal (SLURM's SIGTERM) is not handed over."""
+    import signal
+
+    from segtrain.preemption import requeue_with_submitit
+
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
+    calls = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
+    try:
+        requeue_with_submitit("SIGTERM")
+        assert calls == []
+        requeue_with_submitit("SIGUSR1")
+        assert calls == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -27,6 +27,28 @@ def test_missing_tracker_package_is_one_config_error(monkeypatch):
     assert "pip install 'segtrain[trackers]'" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_without_the_optional_packages_segtrain_imports_and_names_the_extra(tmp_path):
+    """The integrations' packages hidden (``sys.modules[name] = None``): segtrain still imports and trains'
+    config check passes; asking for mlflow is one line and exit status 2 from the real entry point."""
+    import subprocess
+    import sys
+
+    hide = "import sys; [sys.modules.__setitem__(m, None) for m in ('mlflow', 'wandb', 'submitit', 'optuna')]; "
+    code = hide + (
+        "import runpy; import segtrain.engine.trackers, segtrain.sweep, segtrain.launch_env; "
+        "sys.argv = ['train', 'experiment=cpu_smoke', 'trainer.loggers=[tensorboard,mlflow]']; "
+        "runpy.run_module('segtrain.train', run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=child_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: trainer.loggers: mlflow needs the mlflow package, which is not installed: "
+        "pip install 'segtrain[trackers]'"
+    ]
+
+
 def test_unknown_and_repeated_loggers_are_config_errors():
     with pytest.raises(ConfigError, match="mlflo.*Did you mean 'mlflow'"):
         compose(["trainer.loggers=[mlflo]"])
