@@ -18,6 +18,7 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
@@ -32,7 +33,9 @@ from segtrain.errors import (
     is_running,
 )
 from segtrain.fileio import atomic_write_bytes, unwritable_error, writable_folder_problem
-from segtrain.launch_env import defer_hydra_record, env_rank, follower_overrides
+from segtrain.launch_env import adopt_cluster_env, defer_hydra_record, env_rank, follower_overrides
+from segtrain.preemption import prefer_submitit_signal, requeue_with_submitit
+from segtrain.sweep import check_direction
 
 
 def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
@@ -45,13 +48,26 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
     failure: list[BaseException] = []
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base=VERSION_BASE)
-    def _task(cfg: DictConfig) -> None:
+    def _task(cfg: DictConfig) -> Any:
+        adopt_cluster_env()  # a submitit task runs this function in its own process, without run_entry
         try:
+            if HydraConfig.get().mode == RunMode.MULTIRUN:
+                check_direction(HydraConfig.get().sweeper, cfg)
             cfg = finalize(cfg)
-            job(cfg, HydraConfig.get().runtime.output_dir)
-        except BaseException as e:  # noqa: BLE001 - re-raised below, outside Hydra's handler
+            return job(cfg, HydraConfig.get().runtime.output_dir)
+        except Exception as e:
+            if HydraConfig.get().mode == RunMode.MULTIRUN:  # one job of a sweep: Hydra marks it FAILED
+                if isinstance(e, Preempted):  # last.pt is saved: submitit requeues the job (when it sent the signal)
+                    requeue_with_submitit(e.signal_name)
+                _report_job_failure(e)
+                raise
             failure.append(unwritable_error(e, where_to_write(e, cfg) if isinstance(e, OSError) else "") or e)
+        except BaseException as e:  # noqa: BLE001 - Ctrl-C and exits: reported below
+            failure.append(e)
+        return None
 
+    adopt_cluster_env()  # srun without torchrun: ranks from SLURM
+    prefer_submitit_signal()
     argv = sys.argv[1:]
     debug = debug_requested(argv)
     flags, overrides = split_flags(argv)  # segtrain's own overrides join the user's block, after any flag
@@ -99,6 +115,16 @@ def _where_to_write(err: BaseException, cfg: Any) -> str:
         if where is not None and (path == where or where in path.parents or path in where.parents):
             return f"Make it writable, or {fix} (a writable folder)"
     return "Make it writable, or choose a writable place"
+
+
+def _report_job_failure(err: Exception) -> None:
+    """A sweep's job failed: its one line (a user error), or its traceback (a bug); the sweep goes on."""
+    where = HydraConfig.get().runtime.output_dir
+    if isinstance(err, UserError) and not debug_requested(sys.argv[1:]):
+        print(f"error in {where}: {user_message(err)}", file=sys.stderr, flush=True)
+    else:
+        print(f"job in {where} failed:", file=sys.stderr, flush=True)
+        traceback.print_exception(err)
 
 
 def _report_crash(err: BaseException) -> None:
@@ -169,6 +195,8 @@ def check_resume_target(config_name: str, argv: list[str]) -> None:
     directory, where there is nothing to resume, and the run would silently start from scratch."""
     overrides = [a for a in argv if not a.startswith("-")]
     if config_name not in ("train", "finetune") or "resume=auto" not in overrides:
+        return
+    if "-m" in argv or "--multirun" in argv:  # each job continues in its own hydra.sweep.dir/subdir
         return
     if any(a.startswith(("hydra.run.dir=", "++hydra.run.dir=", "+hydra.run.dir=")) for a in overrides):
         return

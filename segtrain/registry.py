@@ -46,6 +46,7 @@ DECLARED: dict[str, Declared] = {
     "optim.name": Declared("segtrain.engine.optim", "optimiser", ("adam", "adamw", "sgd")),
     "schedule.name": Declared("segtrain.engine.optim", "LR schedule", ("constant", "cosine", "poly", "step")),
     "trainer.hooks": Declared("segtrain.engine.hooks", "hook", (), import_paths=True),
+    "trainer.loggers": Declared("segtrain.engine.trackers", "logger", ("mlflow", "tensorboard", "wandb")),
 }
 
 

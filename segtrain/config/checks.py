@@ -34,7 +34,15 @@ from segtrain.config.schema import (
 from segtrain.errors import ConfigError
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
-_GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment")
+_GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment", "hparams_search")
+
+#: Hydra plugins of the optional extras: (override key, value prefix) -> (module, extra). Checked before Hydra
+#: composes, which would otherwise list the config groups it found instead of saying what to install.
+PLUGINS = {
+    ("hydra/sweeper", "optuna"): ("hydra_plugins.hydra_optuna_sweeper", "sweep"),
+    ("hparams_search", ""): ("hydra_plugins.hydra_optuna_sweeper", "sweep"),
+    ("hydra/launcher", "submitit"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+}
 
 
 def check_overrides(overrides: list[str], search_dirs: Sequence[Path] = ()) -> None:
@@ -50,6 +58,7 @@ def check_overrides(overrides: list[str], search_dirs: Sequence[Path] = ()) -> N
         check_override_syntax(ov)
         key, value = ov.split("=", 1)
         key = key.lstrip("+~")
+        check_plugin(key, value)
         if key.startswith("hydra"):
             continue
         if key in _GROUPS:
@@ -90,6 +99,22 @@ def check_override_syntax(override: str) -> None:
 
 
 _TYPE_NAMES = {"IntegerNode": "an integer", "FloatNode": "a number", "BooleanNode": "true or false"}
+
+
+def check_plugin(key: str, value: str) -> None:
+    """``hydra/sweeper=optuna``, ``hparams_search=...``, ``hydra/launcher=submitit_*``: the plugin is installed."""
+    import importlib.util
+
+    for (k, prefix), (module, extra) in PLUGINS.items():
+        if key == k and value.startswith(prefix) and value not in ("", "null"):
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ModuleNotFoundError:  # hydra_plugins itself absent
+                found = False
+            if not found:
+                raise ConfigError(
+                    f"{key}={value} needs {module}, which is not installed: pip install 'segtrain[{extra}]'"
+                )
 
 
 def check_override_type(schema: DictConfig, override: str) -> None:
@@ -221,6 +246,7 @@ def validate(cfg: DictConfig) -> None:
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {list(allowed)}")
     check_registered(cfg)
+    check_loggers(cfg)
     check_ranges(cfg)
     check_classes(cfg)
     from segtrain.placement import check as check_placement  # where each input stage runs: decided there, once
@@ -513,6 +539,28 @@ def check_classes(cfg: DictConfig) -> None:
             f"model.num_classes={cfg.model.num_classes} but dataset.classes has {len(classes)} entries; "
             "leave model.num_classes to its default ${len:${dataset.classes}}"
         )
+
+
+#: The package each optional tracker imports, checked before torch loads (pyproject.toml's ``trackers`` extra).
+LOGGER_PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}
+
+
+def check_loggers(cfg: DictConfig) -> None:
+    """``trainer.loggers``: each name once, and a tracker's package installed (its absence would otherwise show
+    only once the run has started)."""
+    import importlib.util
+
+    names = [str(n) for n in cfg.trainer.loggers]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"trainer.loggers={names} names {', '.join(twice)} twice; give each logger once")
+    for name in names:
+        package = LOGGER_PACKAGES.get(name)
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"trainer.loggers: {name} needs the {package} package, which is not installed: "
+                "pip install 'segtrain[trackers]'"
+            )
 
 
 def check_registered(cfg: DictConfig) -> None:

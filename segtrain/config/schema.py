@@ -234,6 +234,19 @@ class EarlyStopConfig:
 
 
 @dataclass
+class TrackingConfig:
+    """Where ``trainer.loggers`` other than TensorBoard send the run (docs/workflow.md). Credentials never go here:
+    MLflow and W&B read them from their own environment (MLFLOW_TRACKING_USERNAME/PASSWORD, WANDB_API_KEY)."""
+
+    experiment: str = "segtrain"  # MLflow experiment / W&B project
+    run_name: str | None = None  # default: the run directory's name
+    # MLflow tracking URI (http://host:5000, sqlite:///mlflow.db, file:./mlruns); None: MLFLOW_TRACKING_URI,
+    # else MLflow's own default (sqlite:///mlflow.db in the working directory)
+    mlflow_uri: str | None = None
+    log_checkpoint: bool = False  # upload best.pt to each tracker when the run ends
+
+
+@dataclass
 class ProfileConfig:
     nvtx: bool = False
     mode: str = "off"  # off | torch
@@ -289,6 +302,10 @@ class TrainerConfig:
     # Extra hooks after the built-in ones: registered names (segtrain.engine.hooks.HOOKS), or
     # {name: ..., key: value} entries whose other keys are passed to the hook.
     hooks: list[Any] = field(default_factory=list)
+    # Where scalars, the config and figures go besides metrics.jsonl: tensorboard, mlflow, wandb (registered names,
+    # segtrain.engine.trackers.LOGGERS); mlflow/wandb need `pip install 'segtrain[trackers]'`.
+    loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
 # --------------------------------------------------------------------------- tools

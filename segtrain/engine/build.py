@@ -30,6 +30,7 @@ from segtrain.engine.optim import apply_optimizer_settings, build_optimizer, bui
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.run_dir import RunDirLock, check_fresh
 from segtrain.engine.session import start_run_record
+from segtrain.engine.trackers import tracker_hook
 from segtrain.engine.trainer import StepSettings, Trainer
 from segtrain.errors import UserError
 from segtrain.evaluation.evaluator import evaluate, evaluators_for
@@ -81,7 +82,7 @@ def _build(
         dist=dist,
         ema=ModelEMA(model, tr.ema.decay, tr.ema.warmup_steps) if tr.ema.decay > 0 else None,
         total_steps=total_steps,
-        recorder=Recorder(run_dir, dist.is_main),
+        recorder=Recorder(run_dir, dist.is_main, tensorboard="tensorboard" in tr.loggers),
         on_preempt=lambda t: checkpointer.save(t, [io.LAST]),
     )
 
@@ -106,6 +107,9 @@ def _build(
 
     hooks = default_hooks(cfg, run_dir, validate=validate, checkpointer=checkpointer, panels=data.panels)
     trainer.register_hooks(hooks)
+    trackers = tracker_hook(cfg, run_dir)  # MLflow, W&B: after the checkpoints, restored with the other hooks
+    if trackers is not None:
+        trainer.register_hooks([trackers])
     found = find_resume_checkpoint(cfg, run_dir)
     if found is not None:
         fresh = optimizer_settings(optimizer)
@@ -115,8 +119,9 @@ def _build(
     return trainer, found
 
 
-def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwargs: Any) -> dict[str, Any]:
-    """Build the trainer ``cfg`` describes and train; returns the last validation metrics."""
+def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwargs: Any) -> float | None:
+    """Build the trainer ``cfg`` describes and train; returns the best ``trainer.checkpoint.metric`` (None: no
+    validation measured it), what a sweep optimises."""
     trainer, lock, found = build_trainer(cfg, run_dir, dist, init_weights, **kwargs)
     started = time.perf_counter()
     try:
@@ -131,12 +136,12 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwa
                     log.warning("wrote %s again from %s: the save that wrote it was interrupted", name, found[0].name)
         trainer.recorder.start(trainer.state.step)
         log_start(cfg, trainer)
-        metrics = trainer.train()
+        trainer.train()
     finally:
         if lock is not None:
             lock.release()
     log_summary(cfg, trainer, run_dir, time.perf_counter() - started)
-    return metrics
+    return trainer.state.best_metric
 
 
 def log_start(cfg: Any, trainer: Trainer) -> None:
@@ -202,7 +207,8 @@ def log_summary(cfg: Any, trainer: Trainer, run_dir: Path, seconds: float) -> No
             f"best {cfg.trainer.checkpoint.metric} {s.best_metric:.4f} ({where}): {io.path_of(run_dir, io.BEST)}"
         )
     lines.append(f"last checkpoint: {io.path_of(run_dir, io.LAST)}")
-    lines.append(f"look at it: tensorboard --logdir {run_dir / 'tb'}")
+    if "tensorboard" in cfg.trainer.loggers:
+        lines.append(f"look at it: tensorboard --logdir {run_dir / 'tb'}")
     log.info("\n  ".join(lines))
 
 

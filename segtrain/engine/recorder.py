@@ -12,7 +12,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from tqdm import tqdm
@@ -165,8 +165,17 @@ def remove_owned(folder: Path, patterns: tuple[str, ...]) -> tuple[list[Path], l
     return removed, left
 
 
+class RecordSink(Protocol):
+    """Receives every record and image the recorder writes (the trackers of ``trainer.loggers``: trackers.py)."""
+
+    def record(self, split: str, epoch: int, step: int, values: dict[str, Any]) -> None: ...
+
+    def images(self, tag: str, step: int, images: list[np.ndarray]) -> None: ...
+
+
 class Recorder:
-    """metrics.jsonl (one JSON object per line: split, epoch, step, ...) + TensorBoard scalars/images.
+    """metrics.jsonl (one JSON object per line: split, epoch, step, ...) + TensorBoard scalars/images, and the
+    same records to each of ``sinks`` (MLflow, W&B). ``tensorboard=False``: no TensorBoard files.
 
     Nothing is opened before :meth:`start` (or the first record): a run refused at setup creates no file.
     :meth:`start` continues the records of the position the run starts from: records of a later step (logged
@@ -176,11 +185,13 @@ class Recorder:
     METRICS = "metrics.jsonl"
     TB = TB_FOLDER
 
-    def __init__(self, run_dir: Path, enabled: bool) -> None:
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
+        self.tensorboard = tensorboard
         self.writer: Any = None
         self.jsonl: Any = None
+        self.sinks: list[RecordSink] = []
 
     def start(self, step: int = 0) -> None:
         """Open the files at position ``step`` (the step the run continues from; 0: a run from scratch)."""
@@ -210,9 +221,10 @@ class Recorder:
         self._open(purge_step=step + 1 if step else None)
 
     def _open(self, purge_step: int | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        if self.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(self.run_dir / self.TB), purge_step=purge_step)
+            self.writer = SummaryWriter(log_dir=str(self.run_dir / self.TB), purge_step=purge_step)
         self.jsonl = open(self.run_dir / self.METRICS, "a", buffering=1)  # noqa: SIM115 - lives with the run
 
     def log(self, split: str, epoch: int, step: int, values: dict[str, Any]) -> None:
@@ -223,23 +235,37 @@ class Recorder:
         record = {"split": split, "epoch": epoch, "step": step, "time": round(time.time(), 3)}
         record.update({k: _plain(v) for k, v in values.items()})
         self.jsonl.write(json.dumps(record) + "\n")
-        for k, v in values.items():
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v)):
-                tag = k if "/" in k else f"{split}/{k}"
-                self.writer.add_scalar(tag, float(v), step)
+        if self.writer is not None:
+            for tag, v in scalar_tags(split, values).items():
+                self.writer.add_scalar(tag, v, step)
+        for sink in self.sinks:
+            sink.record(split, epoch, step, values)
 
     def images(self, tag: str, step: int, images: list[np.ndarray]) -> None:
         """images: list of (H,W,3) uint8."""
         if self.enabled and images:
-            if self.writer is None:
+            if self.jsonl is None:
                 self._open()
-            self.writer.add_images(tag, np.stack(images), step, dataformats="NHWC")
+            if self.writer is not None:
+                self.writer.add_images(tag, np.stack(images), step, dataformats="NHWC")
+            for sink in self.sinks:
+                sink.images(tag, step, images)
 
     def close(self) -> None:
         if self.enabled and self.jsonl is not None:
-            self.writer.close()
+            if self.writer is not None:
+                self.writer.close()
             self.jsonl.close()
         self.enabled = False
+
+
+def scalar_tags(split: str, values: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a record under their TensorBoard tags (``split/key``, or ``key`` when it has a ``/``)."""
+    return {
+        (k if "/" in k else f"{split}/{k}"): float(v)
+        for k, v in values.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))
+    }
 
 
 def truncate_records(path: Path, step: int) -> int:
