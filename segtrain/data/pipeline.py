@@ -113,7 +113,11 @@ class PipelinePlan:
             return identity
         import torch
 
+        from segtrain.data.allocator import keep_freed_memory_once
         from segtrain.data.mappers import TargetSpec
+
+        if (self.device or "cpu").startswith("cpu"):  # targets in host memory: fresh buffers every batch
+            keep_freed_memory_once()
 
         targets = TargetSpec.from_config(self.cfg.dataset)
         if self.augment == DEVICE:

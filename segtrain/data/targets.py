@@ -28,6 +28,7 @@ from types import ModuleType
 import cv2
 import numpy as np
 
+from segtrain.data.allocator import keep_freed_memory_once
 from segtrain.data.compiled import optional_kernels
 
 _kernels: ModuleType | None = optional_kernels("targets_kernels", "targets are built", "2x")
@@ -191,6 +192,8 @@ def make_targets(
                 f"[{crowd.min()}, {crowd.max()}]"
             )
 
+    # Fresh outputs of tens of MB per call: without this a plain process page-faults them in every call.
+    keep_freed_memory_once()
     # A strided mask (e.g. an augmented window) is copied once: both paths read it row-contiguously.
     mask = np.ascontiguousarray(mask)
     args = (mask, classes, sigma, stuff, ignore_label, valid, int(small_instance_area), small_instance_weight, crowd)
