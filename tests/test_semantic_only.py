@@ -36,12 +36,22 @@ def _case(seed: int, h: int = 48, w: int = 64):
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("small", [0, 200])
-def test_semantic_targets_are_the_panoptic_ones(seed, small):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_semantic_targets_are_the_panoptic_ones(seed, small, compiled, monkeypatch):
+    from segtrain.data import targets
+
+    if compiled and targets._kernels is None:
+        pytest.skip("numba unavailable: the NumPy path only")
     mask, classes, crowd, valid = _case(seed)
     for kw in ({}, {"valid": valid}, {"valid": valid, "crowd_classes": crowd}):
         common = dict(stuff_classes=(3,), small_instance_area=small, small_instance_weight=3.0, **kw)
         full = make_targets(mask, classes, 4.0, **common)
-        sem = make_targets(mask, classes, 4.0, instances=False, **common)
+        with monkeypatch.context() as m:
+            if not compiled:
+                m.setattr(targets, "_kernels", None)
+            sem = make_targets(mask, classes, 4.0, instances=False, **common)
+            with pytest.raises(ValueError, match="id 7"):
+                make_targets(np.full((4, 4), 7, np.int32), classes, instances=False, small_instance_area=small)
         assert sorted(sem) == ["semantic", "semantic_weight"]
         for key in sem:
             assert sem[key].dtype == full[key].dtype and np.array_equal(sem[key], full[key]), key
@@ -53,8 +63,6 @@ def test_semantic_targets_are_the_panoptic_ones(seed, small):
         assert sorted(dev) == ["semantic", "semantic_weight"]
         assert torch.equal(dev["semantic"][0], torch.from_numpy(full["semantic"]).long())
         assert torch.equal(dev["semantic_weight"][0], torch.from_numpy(full["semantic_weight"]))
-    with pytest.raises(ValueError, match="id 7"):
-        make_targets(np.full((4, 4), 7, np.int32), classes, instances=False)
 
 
 def _batches(cfg, n: int = 2):
