@@ -128,7 +128,7 @@ def find_instance_centers(
     if _kernels is not None and center.device.type == "cpu" and center.dtype == torch.float32:
         # The float32 threshold: what comparing a float32 tensor with a Python float rounds it to.
         thr = np.float32(max(float(threshold), 0.0))
-        c = np.ascontiguousarray(center.numpy())
+        c = np.ascontiguousarray(center.detach().numpy())
         flat = np.empty(c.size, np.int64)  # untouched beyond the peaks found
         n = _kernels.centre_peaks(c, thr, nms_kernel, flat)
         idx = torch.from_numpy(flat[:n].copy())
@@ -448,8 +448,9 @@ def _panoptic_cpu(
     k = points.shape[0]
     n_cls = is_thing.shape[0]
     rows = 2 * k if k and bool(is_thing.any()) else 1
-    s = np.ascontiguousarray(sem.numpy())
-    off = np.ascontiguousarray(offset.to(torch.float32).numpy())
+    s = np.ascontiguousarray(sem.detach().numpy())
+    offset = offset.detach().to(torch.float32)
+    off = np.ascontiguousarray(offset.numpy())
     thing_np = is_thing.numpy() if rows > 1 else np.zeros(n_cls, bool)
     key = np.empty(h * w, np.int32 if rows * n_cls < 2**31 else np.int64)
     counts = np.zeros(rows * n_cls, np.int64)
@@ -475,7 +476,7 @@ def _panoptic_cpu(
         sel = torch.from_numpy(fb[:n_fb].copy())
         inst = torch.empty(h * w, dtype=torch.int64)
         everyone = torch.arange(kk)[None].expand(n_fb, kk)
-        _assign_exact(inst, sel, everyone, offset.to(torch.float32), w, points.to(torch.float32))
+        _assign_exact(inst, sel, everyone, offset, w, points.to(torch.float32))
         fb_key = inst[sel].numpy() * n_cls + s.reshape(-1)[fb[:n_fb]]
         key[fb[:n_fb]] = fb_key
         counts += np.bincount(fb_key, minlength=counts.size)
