@@ -7,7 +7,6 @@ memory (copied with ``non_blocking=True`` by the trainer) and prefetching.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 import random
@@ -21,6 +20,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from segtrain.config import ConfigError
 from segtrain.data.dataset import PolygonDataset, collate
+from segtrain.data.targets.allocator import keep_freed_memory
 from segtrain.distributed import DistInfo, env_rank
 from segtrain.preemption import ignore_in_workers
 
@@ -107,20 +107,6 @@ class ShardSampler(Sampler):
 
     def __len__(self) -> int:
         return len(self.indices)
-
-
-def keep_freed_memory() -> None:
-    """Let glibc reuse freed large buffers instead of returning them to the OS after every item.
-
-    Each item allocates tens of MB of fresh target/augmentation arrays; with the default malloc
-    they are unmapped on free and page-faulted back in for the next item, which costs more than
-    computing the targets (see scripts/bench_targets.py, "warm" vs "default")."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: serve big blocks from the heap
-        libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD (a C int): do not give the heap back eagerly
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
 
 
 def worker_init(worker_id: int) -> None:

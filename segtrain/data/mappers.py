@@ -63,11 +63,15 @@ class TargetSpec:
     # ``dataset.crowd_in_semantic``: crowd regions carry their class in ``semantic`` (centre and offset
     # weights stay 0); false: they are ignored (255) like every ignore region
     crowd_in_semantic: bool = True
+    # False for a semantic-only model (its loss reads no centre or offset): items carry ``semantic`` and
+    # ``semantic_weight`` only, and no centre heatmap, offsets or their weights are built, moved or collated
+    instances: bool = True
 
     @classmethod
-    def from_config(cls, ds: DatasetConfig) -> TargetSpec:
+    def from_config(cls, ds: DatasetConfig, instances: bool = True) -> TargetSpec:
         classes = list(ds.classes)
         return cls(
+            instances=bool(instances),
             sigma=ds.targets.sigma,
             stuff_ids=tuple(classes.index(s) for s in ds.stuff_classes),
             small_instance_area=ds.targets.small_instance_area,
@@ -86,6 +90,7 @@ class TargetSpec:
             "ignore_label": IGNORE_LABEL,
             "small_instance_area": self.small_instance_area,
             "small_instance_weight": self.small_instance_weight,
+            "instances": self.instances,
         }
 
 
@@ -179,7 +184,8 @@ class CpuMapper(_Mapper):
     ``instance`` (H,W) int32, ``semantic`` (H,W) uint8 with 255 = ignore, ``center`` (1,H,W),
     ``offset`` (2,H,W), ``semantic_weight``/``center_weight``/``offset_weight`` (H,W). With
     ``eval_info`` (evaluation items) also ``instance_classes``, ``crowd_classes`` (N+1,) and ``valid``
-    (H,W): what panoptic ground truth needs.
+    (H,W): what panoptic ground truth needs. For a semantic-only model (``TargetSpec.instances`` False) the
+    items carry ``semantic`` and ``semantic_weight`` only: no centre, offsets or their weights.
 
     With ``targets_on_device`` (``dataset.targets.where=device``, the default when training on CUDA) the
     worker stops after augmenting: items are ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16 with the

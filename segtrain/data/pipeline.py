@@ -42,6 +42,19 @@ if TYPE_CHECKING:
     from segtrain.config import Config
     from segtrain.data.mappers import CpuMapper, DeviceMapper, Reader, StageTimer
 
+#: Built-in models whose loss reads the semantic output only (``instance_aware = False``; tests/test_models.py
+#: keeps the two equal): their pipelines build semantic targets only. A user's own semantic-only model still
+#: gets every target (correct, only slower).
+SEMANTIC_ONLY_MODELS = frozenset({"deeplabv3", "fcn", "lraspp"})
+
+
+def instance_targets(cfg: Any) -> bool:
+    """Does ``cfg``'s model train on centre/offset targets (False: semantic and its weight only)?"""
+    model = getattr(cfg, "model", None)
+    name = getattr(model, "name", None) if model is not None else None
+    return str(name) not in SEMANTIC_ONLY_MODELS
+
+
 #: What the trainer applies to each collated batch on the device: ``step(batch, epoch, step_in_epoch)``.
 BatchStep = Callable[[dict[str, Any], int, int], dict[str, Any]]
 
@@ -69,6 +82,11 @@ class PipelinePlan:
         """Is anything left to do on the device (the batch step is not :func:`identity`)?"""
         return DEVICE in (self.decode, self.augment, self.targets)
 
+    @property
+    def instances(self) -> bool:
+        """Are centre/offset targets built (False for a semantic-only model: semantic targets only)?"""
+        return instance_targets(self.cfg)
+
     def describe(self) -> str:
         """One line for the log: what runs where."""
         if not self.on_device:
@@ -84,7 +102,7 @@ class PipelinePlan:
 
         cfg = self.cfg
         size = (cfg.dataset.input_size[0], cfg.dataset.input_size[1])
-        targets = TargetSpec.from_config(cfg.dataset)
+        targets = TargetSpec.from_config(cfg.dataset, self.instances)
         cap = cfg.dataset.max_image_pixels
         if self.augment == DEVICE:
             return DeviceMapper(
@@ -114,8 +132,12 @@ class PipelinePlan:
         import torch
 
         from segtrain.data.mappers import TargetSpec
+        from segtrain.data.targets.allocator import keep_freed_memory_once
 
-        targets = TargetSpec.from_config(self.cfg.dataset)
+        if (self.device or "cpu").startswith("cpu"):  # targets in host memory: fresh buffers every batch
+            keep_freed_memory_once()
+
+        targets = TargetSpec.from_config(self.cfg.dataset, self.instances)
         if self.augment == DEVICE:
             from segtrain.data.transforms.device_augment import DeviceBatchAugment
 

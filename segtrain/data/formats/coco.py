@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from segtrain.data.formats.index import RecordIndex, blob_arrays, encode_column
-from segtrain.data.formats.index_cache import cached_index, file_fingerprint
+from segtrain.data.formats.index_cache import cached_file_index
 from segtrain.data.formats.json_chunks import NotSplittable, Structure, iter_chunks, skeleton
 from segtrain.data.formats.reading import (
     Problems,
@@ -90,13 +90,7 @@ def load_coco(
     ``max_image_pixels``: images declared larger are errors (``dataset.max_image_pixels``).
     """
     ann_path, img_root = Path(annotations), Path(images)
-    index = cached_index(
-        "coco",
-        ann_path,
-        lambda: {**_fingerprint(ann_path), "max_image_pixels": int(max_image_pixels)},
-        lambda: build_coco(ann_path, max_image_pixels),
-        cache_dir,
-    )
+    index = _cached(ann_path, max_image_pixels, cache_dir)
     index = index.with_roots(path=img_root).with_consts(source=str(ann_path))
     warn_shared_names(index.meta["labels"], ann_path)
     index, report = finish(index, class_map, on_error, _describe)
@@ -130,25 +124,23 @@ def discover_classes_coco(
     """(category name, instance count) of every category, in category-id order: the classes of
     ``dataset.classes=auto`` after background. Crowd regions are not counted. Uses (and fills)
     the same cached index as :func:`load_coco`, so discovery before training costs no extra parse."""
-    ann_path = Path(annotations)
-    index = cached_index(
-        "coco",
-        ann_path,
-        lambda: {**_fingerprint(ann_path), "max_image_pixels": int(max_image_pixels)},
-        lambda: build_coco(ann_path, max_image_pixels),
-        cache_dir,
-    )
+    index = _cached(Path(annotations), max_image_pixels, cache_dir)
     counts = index.instance_label_counts(crowd=False)
     labels, ids = index.meta["labels"], index.meta["label_ids"]
     order = sorted(range(len(labels)), key=lambda k: (isinstance(ids[k], str), ids[k]))
     return [(labels[k], int(counts[k])) for k in order]
 
 
-def _fingerprint(path: Path) -> dict[str, Any]:
-    try:
-        return file_fingerprint(path)
-    except OSError as e:
-        raise AnnotationError(f"{path}: cannot read the COCO annotation file ({e})") from e
+def _cached(path: Path, max_image_pixels: int, cache_dir: str | os.PathLike | None) -> RecordIndex:
+    """The class-independent index of ``path``, from the cache when it holds this content (one read)."""
+    return cached_file_index(
+        "coco",
+        path,
+        {"max_image_pixels": int(max_image_pixels)},
+        lambda: read_annotation_file(path, "COCO annotation file", MAX_ANNOTATION_BYTES),
+        lambda holder: build_coco(path, max_image_pixels, holder),
+        cache_dir,
+    )
 
 
 def _describe(index: RecordIndex, j: int, t: int) -> str:
@@ -184,12 +176,15 @@ def _check_files(index: RecordIndex, on_error: str, report: SkipReport, img_root
 
 
 # --------------------------------------------------------------------------- build
-def build_coco(path: Path, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> RecordIndex:
+def build_coco(
+    path: Path, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, holder: list[bytes] | None = None
+) -> RecordIndex:
     """The class-independent index of a COCO file, with every problem recorded in
     ``meta["errors"]`` (see loading.finish). Raises AnnotationError only for a file that is
-    not a COCO instances file at all (or not JSON)."""
-    # the file's bytes are handed over in a list, so _build can drop them once converted
-    holder = [read_annotation_file(path, "COCO annotation file", MAX_ANNOTATION_BYTES)]
+    not a COCO instances file at all (or not JSON). ``holder``: ``[the file's bytes]`` when already
+    read (handed over in a list, so _build can drop them once converted); None: read here."""
+    if holder is None:
+        holder = [read_annotation_file(path, "COCO annotation file", MAX_ANNOTATION_BYTES)]
     try:
         return _build(holder, path, int(max_image_pixels), split=True)
     except NotSplittable:  # unusual layout or a syntax error: parse it whole (exact error messages)

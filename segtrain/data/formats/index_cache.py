@@ -12,6 +12,13 @@ structurally inconsistent is rebuilt with a warning, never used. Processes that 
 The key is the content, never the modification time: ``cp -p``, ``rsync -t`` and ``tar`` restore an
 edited file's size and mtime, and a key built from those served the old index. Hashing the whole
 file costs a fraction of parsing it (``scripts/bench_data_checks.py``).
+
+A single annotation file (:func:`cached_file_index`) is read once: the cache file is named by what
+needs no read (the file's size and the options) and holds the content key in its header. When a cache
+file of that name exists, the file is hashed as it streams past (nothing kept) and the index mapped if
+the content key matches; otherwise the file is read once, and its bytes are hashed on a thread
+(hashlib releases the GIL) while the same bytes are parsed, so the first start pays no second read and,
+with a second core, no hashing time.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import json
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -98,6 +106,90 @@ def cached_index(
         _remove_stale(path)
         log.info("cached the index of %s in %s", source, path)
         return RecordIndex.load(path, key)
+
+
+class _Hashing:
+    """BLAKE2b (256 bit) of ``raw``, computed on a thread from construction on (:meth:`hexdigest` waits)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.size = len(raw)
+        self._digest = ""
+        self._thread = threading.Thread(target=self._run, args=(raw,), name="index-content-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self, raw: bytes) -> None:
+        h = hashlib.blake2b(digest_size=32)
+        view = memoryview(raw)
+        for a in range(0, len(view), _CHUNK):  # chunks: the GIL is released around each update
+            h.update(view[a : a + _CHUNK])
+        self._digest = h.hexdigest()
+
+    def hexdigest(self) -> str:
+        self._thread.join()
+        return self._digest
+
+
+def cached_file_index(
+    kind: str,
+    source: Path,
+    options: dict[str, Any],
+    read: Callable[[], bytes],
+    build: Callable[[list[bytes]], RecordIndex],
+    cache_dir: str | os.PathLike | None,
+) -> RecordIndex:
+    """The index of the single file ``source``, reading it once (see the module docstring).
+
+    ``options``: the loader options the index depends on; ``read()``: the file's bytes (with the caller's
+    checks and errors); ``build(holder)``: the index of ``holder[0]``, the bytes, which it may drop."""
+    if not cache_dir:
+        return build([read()])
+    try:
+        size = os.stat(source).st_size
+    except OSError:
+        return build([read()])  # read() reports it in the caller's words
+    path = cache_file(cache_dir, kind, source, cache_key(kind, {"size": size, **options}))
+
+    def content_key(size: int, digest: str) -> str:
+        return cache_key(kind, {"size": size, "blake2b": digest, **options})
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        log.warning("index cache disabled: cannot create %s (%s); building in memory", path.parent, e)
+        return build([read()])
+    index = _try_load(path, content_key(**_stream_fingerprint(source, read))) if path.exists() else None
+    if index is not None:
+        return index
+    with _locked(path.with_suffix(".lock")):
+        if path.exists():  # built by another process while this one waited
+            index = _try_load(path, content_key(**_stream_fingerprint(source, read)))
+            if index is not None:
+                return index
+        raw = read()
+        hashing = _Hashing(raw)
+        holder = [raw]
+        del raw
+        built = build(holder)
+        key = content_key(hashing.size, hashing.hexdigest())
+        try:
+            built.save(path, key)
+        except OSError as e:
+            log.warning("could not write the index cache %s (%s); using the index in memory", path, e)
+            return built
+        _remove_stale(path)
+        log.info("cached the index of %s in %s", source, path)
+        return RecordIndex.load(path, key)
+
+
+def _stream_fingerprint(source: Path, read: Callable[[], bytes]) -> dict[str, Any]:
+    """``{"size", "digest"}`` of ``source`` hashed as it streams past; the caller's ``read()`` reports a
+    file that cannot be read."""
+    try:
+        fp = file_fingerprint(source)
+    except OSError:
+        read()  # raises the caller's error
+        raise
+    return {"size": fp["size"], "digest": fp["blake2b"]}
 
 
 def _try_load(path: Path, key: str) -> RecordIndex | None:

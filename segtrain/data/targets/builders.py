@@ -28,6 +28,7 @@ from types import ModuleType
 import cv2
 import numpy as np
 
+from segtrain.data.targets.allocator import keep_freed_memory_once
 from segtrain.data.targets.compiled import optional_kernels
 
 _kernels: ModuleType | None = optional_kernels("targets_kernels", __name__, "targets are built", "2x")
@@ -92,6 +93,7 @@ def make_targets(
     small_instance_area: int = 0,
     small_instance_weight: float = 1.0,
     crowd_classes: np.ndarray | None = None,
+    instances: bool = True,
 ) -> dict[str, np.ndarray]:
     """Semantic, centre-heatmap and offset targets (plus loss weights) for one image.
 
@@ -116,6 +118,8 @@ def make_targets(
             (``IGNORE_CROWD_IN_SEMANTIC = False``) do; their centre and offset weights stay 0 and they
             get no centre.  None: crowd pixels are ``ignore_label`` like every ignore region
             (``dataset.crowd_in_semantic=false``).
+        instances: False for a semantic-only model (its loss reads no centre or offset): only ``semantic``
+            and ``semantic_weight`` are built, the same arrays as with True, at a fraction of the cost.
 
     Returns:
         dict of C-contiguous NumPy arrays:
@@ -191,12 +195,74 @@ def make_targets(
                 f"[{crowd.min()}, {crowd.max()}]"
             )
 
+    # Fresh outputs of tens of MB per call: without this a plain process page-faults them in every call.
+    keep_freed_memory_once()
+    if not instances:
+        weights = (int(small_instance_area), small_instance_weight)
+        return _semantic_targets(mask, classes, stuff, ignore_label, valid, *weights, crowd)
     # A strided mask (e.g. an augmented window) is copied once: both paths read it row-contiguously.
     mask = np.ascontiguousarray(mask)
     args = (mask, classes, sigma, stuff, ignore_label, valid, int(small_instance_area), small_instance_weight, crowd)
     if _kernels is not None and mask.dtype.isnative and mask.dtype != np.uint64:
         return _targets_kernels(*args)
     return _targets_numpy(*args)
+
+
+def _semantic_targets(
+    mask: np.ndarray,
+    classes: np.ndarray,
+    stuff: np.ndarray,
+    ignore_label: int,
+    valid: np.ndarray | None,
+    small_instance_area: int,
+    small_instance_weight: float,
+    crowd: np.ndarray | None,
+) -> dict[str, np.ndarray]:
+    """``semantic`` and ``semantic_weight`` of make_targets from the same per-label tables: two lookups
+    per pixel (the small-instance weight needs each id's valid area: one ``bincount``)."""
+    if _kernels is not None and mask.dtype.isnative and mask.dtype != np.uint64:
+        weights = (small_instance_area, small_instance_weight)
+        return _semantic_kernels(mask, classes, stuff, ignore_label, valid, *weights, crowd)
+    n_ids = classes.size
+    _check_ids(int(mask.min()), int(mask.max()), n_ids)
+    labels = mask if valid is None else np.where(valid, mask, n_ids)  # invalid pixels: pseudo-id n_ids
+    n_lut = n_ids + 1
+    if small_instance_area > 0:
+        area = np.bincount(labels.reshape(-1), minlength=n_lut).astype(np.float64)
+    else:  # no weight depends on the area beyond "present": any positive area gives the same tables
+        area = np.ones(n_lut, np.float64)
+    zeros = np.zeros(n_lut, np.float64)
+    sem_cls, _, _, _, lut = _id_tables(
+        area, zeros, zeros, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd
+    )
+    return {"semantic": sem_cls.astype(np.uint8)[labels], "semantic_weight": lut[0][labels]}
+
+
+def _semantic_kernels(
+    mask: np.ndarray,
+    classes: np.ndarray,
+    stuff: np.ndarray,
+    ignore_label: int,
+    valid: np.ndarray | None,
+    small_instance_area: int,
+    small_instance_weight: float,
+    crowd: np.ndarray | None,
+) -> dict[str, np.ndarray]:
+    """_semantic_targets by the compiled kernels: the row runs of the mask (one read, as for the full
+    targets), then each run filled with its label's class and weight."""
+    assert _kernels is not None
+    n_ids = classes.size
+    starts, lengths, labels, row_ptr = _row_runs(mask, valid, n_ids)
+    area = _kernels.run_sums(starts, lengths, labels, row_ptr, n_ids + 1)[0]
+    sem_cls, _, _, _, lut = _id_tables(
+        area, area, area, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd
+    )  # the centre sums are not used: the area stands in for them
+    semantic = np.empty(mask.shape, np.uint8)
+    weight = np.empty(mask.shape, np.float32)
+    _kernels.write_semantic_runs(
+        starts, lengths, labels, row_ptr, sem_cls.astype(np.uint8), lut[0].copy(), semantic, weight
+    )
+    return {"semantic": semantic, "semantic_weight": weight}
 
 
 def _check_ids(lo: int, hi: int, n_ids: int) -> None:
@@ -285,21 +351,11 @@ def _result(semantic: np.ndarray, center: np.ndarray, planes: np.ndarray) -> dic
 _NO_VALID = np.ones((1, 1), bool)
 
 
-def _targets_kernels(
-    mask: np.ndarray,
-    classes: np.ndarray,
-    sigma: float,
-    stuff: np.ndarray,
-    ignore_label: int,
-    valid: np.ndarray | None,
-    small_instance_area: int,
-    small_instance_weight: float,
-    crowd: np.ndarray | None,
-) -> dict[str, np.ndarray]:
-    """make_targets by the compiled kernels: one read of the mask, each output pixel written once."""
-    assert _kernels is not None  # only called when the kernels imported
+def _row_runs(mask: np.ndarray, valid: np.ndarray | None, n_ids: int) -> tuple[np.ndarray, ...]:
+    """(starts, lengths, labels, row_ptr) of the row runs of ``mask`` (invalid pixels: label ``n_ids``),
+    its ids checked."""
+    assert _kernels is not None
     height, width = mask.shape
-    n_ids = classes.size
     # Typical masks have ~10 runs a row; the kernel stops before a row that might not fit and the
     # arrays are doubled (e.g. a noise mask, one run per pixel).
     cap = 16 * height + width
@@ -317,7 +373,25 @@ def _targets_kernels(
         starts, lengths, labels = grown
         y, n = _kernels.row_runs(mask, v, has_valid, n_ids, starts, lengths, labels, row_ptr, y, n, lohi)
     _check_ids(int(lohi[0]), int(lohi[1]), n_ids)  # before any id indexes a table
+    return starts, lengths, labels, row_ptr
 
+
+def _targets_kernels(
+    mask: np.ndarray,
+    classes: np.ndarray,
+    sigma: float,
+    stuff: np.ndarray,
+    ignore_label: int,
+    valid: np.ndarray | None,
+    small_instance_area: int,
+    small_instance_weight: float,
+    crowd: np.ndarray | None,
+) -> dict[str, np.ndarray]:
+    """make_targets by the compiled kernels: one read of the mask, each output pixel written once."""
+    assert _kernels is not None  # only called when the kernels imported
+    height, width = mask.shape
+    n_ids = classes.size
+    starts, lengths, labels, row_ptr = _row_runs(mask, valid, n_ids)
     area, sum_y, sum_x = _kernels.run_sums(starts, lengths, labels, row_ptr, n_ids + 1)
     sem_cls, thing, cy, cx, lut = _id_tables(
         area, sum_y, sum_x, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd

@@ -188,6 +188,7 @@ def make_targets_torch(
     small_instance_area: int = 0,
     small_instance_weight: float = 1.0,
     crowd_classes: Tensor | None = None,
+    instances: bool = True,
 ) -> dict[str, Tensor]:
     """Targets of a batch, per image exactly :func:`segtrain.data.targets.builders.make_targets`.
 
@@ -199,6 +200,7 @@ def make_targets_torch(
         valid: optional (B, H, W) bool (or 0/1 integer) mask, False on invented pixels.
         crowd_classes: optional (B, K+1) own class of each crowd id, -1 elsewhere (pad with -1), as in
             ``make_targets``: crowd pixels then carry that class in ``semantic``.
+        instances: False for a semantic-only model: ``semantic`` and ``semantic_weight`` only.
 
     Returns:
         dict on ``instance.device``: ``semantic`` (B, H, W) int64 (``ignore_label`` on crowd/ignore/invalid),
@@ -270,6 +272,8 @@ def make_targets_torch(
 
     semantic = lookup(sem_cls)
     semantic_weight = lookup(sw_lut)
+    if not instances:
+        return {"semantic": semantic, "semantic_weight": semantic_weight}
     center_weight = lookup(cw_lut)
     offset_weight = lookup(thing.float())
     thing_pix = offset_weight != 0

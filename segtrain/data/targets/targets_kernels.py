@@ -171,3 +171,16 @@ def write_runs(
             src = g[y - peak_y[j] + r, x0 - xc + r : x1 - xc + r]
             for i in range(dst.size):
                 dst[i] = max(dst[i], src[i])
+
+
+@_jit
+def write_semantic_runs(starts, lengths, labels, row_ptr, sem_lut, w_lut, semantic, weight):
+    """``semantic`` and ``semantic_weight`` of a semantic-only model: each run filled with its label's
+    class and weight (``sem_lut`` / ``w_lut``), every pixel written once."""
+    for y in range(row_ptr.size - 1):
+        srow, wrow = semantic[y], weight[y]
+        for r in range(row_ptr[y], row_ptr[y + 1]):
+            a = starts[r]
+            lab = labels[r]
+            srow[a : a + lengths[r]] = sem_lut[lab]
+            wrow[a : a + lengths[r]] = w_lut[lab]
