@@ -51,6 +51,8 @@ def check_overrides(overrides: list[str]) -> None:
             check_group_option(key, value)
             continue
         parent, _, leaf = key.rpartition(".")
+        if _is_free_form(parent):
+            continue
         node = OmegaConf.select(schema, parent) if parent else schema
         check_override_type(schema, ov)
         if node is None:
@@ -124,7 +126,7 @@ def check_group_option(group: str, value: str) -> None:
 
 
 def _is_free_form(parent: str) -> bool:
-    return parent == "dataset.class_map" or parent.startswith("dataset.class_map.")
+    return any(parent == k or parent.startswith(k + ".") for k in ("dataset.class_map", "model.kwargs"))
 
 
 def check_missing(cfg: DictConfig) -> None:
@@ -195,6 +197,7 @@ def validate(cfg: DictConfig) -> None:
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {list(allowed)}")
     check_registered(cfg)
+    check_model(cfg)
     check_ranges(cfg)
     check_classes(cfg)
     from segtrain.placement import check as check_placement  # where each input stage runs: decided there, once
@@ -290,6 +293,7 @@ BOUNDS: dict[str, Bound] = {
     "trainer.profile.warmup": _AT_LEAST_0,
     "trainer.profile.active": _AT_LEAST_1,
     "optim.lr": _POSITIVE,
+    "optim.backbone_lr_mult": _AT_LEAST_0,
     "optim.weight_decay": _AT_LEAST_0,
     "optim.momentum": Bound(0, 1, "the fraction of the last update kept", high_open=True),
     "optim.betas": Bound(0, 1, "Adam's decay rates of the moment estimates", high_open=True),
@@ -477,3 +481,44 @@ def check_registered(cfg: DictConfig) -> None:
                 check_name(key, name)
             except UnknownChoiceError as e:
                 raise ConfigError(str(e)) from None
+
+
+
+def check_model(cfg: DictConfig) -> None:
+    """A timm backbone names a timm model, and the builder takes ``model.kwargs``. These import timm or the
+    builder's module (hence torch), so only when such a value is given; the rest is checked without torch."""
+    from segtrain.registry import check_call, is_import_path, load
+
+    check_timm_backbone(str(cfg.model.backbone))
+    kwargs = OmegaConf.select(cfg, "model.kwargs")
+    name = str(cfg.model.name)
+    if kwargs or is_import_path(name):
+        builder = load("model.name").get(name)
+        given = OmegaConf.to_container(kwargs, resolve=True) if kwargs else {}
+        check_call(builder, "model.name", name, {str(k): v for k, v in given.items()} if isinstance(given, dict) else {})
+
+
+TIMM_PREFIX = "timm:"
+FIND_TIMM_NAMES = "List timm's models with: python -c \"import timm; print(timm.list_models('*resnet*'))\""
+
+
+def check_timm_backbone(backbone: str) -> None:
+    """``timm:<name>`` must name a timm model: one line otherwise, saying how to list the names. Imports timm
+    (hence torch) only for such a value."""
+    if not backbone.startswith(TIMM_PREFIX):
+        return
+    name = backbone[len(TIMM_PREFIX) :]
+    if not name:
+        raise ConfigError(f"model.backbone={backbone!r}: name the timm model, e.g. timm:resnet18. {FIND_TIMM_NAMES}")
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError(
+            f"model.backbone={backbone} needs the timm package: pip install 'segtrain[timm]' (or pip install timm)"
+        ) from None
+    if not timm.is_model(name):
+        import difflib
+
+        near = difflib.get_close_matches(name.split(".")[0], timm.list_models(), n=3)
+        hint = f" Did you mean {', '.join('timm:' + n for n in near)}?" if near else ""
+        raise ConfigError(f"model.backbone={backbone!r}: timm has no model {name!r}.{hint} {FIND_TIMM_NAMES}")
