@@ -84,7 +84,7 @@ def check_override_type(schema: DictConfig, override: str) -> None:
     except Exception:  # noqa: BLE001 - a syntax error: Hydra reports it with its position
         return
     parent_key, _, name = key.rpartition(".")
-    if parsed.is_delete() or parsed.is_sweep_override() or _is_free_form(parent_key):
+    if parsed.is_delete() or parsed.is_sweep_override() or _is_free_form(parent_key) or _is_free_form(key):
         return
     parent = OmegaConf.select(schema, parent_key) if parent_key else schema
     try:
@@ -495,7 +495,8 @@ def check_model(cfg: DictConfig) -> None:
     if kwargs or is_import_path(name):
         builder = load("model.name").get(name)
         given = OmegaConf.to_container(kwargs, resolve=True) if kwargs else {}
-        check_call(builder, "model.name", name, {str(k): v for k, v in given.items()} if isinstance(given, dict) else {})
+        named = {str(k): v for k, v in given.items()} if isinstance(given, dict) else {}
+        check_call(builder, "model.name", name, named)
 
 
 TIMM_PREFIX = "timm:"

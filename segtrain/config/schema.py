@@ -62,8 +62,8 @@ class ModelConfig:
     decoder_channels: int = 128
     head_channels: int = 64
     output_stride: int = 16
-    # keyword arguments of the builder (a model named by import path): model.kwargs={depth: 3}
-    kwargs: dict[str, Any] | None = None
+    # keyword arguments of the builder (a model named by import path): +model.kwargs={depth: 3} (None: none)
+    kwargs: Any = None
 
 
 # --------------------------------------------------------------------------- dataset
