@@ -4,6 +4,7 @@ with only PYTHONPATH pointing at the user's module)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -83,7 +84,10 @@ def test_import_path_builds_with_kwargs(user_module):
         (["model.name=nowhere_module:build"], "cannot import 'nowhere_module'"),
         (["model.name=mynets:missing"], "module 'mynets' has no 'missing'"),
         (["model.name=mynets:build", "model.kwargs={depht: 3}"], "unexpected keyword argument 'depht'"),
-        (["model.name=no_such_model"], "your own network: model.name=mypkg.nets:build"),  # "not a known model" says how to add one
+        (
+            ["model.name=no_such_model"],
+            "your own network: model.name=mypkg.nets:build",
+        ),  # "not a known model" says how to add one
     ],
 )
 def test_mistakes_are_one_line_before_any_work(user_module, overrides, expected):
@@ -115,23 +119,32 @@ def test_freeze_backbone_on_a_model_without_one_says_what_to_freeze():
 
 @pytest.mark.slow
 def test_user_network_trains_finetunes_frozen_and_evaluates_from_fresh_processes(user_module, tmp_path):
-    env = child_env(tmp_path / "cache", PYTHONPATH=os.pathsep.join([str(user_module), os.environ.get("PYTHONPATH", "")]))
+    env = child_env(
+        tmp_path / "cache", PYTHONPATH=os.pathsep.join([str(user_module), os.environ.get("PYTHONPATH", "")])
+    )
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
 
     def run(module: str, args: list[str]) -> None:
         run_module(module, args, cwd, tmp_path / "cache", env=env, timeout=600)
 
-    run("segtrain.train", [*SMOKE, "model.name=mynets:build", "+model.kwargs={depth: 3}", f"hydra.run.dir={tmp_path / 'r'}"])
+    run(
+        "segtrain.train",
+        [*SMOKE, "model.name=mynets:build", "+model.kwargs={depth: 3}", f"hydra.run.dir={tmp_path / 'r'}"],
+    )
     ckpt = tmp_path / "r" / "checkpoints" / "last.pt"
     stored = torch.load(ckpt, weights_only=True)
     assert stored["config"]["model"]["name"] == "mynets:build" and stored["config"]["model"]["kwargs"] == {"depth": 3}
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in stored["model"])
     # the builder is never named again: the checkpoint's config rebuilds it
-    run("segtrain.finetune", [f"ckpt={ckpt}", "freeze=backbone", "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'f'}"])
+    run(
+        "segtrain.finetune",
+        [f"ckpt={ckpt}", "freeze=backbone", "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'f'}"],
+    )
     tuned = torch.load(tmp_path / "f" / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert all(torch.equal(tuned[k], stored["model"][k]) for k in tuned if k.startswith("backbone."))
     assert not torch.equal(tuned["semantic.weight"], stored["model"]["semantic.weight"])
     run("segtrain.evaluate", [f"ckpt={tmp_path / 'f' / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={tmp_path / 'e'}"])
-    log = (tmp_path / "e" / "evaluate.log").read_text()
-    assert "pq" in log.lower() and "miou" in log.lower()
+    scores = json.loads((tmp_path / "e" / "eval.json").read_text())
+    flat = json.dumps(scores)
+    assert '"miou"' in flat and '"pq"' in flat, "semantic and panoptic scores of the user's instance-aware model"
