@@ -29,13 +29,21 @@ class Declared:
     what: str
     names: tuple[str, ...]
     import_paths: bool = False
+    how: str = ""  # how to add one, said when a name is unknown
 
 
 #: Every registry by config key; tests keep the declared names equal to what the modules register. A user's
 #: own entries register on import of the user's module, which imports the registry's module first.
 DECLARED: dict[str, Declared] = {
     "model.name": Declared(
-        "segtrain.models", "model", ("deeplabv3", "fcn", "lraspp", "panoptic_deeplab", "tiny_panoptic")
+        "segtrain.models",
+        "model",
+        ("deeplabv3", "fcn", "lraspp", "panoptic_deeplab", "tiny_panoptic"),
+        import_paths=True,
+        how=(
+            "; your own network: model.name=mypkg.nets:build, a function build(spec, **model.kwargs) -> nn.Module "
+            "in a module on PYTHONPATH (docs/models.md)"
+        ),
     ),
     "dataset.format": Declared(
         "segtrain.data.formats.registry", "data format", ("cityscapes", "coco", "coco_panoptic", "labelme", "synthetic")
@@ -140,6 +148,29 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
+def check_call(obj: object, key: str, name: str, kwargs: dict[str, object], first: str = "spec") -> None:
+    """One line (:class:`ConfigError`) unless ``obj(<first>, **kwargs)`` binds: an entry taking its own
+    arguments from the config (``model.kwargs``) is checked before any work, without calling it."""
+    import inspect
+
+    from segtrain.errors import ConfigError
+
+    if not callable(obj):
+        raise ConfigError(f"{key}={name}: {type(obj).__name__} {obj!r} is not callable; name a function or class")
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):  # a builtin without a signature: calling it tells
+        return
+    try:
+        signature.bind(None, **kwargs)
+    except TypeError as e:
+        given = ", ".join(kwargs) or "none"
+        raise ConfigError(
+            f"{key}={name} cannot be called as {name}({first}, **kwargs) with the kwargs given ({given}): {e}; "
+            f"its parameters are {signature}"
+        ) from None
+
+
 def _split_import_path(name: str) -> tuple[str, str]:
     """(module, attribute) of ``pkg.module:Name`` or ``pkg.module.Name``; ("", "") when it is neither."""
     head, sep, tail = name.partition(":") if ":" in name else name.rpartition(".")
@@ -193,5 +224,7 @@ def _unknown(key: str, what: str, names: Iterable[str], import_paths: bool, name
     known = sorted(names)
     near = difflib.get_close_matches(str(name), known, n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
-    paths = " (or an import path, pkg.module:Name)" if import_paths else ""
-    return f"{key}={name!r} is not a known {what}.{hint} Known: {', '.join(known) or 'none registered'}{paths}"
+    declared = DECLARED.get(key)
+    how = declared.how if declared is not None else ""
+    paths = " (or an import path, pkg.module:Name)" if import_paths and not how else ""
+    return f"{key}={name!r} is not a known {what}.{hint} Known: {', '.join(known) or 'none registered'}{paths}{how}"

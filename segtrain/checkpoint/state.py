@@ -260,9 +260,12 @@ def _candidates(model: nn.Module, state: Mapping[str, Tensor], target: str) -> l
     backbone = getattr(model, "backbone", None)
     if target in ("auto", "backbone") and isinstance(backbone, nn.Module):
         own = backbone.state_dict()
+        # a backbone holding its network under a name (timm's, under "model.") says so: a file has its bare names
+        held = str(getattr(backbone, "weights_prefix", ""))
         for prefix in _BACKBONE_PREFIXES:
             plain = {_strip_wrappers(k): v for k, v in state.items()}
             cand = {k[len(prefix) :]: v for k, v in plain.items() if k.startswith(prefix)}
+            cand = {held + k if held and held + k in own else k: v for k, v in cand.items()}
             out.append(("backbone", backbone, own, {canonical_key(k, own): v for k, v in cand.items()}))
     return out
 
@@ -296,9 +299,11 @@ def load_weights(
     name, module, own, mapped = max(candidates, key=lambda c: _fit_count(c[2], c[3]))  # first wins ties
     report = LoadReport(source=source, target=name, weights=weights)
     fitting: dict[str, Tensor] = {}
+    # a backbone's classifier parts it does not hold (timm's head): ignored like _CLASSIFIER_PREFIXES
+    dropped: frozenset[str] = getattr(module, "dropped_keys", frozenset())
     for k, v in mapped.items():
         if k not in own:
-            if name == "backbone" and k.startswith(_CLASSIFIER_PREFIXES):
+            if name == "backbone" and (k.startswith(_CLASSIFIER_PREFIXES) or k in dropped):
                 report.ignored.append(k)
             else:
                 report.unexpected.append(k)
@@ -472,6 +477,11 @@ def torchvision_state_dict(model: nn.Module, name: str) -> dict[str, Tensor]:
     from torchvision.models import get_model_weights, get_weight
 
     arch = getattr(model, "backbone_name", None)
+    if arch is not None and arch.startswith("timm:"):
+        raise CheckpointError(
+            f"model.pretrained={name!r} names torchvision weights; for model.backbone={arch} use model.pretrained=timm "
+            "(timm's weights, downloads) or a local weights file"
+        )
     arch_weights = get_model_weights(arch) if arch else None
     if "." in name:
         try:

@@ -65,6 +65,8 @@ def check_overrides(overrides: list[str], search_dirs: Sequence[Path] = ()) -> N
             check_group_option(key, value, search_dirs)
             continue
         parent, _, leaf = key.rpartition(".")
+        if _is_free_form(parent):
+            continue
         node = OmegaConf.select(schema, parent) if parent else schema
         check_override_type(schema, ov)
         if node is None:
@@ -130,7 +132,7 @@ def check_override_type(schema: DictConfig, override: str) -> None:
     except Exception:  # noqa: BLE001 - a syntax error: Hydra reports it with its position
         return
     parent_key, _, name = key.rpartition(".")
-    if parsed.is_delete() or parsed.is_sweep_override() or _is_free_form(parent_key):
+    if parsed.is_delete() or parsed.is_sweep_override() or _is_free_form(parent_key) or _is_free_form(key):
         return
     parent = OmegaConf.select(schema, parent_key) if parent_key else schema
     try:
@@ -175,7 +177,7 @@ def check_group_option(group: str, value: str, search_dirs: Sequence[Path] = ())
 
 
 def _is_free_form(parent: str) -> bool:
-    return parent == "dataset.class_map" or parent.startswith("dataset.class_map.")
+    return any(parent == k or parent.startswith(k + ".") for k in ("dataset.class_map", "model.kwargs"))
 
 
 def check_missing(cfg: DictConfig) -> None:
@@ -247,6 +249,7 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={value!r} is not one of {list(allowed)}")
     check_registered(cfg)
     check_loggers(cfg)
+    check_model(cfg)
     check_ranges(cfg)
     check_classes(cfg)
     from segtrain.placement import check as check_placement  # where each input stage runs: decided there, once
@@ -343,6 +346,7 @@ BOUNDS: dict[str, Bound] = {
     "trainer.profile.warmup": _AT_LEAST_0,
     "trainer.profile.active": _AT_LEAST_1,
     "optim.lr": _POSITIVE,
+    "optim.backbone_lr_mult": _AT_LEAST_0,
     "optim.weight_decay": _AT_LEAST_0,
     "optim.momentum": Bound(0, 1, "the fraction of the last update kept", high_open=True),
     "optim.betas": Bound(0, 1, "Adam's decay rates of the moment estimates", high_open=True),
@@ -576,3 +580,45 @@ def check_registered(cfg: DictConfig) -> None:
                 check_name(key, name)
             except UnknownChoiceError as e:
                 raise ConfigError(str(e)) from None
+
+
+
+def check_model(cfg: DictConfig) -> None:
+    """A timm backbone names a timm model, and the builder takes ``model.kwargs``. These import timm or the
+    builder's module (hence torch), so only when such a value is given; the rest is checked without torch."""
+    from segtrain.registry import check_call, is_import_path, load
+
+    check_timm_backbone(str(cfg.model.backbone))
+    kwargs = OmegaConf.select(cfg, "model.kwargs")
+    name = str(cfg.model.name)
+    if kwargs or is_import_path(name):
+        builder = load("model.name").get(name)
+        given = OmegaConf.to_container(kwargs, resolve=True) if kwargs else {}
+        named = {str(k): v for k, v in given.items()} if isinstance(given, dict) else {}
+        check_call(builder, "model.name", name, named)
+
+
+TIMM_PREFIX = "timm:"
+FIND_TIMM_NAMES = "List timm's models with: python -c \"import timm; print(timm.list_models('*resnet*'))\""
+
+
+def check_timm_backbone(backbone: str) -> None:
+    """``timm:<name>`` must name a timm model: one line otherwise, saying how to list the names. Imports timm
+    (hence torch) only for such a value."""
+    if not backbone.startswith(TIMM_PREFIX):
+        return
+    name = backbone[len(TIMM_PREFIX) :]
+    if not name:
+        raise ConfigError(f"model.backbone={backbone!r}: name the timm model, e.g. timm:resnet18. {FIND_TIMM_NAMES}")
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError(
+            f"model.backbone={backbone} needs the timm package: pip install 'segtrain[timm]' (or pip install timm)"
+        ) from None
+    if not timm.is_model(name):
+        import difflib
+
+        near = difflib.get_close_matches(name.split(".")[0], timm.list_models(), n=3)
+        hint = f" Did you mean {', '.join('timm:' + n for n in near)}?" if near else ""
+        raise ConfigError(f"model.backbone={backbone!r}: timm has no model {name!r}.{hint} {FIND_TIMM_NAMES}")

@@ -49,16 +49,21 @@ def config_dir() -> Path:
 # --------------------------------------------------------------------------- model
 @dataclass
 class ModelConfig:
+    # a registered model, or your own builder by import path: mypkg.nets:build (docs/models.md)
     name: str = "tiny_panoptic"
     num_classes: int = MISSING
+    # torchvision's resnet18/34/50/101, mobilenet_v3_large/small, or any timm model as timm:<name>
     backbone: str = "resnet18"
-    # Local file with backbone or full-model weights, or a torchvision weights name
-    # (e.g. "ResNet50_Weights.IMAGENET1K_V2", downloads: needs internet). None: random init.
+    # Local file (.pt/.pth or .safetensors) with backbone or full-model weights, a torchvision weights name
+    # (e.g. "ResNet50_Weights.IMAGENET1K_V2"), or "timm" (timm's weights for a timm: backbone). The last two
+    # download: they need internet. None: random init.
     pretrained: str | None = None
     width: int = 32  # channel width of the tiny model
     decoder_channels: int = 128
     head_channels: int = 64
     output_stride: int = 16
+    # keyword arguments of the builder (a model named by import path): +model.kwargs={depth: 3} (None: none)
+    kwargs: Any = None
 
 
 # --------------------------------------------------------------------------- dataset
@@ -180,6 +185,8 @@ class OptimConfig:
     momentum: float = 0.9
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     no_decay_norm_bias: bool = True
+    # the backbone's learning rate is optim.lr times this (pretrained backbones: 0.1 is common)
+    backbone_lr_mult: float = 1.0
 
 
 @dataclass
