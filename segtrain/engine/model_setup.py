@@ -67,7 +67,8 @@ def find_unused_parameters(
             mask_targets(i.cpu().numpy(), c.cpu().numpy(), ())
             for i, c in zip(batch["instance"], batch["instance_classes"])
         ]
-        batch.update({k: [t[k].to(device) for t in per_image] for k in ("mask_labels", "class_labels")})
+        lists: dict[str, Any] = {k: [t[k].to(device) for t in per_image] for k in ("mask_labels", "class_labels")}
+        batch.update(lists)
     with autocast(device, precision):
         out = probe(batch["image"])
     compute_losses(out, batch, loss_cfg, criterion=criterion)["total"].backward()
