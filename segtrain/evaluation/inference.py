@@ -47,6 +47,11 @@ def sliding_window(net: nn.Module, image: torch.Tensor, window: tuple[int, int],
         out = list(range(0, max(size - win, 0) + 1, stride))
         return out if out[-1] == size - win else [*out, size - win]
 
+    if getattr(net, "query_outputs", False):
+        raise ConfigError(
+            "inference.mode=sliding averages dense outputs over windows; this model's per-query outputs "
+            "(Mask2Former) do not average: use inference.mode=fit or pad"
+        )
     rows, cols = starts(h, wh), starts(w, ww)
     if len(rows) * len(cols) > MAX_SLIDING_WINDOWS:
         raise ConfigError(

@@ -163,6 +163,7 @@ class Mask2Former(nn.Module):
     """transformers' ``Mask2FormerForUniversalSegmentation`` behind segtrain's model contract (module doc)."""
 
     instance_aware = True
+    query_outputs = True  # per-query class/mask logits, not centre/offset maps (predict, sliding windows)
     loss_terms = ("masks",)
     pixel_mean: Tensor
     pixel_std: Tensor

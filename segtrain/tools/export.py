@@ -65,7 +65,7 @@ __all__ = [
     "verify_export",
 ]
 
-OUTPUT_NAMES = ("semantic", "center", "offset")  # the order of ONNX outputs
+OUTPUT_NAMES = ("semantic", "center", "offset", "class_logits", "mask_logits")  # the order of ONNX outputs
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".torchscript.pt"}
 METADATA_KEY = "segtrain"  # ONNX metadata_props key; TorchScript extra file "segtrain.json"
 MIN_DYNAMIC_SIDE = 32

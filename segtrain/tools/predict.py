@@ -171,7 +171,9 @@ def predict(cfg: Config, blob: Any, device: torch.device) -> list[Path]:
     model = model_from_checkpoint(cfg, blob, device)
     precision = effective_precision(cfg.trainer.precision, device)
     classes = [str(c) for c in cfg.dataset.classes]
-    spec = PanopticSpec.from_config(cfg) if getattr(model, "instance_aware", False) else None
+    # Mask2Former (per-query outputs): semantic pictures and class maps only, its panoptic pictures are not made yet
+    panoptic = getattr(model, "instance_aware", False) and not getattr(model, "query_outputs", False)
+    spec = PanopticSpec.from_config(cfg) if panoptic else None
     check_outputs(cfg, root, files, out_dir, names, OUTPUT_SUFFIXES if spec is not None else OUTPUT_SUFFIXES[:2])
     written: list[Path] = []
     for path in files:
