@@ -20,7 +20,6 @@ T = TypeVar("T")
 
 _ALL: dict[str, Registry] = {}
 
-
 @dataclass(frozen=True)
 class Declared:
     """What the config check knows of a registry without importing it: its module, what it holds, the
@@ -36,18 +35,8 @@ class Declared:
 #: own entries register on import of the user's module, which imports the registry's module first.
 DECLARED: dict[str, Declared] = {
     "model.name": Declared(
-        "segtrain.models",
-        "model",
-        (
-            "deeplabv3",
-            "fcn",
-            "lraspp",
-            "mask2former_r50",
-            "mask2former_swin_t",
-            "mask2former_tiny",
-            "panoptic_deeplab",
-            "tiny_panoptic",
-        ),
+        "segtrain.models", "model", ("deeplabv3", "fcn", "lraspp", "panoptic_deeplab", "tiny_panoptic")
+        + ("mask2former_r50", "mask2former_swin_t", "mask2former_tiny"),
     ),
     "dataset.format": Declared(
         "segtrain.data.formats", "data format", ("cityscapes", "coco", "coco_panoptic", "labelme", "synthetic")

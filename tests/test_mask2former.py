@@ -109,7 +109,9 @@ def test_loss_is_transformers_own_and_reaches_every_parameter(tiny):
 
 def test_backbone_is_a_named_submodule(tiny):
     names = [n for n, _ in tiny.named_parameters()]
-    assert names[0].startswith("backbone.") and not any(n.startswith("net.model.pixel_level_module.encoder") for n in names)
+    assert names[0].startswith("backbone.") and not any(
+        n.startswith("net.model.pixel_level_module.encoder") for n in names
+    )
     assert "net.class_predictor.classes.weight" in names and "net.class_predictor.no_object.weight" in names
     assert not any("criterion" in k for k in tiny.state_dict())
 
@@ -224,6 +226,27 @@ def test_trains_on_the_default_data_and_scores_with_the_same_evaluators(tmp_path
     assert {"miou", "pq", "sq", "rq", "pq_th", "ap", "ap50"} <= set(val[-1])
     assert 0.0 <= val[-1]["pq"] <= 1.0 and 0.0 <= val[-1]["miou"] <= 1.0
 
+    # ONNX: the network only (fixed input size), verified against PyTorch by the tool; post-processing outside
+    onnx_file = tmp_path / "m2f.onnx"
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    run_module("segtrain.export", [f"ckpt={ckpt}", "format=onnx", f"output={onnx_file}"], tmp_path, tmp_path / "cache",
+               timeout=900, env=env)  # fmt: skip
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(str(onnx_file))
+    assert [o.name for o in session.get_outputs()] == ["semantic", "class_logits", "mask_logits"]
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    got = dict(zip(["semantic", "class_logits", "mask_logits"], session.run(None, {"image": x.numpy()}), strict=True))
+    model = build_model({"name": "mask2former_tiny", "num_classes": 4})
+    load_weights(model, torch.load(ckpt, weights_only=True)["model"])
+    with torch.no_grad():
+        ref = model.eval()(x)
+    for k, v in got.items():
+        torch.testing.assert_close(torch.from_numpy(v), ref[k], atol=1e-4, rtol=1e-4)
+    pan, _ = panoptic_inference(
+        torch.from_numpy(got["class_logits"][0]), torch.from_numpy(got["mask_logits"][0]), [1, 2, 3]
+    )
+    assert pan.shape == (1, 64, 64)
+
     # two processes fine-tune it with a frozen backbone onto data whose items differ (cpu_smoke's seed 3)
     ft = tmp_path / "ft"
     run_module(
@@ -245,3 +268,16 @@ def test_trains_on_the_default_data_and_scores_with_the_same_evaluators(tmp_path
     assert backbone and all(torch.equal(state[k], before[k]) for k in backbone), "frozen backbone unchanged"
     head = "net.class_predictor.classes.weight"
     assert not torch.equal(state[head], before[head]), "the rest trains"
+
+
+def test_v100_preset_has_the_papers_recipe():
+    from segtrain.config import compose
+
+    cfg = compose(["experiment=v100_mask2former", "dataset.root=/data/coco", "dataset.classes=[background,person]"])
+    assert cfg.model.name == "mask2former_r50" and cfg.dataset.format == "coco_panoptic"
+    assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay) == ("adamw", 1e-4, 0.05)
+    assert (cfg.schedule.name, cfg.schedule.power) == ("poly", 0.9)
+    assert (
+        cfg.trainer.batch_size == 16 and cfg.trainer.grad_clip == 0.01 and list(cfg.dataset.input_size) == [1024, 1024]
+    )
+    assert cfg.augment.device == "cpu", "mask targets are built in the loader workers"

@@ -201,8 +201,8 @@ class Mask2Former(nn.Module):
 
     def criterion(self, outputs: dict[str, Tensor], batch: dict[str, Any], num_masks: Tensor) -> dict[str, Tensor]:
         """``{"class", "mask", "dice", "total"}``: transformers' weighted loss over the final and auxiliary
-        predictions (``total``), with the final layer's weighted terms for the log. ``batch`` holds ``mask_labels`` (list
-        of (N_i, H, W)) and ``class_labels`` (list of (N_i,)), ``num_masks`` the normaliser."""
+        predictions (``total``), with the final layer's weighted terms for the log. ``batch`` holds
+        ``mask_labels`` (list of (N_i, H, W)) and ``class_labels`` (list of (N_i,)), ``num_masks`` the normaliser."""
         crit = self.net.criterion
         crit.num_masks = num_masks
         aux = None
