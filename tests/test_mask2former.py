@@ -193,6 +193,32 @@ def test_panoptic_inference_in_segtrain_encoding():
     assert ((inst["score"] > 0.8) & (inst["score"] <= 1)).all()
 
 
+def test_predict_segments_are_the_panoptic_inference_on_the_image_grid():
+    from segtrain.evaluation.banded import NativeOutputs, segment_banded, segment_queries_banded
+    from segtrain.evaluation.evaluator import PanopticSpec
+
+    cls, masks = _logits(5)
+    spec = PanopticSpec(("background", "a", "b", "c", "d"), (1, 3, 4), (2,), 0, label_divisor=1000)
+    outputs = {
+        "semantic": semantic_inference(cls[None], masks[None]),
+        "class_logits": cls[None],
+        "mask_logits": masks[None],
+    }
+    pan, inst = panoptic_inference(cls, masks, spec.thing_ids, label_divisor=1000)
+    same = segment_queries_banded(
+        NativeOutputs(outputs, 1.0, (48, 48)), segment_banded(NativeOutputs(outputs, 1.0, (48, 48)), None), spec
+    )
+    assert same.values is not None and same.index is not None and same.instances is not None
+    np.testing.assert_array_equal(same.values[same.index], pan[0].numpy())
+    assert same.instances["id"].tolist() == inst["id"].tolist()
+    # an image twice the input size: every pixel takes the segment under its centre
+    big = segment_queries_banded(
+        NativeOutputs(outputs, 0.5, (96, 96)), segment_banded(NativeOutputs(outputs, 0.5, (96, 96)), None), spec
+    )
+    assert big.values is not None and big.index is not None
+    np.testing.assert_array_equal(big.values[big.index], pan[0].numpy().repeat(2, 0).repeat(2, 1))
+
+
 def test_instance_inference_keeps_thing_classes_and_scores_by_mask():
     cls, masks = _logits(4)
     out = instance_inference(cls, masks, thing_ids=[1, 3])
@@ -225,6 +251,20 @@ def test_trains_on_the_default_data_and_scores_with_the_same_evaluators(tmp_path
     assert {"loss/total", "loss/class", "loss/mask", "loss/dice"} <= set(train[-1])
     assert {"miou", "pq", "sq", "rq", "pq_th", "ap", "ap50"} <= set(val[-1])
     assert 0.0 <= val[-1]["pq"] <= 1.0 and 0.0 <= val[-1]["miou"] <= 1.0
+
+    # predict: pictures, the COCO panoptic id PNG and the segments JSON, scored by their queries
+    image = next((tmp_path / "cache").glob("synthetic-*/val/val_00000.jpg"))
+    pred = tmp_path / "pred"
+    run_module("segtrain.predict", [f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", f"input={image}", f"output={pred}"],
+               tmp_path, tmp_path / "cache", timeout=900, env=env)  # fmt: skip
+    made = sorted(p.name for p in pred.iterdir())
+    assert made == [
+        f"val_00000{s}"
+        for s in ("_labels.png", "_panoptic.png", "_panoptic_ids.png", "_segments.json", "_semantic.png")
+    ]
+    segments = json.loads((pred / "val_00000_segments.json").read_text())["segments"]
+    assert all(s["class"] in ("background", "circle", "square", "triangle") for s in segments)
+    assert all(0.8 <= s["score"] <= 1.0 for s in segments if s["isthing"])
 
     # ONNX: the network only (fixed input size), verified against PyTorch by the tool; post-processing outside
     onnx_file = tmp_path / "m2f.onnx"
