@@ -38,7 +38,8 @@ DECLARED: dict[str, Declared] = {
     "model.name": Declared(
         "segtrain.models",
         "model",
-        ("deeplabv3", "fcn", "lraspp", "panoptic_deeplab", "tiny_panoptic"),
+        ("deeplabv3", "fcn", "lraspp", "panoptic_deeplab", "tiny_panoptic")
+        + ("mask2former_r50", "mask2former_swin_t", "mask2former_tiny"),
         import_paths=True,
         how=(
             "; your own network: model.name=mypkg.nets:build, a function build(spec, **model.kwargs) -> nn.Module "

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from segtrain.data.pipeline import plan_pipeline as plan_pipeline
     from segtrain.data.records import ImageRecord as ImageRecord
     from segtrain.data.records import Instance as Instance
+    from segtrain.data.targets.mask_targets import mask_targets as mask_targets
     from segtrain.data.targets.panoptic_gt import panoptic_categories as panoptic_categories
     from segtrain.data.targets.panoptic_gt import panoptic_from_prediction as panoptic_from_prediction
     from segtrain.data.targets.panoptic_gt import panoptic_ground_truth as panoptic_ground_truth
@@ -62,6 +63,7 @@ _HOMES = {
     "inference_size": "segtrain.data.mappers",
     "prepare_input": "segtrain.data.mappers",
     "BatchStep": "segtrain.data.pipeline",
+    "mask_targets": "segtrain.data.targets.mask_targets",
     "build_mapper": "segtrain.data.pipeline",
     "plan_pipeline": "segtrain.data.pipeline",
     "ImageRecord": "segtrain.data.records",

@@ -29,6 +29,7 @@ from segtrain.data.mappers import (
 from segtrain.data.pipeline import build_mapper
 from segtrain.data.records import AnnotationError, ImageRecord
 from segtrain.data.seeding import item_seed
+from segtrain.data.targets.mask_targets import collate_lists
 from segtrain.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -140,8 +141,10 @@ def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         encoded = [it.pop("jpeg") for it in good]
         padded["jpeg_length"] = torch.tensor([int(e.numel()) for e in encoded])
         padded["jpeg"] = _stack_padded([e.view(1, -1) for e in encoded]).view(len(encoded), -1)
+    listed = collate_lists(good)  # per-mask targets: lists, one entry per image (numbers of masks differ)
     batch = default_collate(good) if good else {}
     batch.update(padded)
+    batch.update(listed)
     if skipped:
         batch["skipped"] = torch.tensor(skipped)
     return batch

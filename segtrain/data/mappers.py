@@ -36,6 +36,7 @@ from segtrain.data.formats.coco_panoptic import rasterise_panoptic, read_segment
 from segtrain.data.images.image_io import decode_image, device_jpeg_orientation, read_encoded
 from segtrain.data.records import AnnotationError, ImageRecord, crowd_classes
 from segtrain.data.targets.builders import make_targets
+from segtrain.data.targets.mask_targets import mask_targets
 from segtrain.data.targets.rasterise import rasterise
 from segtrain.data.transforms.augmentations import DEVICE_PIPELINES, evaluation_pipeline
 from segtrain.data.transforms.cpu_augment import (
@@ -205,8 +206,10 @@ class CpuMapper(_Mapper):
         timer: StageTimer | None = None,
         reader: Reader | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+        with_masks: bool = False,
     ) -> None:
         super().__init__(pipeline, timer, reader, max_image_pixels)
+        self.with_masks = with_masks  # also mask-classification targets (data.targets.mask_targets: Mask2Former)
         if targets_on_device and (eval_info or not uint8_images):
             raise ValueError("targets_on_device items are training items: no eval_info, uint8 images")
         self.targets = targets
@@ -242,14 +245,18 @@ class CpuMapper(_Mapper):
             }
             if crowd is not None:
                 item["crowd_classes"] = torch.from_numpy(crowd)
+            if self.with_masks:
+                item.update(mask_targets(aug.ids, classes, self.targets.stuff_ids))
             self._clock.lap("to_tensor")
             return item
         # The item's int32 ids are the one contiguous copy of the augmented ids: targets read them
         # (invented pixels still ``n``), then those pixels become 0.
         ids32 = aug.ids.astype(np.int32)
         tg = make_targets(ids32, classes, self.targets.sigma, crowd_classes=crowd, **self.targets.kwargs())
+        masks = mask_targets(ids32, classes, self.targets.stuff_ids) if self.with_masks else {}
         self._clock.lap("targets")
         item = to_tensors(aug.image, aug.clear_outside(ids32), tg, self.uint8_images)
+        item.update(masks)
         if self.eval_info:
             item.update(instance_info(rec, inst_classes, aug.valid(), ids32.shape))
         self._clock.lap("to_tensor")

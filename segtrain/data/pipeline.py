@@ -98,13 +98,22 @@ class PipelinePlan:
     def mapper(self, *, timer: StageTimer | None = None, reader: Reader | None = None) -> CpuMapper | DeviceMapper:
         """What a loader worker does to one record (``timer``: per-stage seconds; ``reader``: image bytes)."""
         from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
+        from segtrain.data.targets.mask_targets import wants_mask_targets
         from segtrain.data.transforms.augmentations import build_pipeline
 
         cfg = self.cfg
+        with_masks = self.train and wants_mask_targets(cfg)
         size = (cfg.dataset.input_size[0], cfg.dataset.input_size[1])
         targets = TargetSpec.from_config(cfg.dataset, self.instances)
         cap = cfg.dataset.max_image_pixels
         if self.augment == DEVICE:
+            if with_masks:
+                from segtrain.config import ConfigError
+
+                raise ConfigError(
+                    f"model.name={cfg.model.name} trains on mask targets built in the loader workers: "
+                    "set augment.device=cpu"
+                )
             return DeviceMapper(
                 size,
                 cfg.augment,
@@ -122,6 +131,7 @@ class PipelinePlan:
             timer=timer,
             reader=reader,
             max_image_pixels=cap,
+            with_masks=with_masks,
         )
 
     def batch_step(self, seed: int | None = None, rank: int = 0) -> BatchStep:

@@ -59,9 +59,19 @@ def find_unused_parameters(
     probe = copy.deepcopy(model).train()
     device = next(probe.parameters()).device
     batch = to_device(batch, device)
+    criterion = getattr(probe, "criterion", None)
+    if criterion is not None and "class_labels" not in batch:  # validation items: mask targets from their ids
+        from segtrain.data import mask_targets
+
+        per_image = [
+            mask_targets(i.cpu().numpy(), c.cpu().numpy(), ())
+            for i, c in zip(batch["instance"], batch["instance_classes"])
+        ]
+        lists: dict[str, Any] = {k: [t[k].to(device) for t in per_image] for k in ("mask_labels", "class_labels")}
+        batch.update(lists)
     with autocast(device, precision):
         out = probe(batch["image"])
-    compute_losses(out, batch, loss_cfg)["total"].backward()
+    compute_losses(out, batch, loss_cfg, criterion=criterion)["total"].backward()
     return [n for n, p in probe.named_parameters() if p.requires_grad and p.grad is None]
 
 

@@ -210,6 +210,7 @@ class Trainer:
         self.events = Events()
         self.hooks: list[HookBase] = []
         self.terms = loss_terms(unwrap(model))
+        self.criterion = getattr(unwrap(model), "criterion", None)  # a model's own loss (Mask2Former)
         self.params = [p for p in unwrap(model).parameters() if p.requires_grad]
         self.buffers = list(unwrap(model).buffers())
         self.nvtx = Nvtx(self.settings.nvtx)
@@ -302,7 +303,7 @@ class Trainer:
                 with nvtx("forward"), autocast(self.device, st.precision):
                     outputs = self.model(mb["image"])
                 with nvtx("loss"):
-                    losses = compute_losses(outputs, mb, st.loss, denominators)
+                    losses = compute_losses(outputs, mb, st.loss, denominators, self.criterion)
                 with nvtx("backward"):
                     self.scaler.scale(losses["total"]).backward()
             for k, v in losses.items():

@@ -154,8 +154,8 @@ def instances_from_panoptic(
     """
     if semantic_prob is not None:
         scores = instance_scores(panoptic, semantic_prob, instances, label_divisor)
-    else:
-        scores = instances["center_score"]
+    else:  # Mask2Former's instances carry their query's score
+        scores = instances["score"] if "score" in instances else instances["center_score"]
     ids = instances["id"].tolist()
     rles = rle_from_id_map(panoptic, ids)
     return [

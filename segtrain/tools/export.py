@@ -65,7 +65,7 @@ __all__ = [
     "verify_export",
 ]
 
-OUTPUT_NAMES = ("semantic", "center", "offset")  # the order of ONNX outputs
+OUTPUT_NAMES = ("semantic", "center", "offset", "class_logits", "mask_logits")  # the order of ONNX outputs
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".torchscript.pt"}
 METADATA_KEY = "segtrain"  # ONNX metadata_props key; TorchScript extra file "segtrain.json"
 MIN_DYNAMIC_SIDE = 32
@@ -403,13 +403,18 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
             "verified on inputs %s: max |exported - PyTorch| %s (tolerance %g relative)", shapes, figures, TOLERANCE
         )
 
+    dynamic = bool(ex.dynamic)
+    if dynamic and fmt == "onnx" and getattr(model, "query_outputs", False):
+        # transformers' Mask2Former specialises its shapes when traced: a "dynamic" graph would fix them anyway
+        log.info("%s exports to ONNX at a fixed input size (dataset.input_size %dx%d)", cfg.model.name, h, w)
+        dynamic = False
     result = export_model(
         model,
         output,
         fmt,
         list(cfg.dataset.input_size),
         opset=int(ex.opset),
-        dynamic=bool(ex.dynamic),
+        dynamic=dynamic,
         metadata=model_metadata(cfg, report.weights),
         check=verify,
     )

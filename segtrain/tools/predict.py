@@ -45,6 +45,7 @@ from segtrain.evaluation.banded import (
     pictures,
     png_bytes,
     segment_banded,
+    segment_queries_banded,
     segments_banded,
 )
 from segtrain.evaluation.evaluator import PanopticSpec
@@ -185,14 +186,18 @@ def predict(cfg: Config, blob: Any, device: torch.device) -> list[Path]:
     precision = effective_precision(cfg.trainer.precision, device)
     classes = [str(c) for c in cfg.dataset.classes]
     spec = PanopticSpec.from_config(cfg) if getattr(model, "instance_aware", False) else None
-    check_outputs(cfg, root, files, out_dir, names, OUTPUT_SUFFIXES if spec is not None else OUTPUT_SUFFIXES[:2])
+    queries = bool(getattr(model, "query_outputs", False))  # Mask2Former: segments from its queries, no centres
+    suffixes = OUTPUT_SUFFIXES if spec is not None else OUTPUT_SUFFIXES[:2]
+    check_outputs(cfg, root, files, out_dir, names, tuple(s for s in suffixes if not (queries and s == "_center.png")))
     written: list[Path] = []
     for path in files:
         rgb = read_image_file(path, cfg.dataset.max_image_pixels)
         # Outputs stay at the model's size; the native grid is made band by band
         # (memory: see docs/data-formats.md, "Bad input").
         out = network_outputs(model, rgb, cfg, device, precision)
-        pred = segment_banded(out, spec)
+        pred = segment_banded(out, None if queries else spec)
+        if queries and spec is not None:
+            pred = segment_queries_banded(out, pred, spec)
         base = out_dir / names[path]
         base.parent.mkdir(parents=True, exist_ok=True)
         seg_ids = None
