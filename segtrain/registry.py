@@ -20,6 +20,7 @@ T = TypeVar("T")
 
 _ALL: dict[str, Registry] = {}
 
+
 @dataclass(frozen=True)
 class Declared:
     """What the config check knows of a registry without importing it: its module, what it holds, the

@@ -70,6 +70,7 @@ def test_schema_choices_are_the_modules_tuples():
     from segtrain.data.formats import reading as loading
     from segtrain.data.targets import panoptic_gt
     from segtrain.tools import export
+
     assert choices["dataset.on_error"] is records.ON_ERROR is loading.ON_ERROR
     assert choices["dataset.unlisted"] is records.UNLISTED
     assert choices["inference.mode"] is mappers.NativeMapper.MODES

@@ -149,9 +149,7 @@ def test_mlflow_and_wandb_get_tensorboards_scalars_and_resume_continues_them(tmp
     run_module("segtrain.train", [*common, "trainer.max_steps=2"], tmp_path, tmp_path / "cache", env=env)
     ids = json.loads((run_dir / "trackers.json").read_text())
     assert set(ids) == {"mlflow", "wandb"}
-    run_module(
-        "segtrain.train", [*common, "trainer.max_steps=4", "resume=auto"], tmp_path, tmp_path / "cache", env=env
-    )
+    run_module("segtrain.train", [*common, "trainer.max_steps=4", "resume=auto"], tmp_path, tmp_path / "cache", env=env)
     assert json.loads((run_dir / "trackers.json").read_text()) == ids, "the resumed run keeps its tracker runs"
 
     tb = tensorboard_scalars(run_dir)

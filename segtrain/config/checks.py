@@ -582,7 +582,6 @@ def check_registered(cfg: DictConfig) -> None:
                 raise ConfigError(str(e)) from None
 
 
-
 def check_model(cfg: DictConfig) -> None:
     """A timm backbone names a timm model, and the builder takes ``model.kwargs``. These import timm or the
     builder's module (hence torch), so only when such a value is given; the rest is checked without torch."""
