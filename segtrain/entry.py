@@ -18,8 +18,9 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from segtrain import storage
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
 from segtrain.errors import (
     EXIT_INTERRUPTED,
@@ -47,6 +48,7 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
     def _task(cfg: DictConfig) -> None:
         try:
             cfg = finalize(cfg)
+            storage.configure(OmegaConf.select(cfg, "storage.endpoint_url"))
             job(cfg, HydraConfig.get().runtime.output_dir)
         except BaseException as e:  # noqa: BLE001 - re-raised below, outside Hydra's handler
             failure.append(e)
@@ -147,6 +149,8 @@ def check_resume_target(config_name: str, argv: list[str]) -> None:
         return
     if any(a.startswith(("hydra.run.dir=", "++hydra.run.dir=", "+hydra.run.dir=")) for a in overrides):
         return
+    if any(a.lstrip("+").startswith("trainer.checkpoint.dir=") for a in overrides):
+        return  # the checkpoints' own folder (e.g. s3://bucket/runs/x) holds what resume=auto continues
     base = Path("outputs/finetune" if config_name == "finetune" else "outputs")
     runs = sorted(base.glob("*/*/checkpoints/last.pt"), key=lambda p: p.stat().st_mtime)
     hint = f" (the newest run here: hydra.run.dir={runs[-1].parents[1]})" if runs else ""

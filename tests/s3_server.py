@@ -67,13 +67,15 @@ def s3_client(endpoint: str) -> Any:
 @dataclass
 class S3Proxy:
     """Loopback HTTP proxy in front of an S3 endpoint. ``delay_s``: added to every request; ``deny``: bucket
-    names answered with 403 AccessDenied; ``hold``: a regex of request paths whose PUT is held after its first
-    bytes (``held`` is set then; the request never reaches the store unless ``release`` is set)."""
+    names answered with 403 AccessDenied; ``hold``: a regex of request paths whose PUT (after ``hold_after`` of
+    them went through) is held after its first bytes: ``held`` is set then, and the request never reaches the
+    store (``release`` ends it, unanswered)."""
 
     upstream: str
     delay_s: float = 0.0
     deny: set[str] = field(default_factory=set)
     hold: str | None = None
+    hold_after: int = 0  # matching PUTs let through before the hold starts
     held: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
     requests: int = 0
@@ -105,7 +107,10 @@ class S3Proxy:
                     self.rfile.read(length)
                     return self._answer(403, b"<?xml version='1.0'?><Error><Code>AccessDenied</Code>"
                                         b"<Message>Access Denied</Message></Error>")
-                if self.command == "PUT" and proxy.hold and re.search(proxy.hold, self.path.split("?", 1)[0]):
+                matches = proxy.hold and re.search(proxy.hold, self.path.split("?", 1)[0])
+                if self.command == "PUT" and matches and proxy.hold_after > 0:
+                    proxy.hold_after -= 1
+                elif self.command == "PUT" and matches:
                     self.rfile.read(min(length, 1024))
                     proxy.held.set()
                     proxy.release.wait()

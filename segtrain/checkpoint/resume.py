@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.checkpoint.io import CheckpointError, is_training_checkpoint, read_checkpoint
 from segtrain.checkpoint.state import check_finite, load_weights, restore_rng
@@ -36,7 +37,7 @@ def find_resume_checkpoint(cfg: Config, run_dir: Path) -> tuple[Path, Any] | Non
     if not cfg.resume:
         return None
     if cfg.resume != "auto":
-        path = Path(cfg.resume)
+        path = storage.location(cfg.resume)  # a file or a URL (s3://bucket/runs/x/checkpoints/last.pt)
         if path.is_dir():
             hint = io.path_of(path, io.LAST) if io.folder_of(path).is_dir() else path / f"{io.LAST}.pt"
             raise CheckpointError(

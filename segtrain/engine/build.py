@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.checkpoint.resume import find_resume_checkpoint, restore_training_state
 from segtrain.checkpoint.state import Checkpointer
@@ -92,7 +93,8 @@ def _build(
     total_steps = len(train_loader) * int(tr.epochs)
     if tr.max_steps is not None:
         total_steps = min(total_steps, int(tr.max_steps))
-    checkpointer = Checkpointer(run_dir, to_container(cfg), int(tr.checkpoint.keep_last), dist.is_main)
+    root = checkpoint_root(cfg, run_dir)
+    checkpointer = Checkpointer(root, to_container(cfg), int(tr.checkpoint.keep_last), dist.is_main)
     trainer = Trainer(
         model,
         optimizer,
@@ -128,7 +130,7 @@ def _build(
         return metrics
 
     trainer.register_hooks(default_hooks(cfg, run_dir, validate=validate, checkpointer=checkpointer, panels=panel_set))
-    found = find_resume_checkpoint(cfg, run_dir)
+    found = find_resume_checkpoint(cfg, root)
     if found is not None:
         restore_training_state(trainer, found, cfg)
     trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(panel_set), precision)
@@ -145,8 +147,8 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwa
             if lock is not None:
                 lock.announce()
             start_run_record(cfg, run_dir)
-            folder = io.folder_of(run_dir)
-            if found is not None and found[0].resolve().parent == folder.resolve():
+            folder = io.folder_of(checkpoint_root(cfg, run_dir))
+            if found is not None and io.same_path(found[0].parent, folder):
                 for name in io.complete_save(folder, *found):
                     log.warning("wrote %s again from %s: the save that wrote it was interrupted", name, found[0].name)
         trainer.recorder.start(trainer.state.step)
@@ -198,18 +200,25 @@ def log_summary(cfg: Any, trainer: Trainer, run_dir: Path, seconds: float) -> No
     """What a user wants at the end: the best result, where it is, how long it took, how to look at it."""
     if not trainer.dist.is_main:
         return
-    s = trainer.state
+    s, root = trainer.state, checkpoint_root(cfg, run_dir)
     minutes, secs = divmod(int(round(seconds)), 60)
     why = f" ({s.stop_reason})" if s.stop_reason else ""
     lines = [f"run finished after {s.step} steps in {minutes}m{secs:02d}s{why}"]
     if s.best_metric is not None:
         where = f"epoch {s.best_at[0]}, step {s.best_at[1]}" if s.best_at else "from a previous part of the run"
         lines.append(
-            f"best {cfg.trainer.checkpoint.metric} {s.best_metric:.4f} ({where}): {io.path_of(run_dir, io.BEST)}"
+            f"best {cfg.trainer.checkpoint.metric} {s.best_metric:.4f} ({where}): {io.path_of(root, io.BEST)}"
         )
-    lines.append(f"last checkpoint: {io.path_of(run_dir, io.LAST)}")
+    lines.append(f"last checkpoint: {io.path_of(root, io.LAST)}")
     lines.append(f"look at it: tensorboard --logdir {run_dir / 'tb'}")
     log.info("\n  ".join(lines))
+
+
+def checkpoint_root(cfg: Any, run_dir: Path) -> Any:
+    """Where ``checkpoints/`` lives: ``trainer.checkpoint.dir`` (a folder or a URL such as s3://bucket/runs/x) when
+    set, else the run directory (a Path, or a UPath for a URL: the same methods)."""
+    chosen = cfg.trainer.checkpoint.get("dir") if hasattr(cfg.trainer.checkpoint, "get") else None
+    return storage.location(chosen) if chosen else run_dir
 
 
 def claim_run_dir(cfg: Any, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
@@ -219,7 +228,7 @@ def claim_run_dir(cfg: Any, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
     if dist.is_main:
         try:
             lock = RunDirLock(run_dir).acquire()
-            check_fresh(run_dir, cfg.resume, bool(cfg.trainer.overwrite))
+            check_fresh(checkpoint_root(cfg, run_dir), cfg.resume, bool(cfg.trainer.overwrite))
         except ConfigError as e:
             if lock is not None:
                 lock.release(refused=True)

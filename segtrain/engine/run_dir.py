@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.config import ConfigError
 
@@ -90,7 +91,10 @@ class RunDirLock:
 def check_fresh(run_dir: Path, resume: Any, overwrite: bool) -> None:
     """A fresh run (no ``resume=``) must not silently mix with another run's checkpoints."""
     folder = io.folder_of(run_dir)
-    existing = sorted(p.name for p in folder.glob("*.pt")) if folder.is_dir() else []
+    if storage.is_remote(folder):
+        existing = [name for name in storage.names_in(folder) if name.endswith(".pt")]
+    else:
+        existing = sorted(p.name for p in folder.glob("*.pt")) if folder.is_dir() else []
     if not existing or resume:
         return
     if not overwrite:
@@ -100,6 +104,10 @@ def check_fresh(run_dir: Path, resume: Any, overwrite: bool) -> None:
             "hydra.run.dir, or pass trainer.overwrite=true to replace it"
         )
     log.warning("trainer.overwrite=true: removing the previous run's outputs in %s", run_dir)
+    if storage.is_remote(folder):
+        for name in existing:
+            storage.remove(folder / name)
+        return
     for name in RUN_OUTPUTS:
         path = Path(run_dir) / name
         if path.is_dir():
