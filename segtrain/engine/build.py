@@ -227,8 +227,9 @@ def claim_run_dir(cfg: Any, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
     lock, problem = None, None
     if dist.is_main:
         try:
-            lock = RunDirLock(run_dir).acquire()
-            check_fresh(checkpoint_root(cfg, run_dir), cfg.resume, bool(cfg.trainer.overwrite))
+            root = checkpoint_root(cfg, run_dir)
+            lock = RunDirLock(run_dir, remote=root if storage.is_remote(root) else None).acquire()
+            check_fresh(root, cfg.resume, bool(cfg.trainer.overwrite))
         except ConfigError as e:
             if lock is not None:
                 lock.release(refused=True)

@@ -5,7 +5,8 @@ Starting a fresh run (no ``resume=``) where checkpoints of another run exist is 
 replace it). Two processes never train into one directory at once: rank 0 holds an exclusive
 ``flock`` on ``<run>/.lock`` for the whole run; the kernel releases it when the process ends, also on
 a crash or SIGKILL, so a stale lock never blocks a restart. (flock on NFS depends on the server;
-a local or Lustre/GPFS file system is safe.)
+a local or Lustre/GPFS file system is safe.) Checkpoints on an object store (``trainer.checkpoint.dir=s3://...``)
+are owned through a lock object with a lease there as well (engine.lease_lock).
 
 A refused run touches nothing: the lock is taken without writing into the lock file (the holder is written
 by :meth:`RunDirLock.announce` once the run starts), a lock file the refused run had to create is removed
@@ -26,6 +27,7 @@ from typing import IO, Any
 from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.config import ConfigError
+from segtrain.engine.lease_lock import LeaseLock
 
 log = logging.getLogger("segtrain.run_dir")
 
@@ -37,10 +39,13 @@ RUN_OUTPUTS = (io.FOLDER, "tb", "metrics.jsonl", "profile")
 class RunDirLock:
     """Exclusive, crash-safe ownership of a run directory (``with RunDirLock(dir): ...``)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, remote: Any = None) -> None:
+        """``remote``: the run's checkpoint folder on an object store (``trainer.checkpoint.dir``), owned through a
+        lock object with a lease (:class:`~segtrain.engine.lease_lock.LeaseLock`) as well."""
         self.path = Path(run_dir) / LOCK_NAME
         self._file: IO[str] | None = None
         self._created = False
+        self._lease = LeaseLock(remote, run_dir) if remote is not None else None
 
     def acquire(self) -> RunDirLock:
         """Take the lock; the lock file's content (the holder) is left as it is until :meth:`announce`."""
@@ -58,6 +63,12 @@ class RunDirLock:
                 "Wait for it to finish, or choose another hydra.run.dir"
             ) from None
         self._file = f
+        if self._lease is not None:
+            try:
+                self._lease.acquire()
+            except BaseException:
+                self.release(refused=True)
+                raise
         return self
 
     def announce(self) -> None:
@@ -80,6 +91,8 @@ class RunDirLock:
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+        if self._lease is not None:
+            self._lease.release()
 
     def __enter__(self) -> RunDirLock:
         return self.acquire()
