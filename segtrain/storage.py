@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from segtrain import fileio
 from segtrain.errors import UserError
 
 #: URL schemes that are local files (``file:///data/coco`` is ``/data/coco``).
@@ -123,7 +126,18 @@ def storage_error(path: Any, err: BaseException, what: str = "object") -> Storag
 
 
 def read_bytes(path: Any, what: str = "object", max_bytes: int | None = None) -> bytes:
-    """The whole content of a remote object, one line on failure (see :func:`storage_error`)."""
+    """The whole content of ``path``: a local file through :func:`segtrain.fileio.read_bytes` (never blocks,
+    bounded), a remote object in one GET (one line on failure, see :func:`storage_error`), served from the
+    read-ahead of :func:`prefetch` when it was asked for."""
+    if not is_remote(path):
+        return fileio.read_bytes(path, what, max_bytes)
+    ahead = _AHEAD.pop(str(path), None)
+    if ahead is not None:
+        return ahead.result()
+    return _read_remote(path, what, max_bytes)
+
+
+def _read_remote(path: Any, what: str, max_bytes: int | None) -> bytes:
     loc = location(path)
     try:
         if max_bytes is not None:
@@ -135,6 +149,40 @@ def read_bytes(path: Any, what: str = "object", max_bytes: int | None = None) ->
         raise
     except (OSError, ValueError) as e:
         raise storage_error(loc, e, what) from None
+
+
+def join_name(root: Any, name: str) -> str:
+    """``root/name`` as a string, for a folder or a URL (``os.path.join`` would be wrong for neither, but
+    ``Path`` turns ``s3://`` into ``s3:/``)."""
+    text = str(root)
+    if is_remote(text):
+        return text.rstrip("/") + "/" + name.lstrip("/")
+    return os.path.join(text, name)
+
+
+#: Reads in flight per process (one pool per process: a forked loader worker starts its own, see :func:`prefetch`).
+READ_AHEAD_THREADS = int(os.environ.get("SEGTRAIN_READ_AHEAD", "16"))
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_AHEAD: dict[str, Future[bytes]] = {}
+
+
+def prefetch(paths: Iterable[Any], what: str = "image file", max_bytes: int | None = None) -> int:
+    """Start reading the remote ones of ``paths`` now, in this process's thread pool: a store with 20-50 ms per
+    request then serves a whole batch in about one round trip, while the caller decodes the first images.
+    :func:`read_bytes` takes the result (or its error) when the path is read. Returns how many were started."""
+    global _POOL
+    started = 0
+    for path in paths:
+        if path is None or not is_remote(path) or str(path) in _AHEAD:
+            continue
+        if _POOL is None or _POOL[0] != os.getpid():  # a pool made before a fork has no threads here
+            _POOL = (os.getpid(), ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="segtrain-read"))
+            _AHEAD.clear()
+        _AHEAD[str(path)] = _POOL[1].submit(_read_remote, path, what, max_bytes)
+        started += 1
+    while len(_AHEAD) > 4 * READ_AHEAD_THREADS:  # read ahead and never used (a skipped item): forget the oldest
+        _AHEAD.pop(next(iter(_AHEAD)))
+    return started
 
 
 def write_bytes(path: Any, data: bytes) -> None:

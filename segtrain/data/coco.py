@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from segtrain import storage
 from segtrain.data.index import RecordIndex, blob_arrays, encode_column
 from segtrain.data.index_cache import cached_index, file_fingerprint
 from segtrain.data.json_chunks import NotSplittable, Structure, iter_chunks, skeleton
@@ -78,7 +79,7 @@ def load_coco(
     set's config sets this from ``dataset.check_files``, default false: checked when read).
     ``max_image_pixels``: images declared larger are errors (``dataset.max_image_pixels``).
     """
-    ann_path, img_root = Path(annotations), Path(images)
+    ann_path, img_root = storage.location(annotations), storage.location(images)
     index = cached_index(
         "coco",
         ann_path,
@@ -86,7 +87,8 @@ def load_coco(
         lambda: build_coco(ann_path, max_image_pixels),
         cache_dir,
     )
-    index = index.with_roots(path=img_root).with_consts(source=str(ann_path))
+    index = index.with_roots(path=str(img_root) if storage.is_remote(img_root) else img_root)
+    index = index.with_consts(source=str(ann_path))
     index, report = finish(index, class_map, on_error, _describe)
     if check_files:
         index = _check_files(index, on_error, report, img_root)
@@ -102,7 +104,7 @@ def discover_classes_coco(
     """(category name, instance count) of every category, in category-id order: the classes of
     ``dataset.classes=auto`` after background. Crowd regions are not counted. Uses (and fills)
     the same cached index as :func:`load_coco`, so discovery before training costs no extra parse."""
-    ann_path = Path(annotations)
+    ann_path = storage.location(annotations)
     index = cached_index(
         "coco",
         ann_path,
