@@ -12,6 +12,7 @@ import http.client
 import logging
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +50,42 @@ def start_moto() -> MotoServer:
     server.start()
     host, port = server.get_host_and_port()
     return MotoServer(server, f"http://{host}:{port}")
+
+
+@dataclass
+class MotoProcess(MotoServer):
+    """moto's server in its own process (scripts/bench_storage.py: its CPU time off the measured process's GIL)."""
+
+    def stop(self) -> None:
+        self.server.terminate()
+        self.server.wait(timeout=30)
+
+
+def start_moto_process() -> MotoProcess:
+    import subprocess
+    import sys
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()  # noqa: S310 - loopback
+            return True
+        except OSError:
+            return proc.poll() is not None
+
+    if not wait_for(ready, 120) or proc.poll() is not None:
+        raise RuntimeError("moto's server did not start")
+    return MotoProcess(proc, endpoint)
 
 
 def s3_client(endpoint: str) -> Any:
@@ -94,6 +131,10 @@ class S3Proxy:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def setup(self) -> None:
+                super().setup()  # headers and body leave in separate writes: no Nagle wait between them
+                self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
             def log_message(self, *args: Any) -> None:
                 pass
 
@@ -118,6 +159,9 @@ class S3Proxy:
                     return None
                 body = self.rfile.read(length) if length else None
                 conn = http.client.HTTPConnection(target, timeout=60)
+                conn.connect()
+                assert conn.sock is not None
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection",)}
                 conn.request(self.command, self.path, body=body, headers=headers)
                 answer = conn.getresponse()
