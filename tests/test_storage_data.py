@@ -111,3 +111,63 @@ def test_an_image_outside_the_remote_folders_is_refused(s3_server, bucket, test_
     with pytest.raises(UserError) as err:
         build_dataset(coco_config(f"s3://{bucket}/coco", tmp_path / "cache"), "train")
     assert f"s3://{bucket}/elsewhere/secret.jpg" in str(err.value) and "outside" in str(err.value)
+
+
+# --------------------------------------------------------------------------- end to end
+@pytest.mark.slow
+def test_a_coco_folder_in_a_bucket_trains_evaluates_and_predicts_under_torchrun(s3_server, bucket, tmp_path):
+    """The whole COCO folder (annotations + images) in the bucket, checkpoints there too; 2 processes."""
+    from proc_utils import child_env, run_module
+
+    from segtrain.data.synthetic import ensure_synthetic
+
+    synth = ensure_synthetic(tmp_path / "data", 16, 6, (64, 64), 6, 3)  # cpu_smoke's data set, as a COCO folder
+    for split in ("train", "val"):
+        upload_folder(s3_server.endpoint, bucket, synth / split, f"coco/{split}")
+        s3_client(s3_server.endpoint).put_object(
+            Bucket=bucket, Key=f"coco/{split}.json", Body=(synth / f"{split}.json").read_bytes()
+        )
+    url = f"s3://{bucket}/coco"
+    data = [
+        "dataset=coco",
+        f"dataset.classes=[{','.join(['background', 'circle', 'square', 'triangle'])}]",
+        *(f"dataset.{s}.images={url}/{s}" for s in ("train", "val")),
+        *(f"dataset.{s}.annotations={url}/{s}.json" for s in ("train", "val")),
+        "trainer.num_workers=1",
+    ]
+    env = {**child_env(tmp_path / "cache"), **s3_server.env()}
+    runs = f"s3://{bucket}/runs/coco"
+    run_module(
+        "segtrain.train",
+        ["experiment=cpu_smoke", *data, f"hydra.run.dir={tmp_path / 'run'}", f"trainer.checkpoint.dir={runs}"],
+        tmp_path,
+        tmp_path / "cache",
+        nproc=2,
+        env=env,
+        timeout=600,
+    )
+    names = storage.names_in(f"{runs}/checkpoints")
+    assert {"last.pt", "best.pt", "best_weights.pt"} <= set(names), names
+    assert storage.info(f"{runs}/.lock") is None, "the run lock is released when the run ends"
+    ckpt = f"{runs}/checkpoints/best.pt"
+    run_module(
+        "segtrain.evaluate",
+        ["experiment=cpu_smoke", *data, f"ckpt={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}"],
+        tmp_path,
+        tmp_path / "cache",
+        nproc=2,
+        env=env,
+        timeout=600,
+    )
+    result = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert result["checkpoint"] == ckpt and result["images"] == 6 and "miou" in result, result
+    out = tmp_path / "pred"
+    run_module(
+        "segtrain.predict",
+        [f"ckpt={ckpt}", f"input={url}/val", f"output={out}", f"hydra.run.dir={tmp_path / 'p'}", "trainer.device=cpu"],
+        tmp_path,
+        tmp_path / "cache",
+        env=env,
+        timeout=600,
+    )
+    assert len(list(out.glob("*_semantic.png"))) == 6
