@@ -155,10 +155,32 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwa
         log_start(cfg, trainer)
         metrics = trainer.train()
     finally:
+        if dist.is_main:
+            copy_logs(run_dir, checkpoint_root(cfg, run_dir))
         if lock is not None:
             lock.release()
     log_summary(cfg, trainer, run_dir, time.perf_counter() - started)
+    if dist.is_main:
+        copy_logs(run_dir, checkpoint_root(cfg, run_dir))  # again, with the summary
     return metrics
+
+
+#: The run's records copied beside remote checkpoints when a run ends (a lost node's disk takes the originals).
+COPIED_LOGS = ("train.log", "finetune.log", "metrics.jsonl")
+
+
+def copy_logs(run_dir: Path, root: Any) -> None:
+    """With ``trainer.checkpoint.dir`` on an object store: the run's log and metrics into ``<dir>/logs/``, each a
+    whole-object upload, when the run ends (finished, failed or preempted). A failed copy is a warning."""
+    if not storage.is_remote(root):
+        return
+    for name in COPIED_LOGS:
+        path = Path(run_dir) / name
+        if path.is_file():
+            try:
+                storage.write_bytes(storage.join(root, "logs", name), path.read_bytes())
+            except (OSError, storage.StorageError) as e:
+                log.warning("could not copy %s to %s: %s", name, root, e)
 
 
 def log_start(cfg: Any, trainer: Trainer) -> None:
