@@ -173,3 +173,28 @@ def test_a_coco_folder_in_a_bucket_trains_evaluates_and_predicts_under_torchrun(
         timeout=600,
     )
     assert len(list(out.glob("*_semantic.png"))) == 6
+
+
+def test_the_doctor_names_storage_latency_when_the_store_is_slow(s3_server, coco_bucket, tmp_path, monkeypatch):
+    import s3fs
+    from s3_server import S3Proxy
+
+    import segtrain.tools.doctor as doctor
+    from segtrain.distributed import DistInfo
+
+    proxy = S3Proxy(s3_server.endpoint, delay_s=0.05).start()  # 50 ms per request
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        s3fs.S3FileSystem.clear_instance_cache()
+        cfg = coco_config(coco_bucket, tmp_path / "cache")
+        cfg.doctor.workers, cfg.doctor.num_images, cfg.doctor.steps = [0], 4, 1
+        cfg.trainer.batch_size = 2
+        monkeypatch.setattr(doctor, "model_throughput", lambda *a, **k: {"step_s": 0.001, "images_per_s": 1e4})
+        report = doctor.diagnose(cfg, DistInfo())
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        proxy.stop()
+    stages = report["stage_ms_per_image"]
+    assert "read" not in stages and stages["storage latency"] >= 50, stages
+    assert report["bound"] == "input-bound" and "Slowest stage: storage latency" in report["summary"]
+    assert doctor.ADVICE["storage latency"] in report["advice"], report["advice"]
