@@ -220,7 +220,7 @@ def complete_save(folder: Path, path: Path, blob: Mapping[str, Any]) -> list[str
         stored = _stored_step(target)
         # last.pt: when missing or behind (a newer one would have been resumed from); best.pt: when not this one
         stale = stored is None or (stored < step if target.name == f"{LAST}.pt" else stored != step)
-        if same_path(path, target) is False and stale:
+        if not same_path(path, target) and stale:
             atomic_save(blob, target)
             written.append(target.name)
     if len(targets) == 2 and _stored_step(folder / BEST_WEIGHTS) != step:
