@@ -10,6 +10,7 @@ costs the loader nothing but the latency, and these figures are a lower bound fo
 
     python scripts/bench_storage.py            # a minute or two on 2 shared cores
     python scripts/bench_storage.py --quick    # a smoke run
+    python scripts/bench_storage.py --images 48 --size 768 1024   # larger images: fewer requests per pixel
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ from segtrain.data.synthetic import ensure_synthetic  # noqa: E402
 from segtrain.distributed import DistInfo  # noqa: E402
 
 
-def images_per_s(images: str, annotations: str, cache: Path, workers: int, batch: int, epochs: int) -> float:
+def images_per_s(
+    images: str, annotations: str, cache: Path, workers: int, batch: int, epochs: int, size: list[int]
+) -> float:
     """Images/s over ``epochs`` passes after one warm-up pass (workers started, index cached)."""
     cfg = compose(
         [
@@ -53,7 +56,7 @@ def images_per_s(images: str, annotations: str, cache: Path, workers: int, batch
             f"dataset.val.images={images}",
             f"dataset.val.annotations={annotations}",
             f"dataset.cache_dir={cache}",
-            "dataset.input_size=[256,256]",
+            f"dataset.input_size=[{size[0] // 2},{size[1] // 2}]",
             f"trainer.num_workers={workers}",
             f"trainer.batch_size={batch}",
             "trainer.device=cpu",
@@ -79,17 +82,18 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=30.0)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--size", type=int, nargs=2, default=[384, 512], metavar=("H", "W"), help="image size")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--measure", nargs=4, help=argparse.SUPPRESS)  # images annotations cache workers: a child
     a = parser.parse_args()
     if a.measure:
         images, annotations, cache, workers = a.measure
-        print(images_per_s(images, annotations, Path(cache), int(workers), a.batch, a.epochs))
+        print(images_per_s(images, annotations, Path(cache), int(workers), a.batch, a.epochs, a.size))
         return
     if a.quick:
         a.images, a.epochs = 32, 1
     work = Path(tempfile.mkdtemp(prefix="bench-storage-"))
-    data = ensure_synthetic(work / "data", a.images, 4, (384, 512), 6, 3)
+    data = ensure_synthetic(work / "data", a.images, 4, (a.size[0], a.size[1]), 6, 3)
     server = start_moto_process()
     for key, value in server.env().items():
         os.environ[key] = value
@@ -111,7 +115,7 @@ def main() -> None:
             rows[name] = {}
             for w in (0, 2):  # each in a fresh process: its own clients, and the proxy's thread off its GIL
                 cmd = [sys.executable, __file__, "--measure", images, annotations, str(work / "cache"), str(w)]
-                cmd += ["--batch", str(a.batch), "--epochs", str(a.epochs)]
+                cmd += ["--batch", str(a.batch), "--epochs", str(a.epochs), "--size", *map(str, a.size)]
                 env = {**os.environ, "AWS_ENDPOINT_URL": endpoint}
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
                 rows[name][f"workers_{w}"] = float(out.strip().splitlines()[-1])
@@ -125,7 +129,7 @@ def main() -> None:
             {
                 "images_per_s": rows,
                 "images": a.images,
-                "image_size": [384, 512],
+                "image_size": a.size,
                 "batch_size": a.batch,
                 "latency_ms_added": a.latency_ms,
                 "requests_through_proxy": proxy.requests,
