@@ -5,7 +5,7 @@ annotation files for the index cache against parsing them.
 Prints ONE JSON object:
 
 * ``confine``: ``--images`` real (empty) files in one folder, a COCO index of them (built, not timed);
-  seconds of :func:`segtrain.data.confine.confine_paths` over the index (best of ``--repeat``), and
+  seconds of :func:`segtrain.data.formats.confine.confine_paths` over the index (best of ``--repeat``), and
   for comparison a plain ``os.path.realpath`` of every image (what a naive check would cost);
 * ``hash_vs_parse_*``: for the largest annotation file under ``--data`` (default: ../shared/data beside
   the repository) and for the generated COCO JSON: seconds of the index cache's content fingerprint
@@ -46,9 +46,9 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     args = ap.parse_args()
 
-    from segtrain.data.coco import load_coco
-    from segtrain.data.confine import confine_paths
-    from segtrain.data.index_cache import file_fingerprint
+    from segtrain.data.formats.coco import load_coco
+    from segtrain.data.formats.confine import confine_paths
+    from segtrain.data.formats.index_cache import file_fingerprint
     from segtrain.data.records import ClassMap
 
     out: dict = {}
@@ -82,7 +82,7 @@ def main() -> None:
         targets["generated_coco"] = ann
         import orjson
 
-        from segtrain.data.coco import build_coco
+        from segtrain.data.formats.coco import build_coco
 
         for what, target in targets.items():
             raw = target.read_bytes()

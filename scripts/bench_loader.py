@@ -21,6 +21,8 @@ Rows: ``real_samples`` / ``synthetic_1024x2048``: CPU augmentation as training o
 (targets built on the GPU, ``dataset.targets.where=auto``); ``*_device_worker``: the worker part of
 ``augment.device=cuda``; ``*_targets_in_worker``: CPU augmentation with the dense targets built in
 the worker (training on a CPU, or ``dataset.targets.where=worker``), for reference;
+``*_targets_in_worker_semantic_only``: the same for a semantic-only model (``model=lraspp``: semantic
+targets only), printed beside the panoptic figure in ``cpu_training_path_full_over_decode``;
 ``*_device_decode``: the worker part of ``dataset.decode=device`` (read and check the JPEG bytes,
 rasterise at the native size, tensors; decoding happens on the GPU): goal <= 0.3x decoding; with
 CUDA, ``device_side`` adds the training process's batched nvjpeg decode per image.
@@ -52,15 +54,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from segtrain.config import compose  # noqa: E402
-from segtrain.data.coco import load_coco  # noqa: E402
 from segtrain.data.dataset import PolygonDataset  # noqa: E402
-from segtrain.data.image_io import decode_image, read_encoded  # noqa: E402
-from segtrain.data.labelme import load_labelme  # noqa: E402
+from segtrain.data.formats.coco import load_coco  # noqa: E402
+from segtrain.data.formats.labelme import load_labelme  # noqa: E402
+from segtrain.data.formats.synthetic import CLASSES, ensure_synthetic  # noqa: E402
+from segtrain.data.images.image_io import decode_image, read_encoded  # noqa: E402
 from segtrain.data.loaders import keep_freed_memory  # noqa: E402
 from segtrain.data.mappers import StageTimer  # noqa: E402
 from segtrain.data.pipeline import plan_pipeline  # noqa: E402
 from segtrain.data.records import ClassMap  # noqa: E402
-from segtrain.data.synthetic import CLASSES, ensure_synthetic  # noqa: E402
 
 FULL_GOAL = 1.8
 DEVICE_GOAL = 1.3
@@ -93,18 +95,22 @@ def make_dataset(
     device: bool = False,
     worker_targets: bool = False,
     device_decode: bool = False,
+    semantic_only: bool = False,
 ) -> PolygonDataset:
     """The training pipeline as loader workers run it (uint8 images), with a stage timer, as
     :func:`~segtrain.data.pipeline.plan_pipeline` builds it for training on CUDA: CPU augmentation with
     the targets built on the device, or with ``worker_targets`` in the worker (training on CPU,
     ``dataset.targets.where=worker``), or with ``device`` the worker part of device augmentation, with
-    ``device_decode`` that of ``dataset.decode=device`` (read, check, rasterise; JPEGs decoded on the GPU)."""
+    ``device_decode`` that of ``dataset.decode=device`` (read, check, rasterise; JPEGs decoded on the GPU);
+    ``semantic_only``: for a semantic-only model (``model=lraspp``)."""
     over = [f"dataset.input_size=[{input_size[0]},{input_size[1]}]"]
     if device or device_decode:
         over.append("augment.device=cuda")
     over.append(f"dataset.decode={'device' if device_decode else 'cpu'}")
     if worker_targets:
         over.append("dataset.targets.where=worker")
+    if semantic_only:  # a semantic-only model: semantic targets only (no centres, offsets, their weights)
+        over.append("model=lraspp")
     plan = plan_pipeline(compose(over), "cuda")
     return PolygonDataset(records, plan.mapper(timer=StageTimer()), classes=classes)
 
@@ -170,7 +176,7 @@ def device_side(ds: PolygonDataset, batch: int = 8, repeats: int = 3, where: str
     """With CUDA: the training process's part of ``dataset.decode=device`` per image (batched nvjpeg decode
     into the padded float batch), best of ``repeats`` passes over the set, in batches of ``batch``."""
     from segtrain.data.dataset import collate
-    from segtrain.data.device_decode import decode_batch
+    from segtrain.data.images.device_decode import decode_batch
     from segtrain.device import to_device
 
     device = torch.device(where)
@@ -257,6 +263,9 @@ def main() -> None:
     results["real_samples_targets_in_worker"] = bench(
         make_dataset(recs, REAL_CLASSES, (512, 512), worker_targets=True), (512, 512), rounds
     )
+    results["real_samples_targets_in_worker_semantic_only"] = bench(
+        make_dataset(recs, REAL_CLASSES, (512, 512), worker_targets=True, semantic_only=True), (512, 512), rounds
+    )
     ds = make_dataset(recs, REAL_CLASSES, (512, 512), device_decode=True)
     results["real_samples_device_decode"] = bench(ds, (512, 512), rounds)
     if torch.cuda.is_available():
@@ -271,6 +280,9 @@ def main() -> None:
         results["synthetic_1024x2048_targets_in_worker"] = bench(
             make_dataset(syn, classes, (1024, 2048), worker_targets=True), (1024, 2048), rounds
         )
+        results["synthetic_1024x2048_targets_in_worker_semantic_only"] = bench(
+            make_dataset(syn, classes, (1024, 2048), worker_targets=True, semantic_only=True), (1024, 2048), rounds
+        )
         ds = make_dataset(syn, classes, (1024, 2048), device_decode=True)
         results["synthetic_1024x2048_device_decode"] = bench(ds, (1024, 2048), rounds)
         if torch.cuda.is_available():
@@ -283,11 +295,22 @@ def main() -> None:
             (key, goal),
             (f"{key}_device_worker", DEVICE_GOAL),
             (f"{key}_targets_in_worker", goal),
+            (f"{key}_targets_in_worker_semantic_only", goal),
             (f"{key}_device_decode", DECODE_GOAL),
         )
         for k, limit in rows:
             goals[k] = {c: bool(results[k][c]["full_over_decode"] <= limit) for c in ("cpu", "wall")}
     results["goal_met"] = goals
+    # The CPU training path (targets in the worker), panoptic model beside a semantic-only one
+    results["cpu_training_path_full_over_decode"] = {
+        key: {
+            "panoptic": {c: results[f"{key}_targets_in_worker"][c]["full_over_decode"] for c in ("cpu", "wall")},
+            "semantic_only": {
+                c: results[f"{key}_targets_in_worker_semantic_only"][c]["full_over_decode"] for c in ("cpu", "wall")
+            },
+        }
+        for key in ("real_samples", "synthetic_1024x2048")
+    }
     print(json.dumps(results, indent=1))
 
 

@@ -12,7 +12,8 @@ noisy centre heatmap with a Gaussian peak per instance.
 Each method runs in a fresh subprocess, so its peak extra memory is its own RSS high-water mark above
 the RSS before the call (CPU) or ``torch.cuda.max_memory_allocated`` above the allocation before it
 (CUDA).  Pixel agreement compares the two panoptic maps exactly and up to instance numbering.  Prints
-one JSON object.
+one JSON object, with the goal (>= 300x the reference on the CPU, identical output) and whether it is met,
+and where the fast method's time goes: each stage's median time and share of the call (``stages``).
 
     python scripts/bench_postprocess.py                 # 1024x2048, 60 instances, 1 thread, CPU (+ CUDA)
     python scripts/bench_postprocess.py --quick         # 256x512, 15 instances: a few seconds
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import segtrain.models.postprocess as pp  # noqa: E402
 from segtrain.models.postprocess import panoptic_segmentation  # noqa: E402
 
 NUM_CLASSES = 19
@@ -44,6 +46,19 @@ THING_IDS = tuple(range(11, 19))
 LABEL_DIVISOR = 1000
 STUFF_AREA = 2048
 VOID = -1
+SPEEDUP_GOAL = 300.0  # on the CPU, with identical output
+
+# Stages of the fast method, by the function that does each (those of the path that runs: the compiled
+# kernels on the CPU, the tensor path on CUDA or without numba).
+STAGES = {
+    "centres (threshold, NMS, top-k)": (pp, "find_instance_centers"),
+    "candidate tables (per-tile nearest-centre bounds)": (pp._kernels, "candidate_tables"),
+    "vote (nearest centre of every thing pixel + (instance, class) counts)": (pp._kernels, "vote"),
+    "nearest centre (tensor path)": (pp, "_nearest_center"),
+    "exact distances for near ties": (pp, "_assign_exact"),
+    "majority class + stuff areas (table)": (pp, "panoptic_table"),
+    "paint (one lookup per pixel)": (pp._kernels, "paint"),
+}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -197,6 +212,7 @@ def run_child(args: argparse.Namespace) -> None:
         fn(sem, heat, off, *call)
         sync()
         times.append(time.perf_counter() - t0)
+    stages = stage_times(lambda: fn(sem, heat, off, *call), sync, repeats) if args.child == "fast" else None
     torch.save(pan.cpu(), args.out)
     k = int(torch.unique(pan[pan >= 0] % LABEL_DIVISOR).numel()) if (pan >= 0).any() else 0
     print(
@@ -208,9 +224,52 @@ def run_child(args: argparse.Namespace) -> None:
                 "peak_extra_mb": round(peak / 2**20, 1),
                 "thing_fraction": round(float(torch.isin(sem, torch.tensor(THING_IDS, device=dev)).float().mean()), 3),
                 "_unused": k,
+                **({"stages": stages} if stages else {}),
             }
         )
     )
+
+
+def stage_times(call, sync, repeats: int) -> dict:
+    """Median ms and share of the call of each stage in ``STAGES`` that runs (the rest: input checks, the
+    bincount on the tensor path, glue), timed by wrapping each stage's function for ``repeats`` calls."""
+    spent: dict[str, list[float]] = {}
+    saved = []
+    for name, (owner, attr) in STAGES.items():
+        if owner is None or not hasattr(owner, attr):
+            continue
+        real = getattr(owner, attr)
+
+        def timed(*a, _real=real, _name=name, **kw):
+            sync()
+            t0 = time.perf_counter()
+            out = _real(*a, **kw)
+            sync()
+            spent.setdefault(_name, []).append(time.perf_counter() - t0)
+            return out
+
+        saved.append((owner, attr, real))
+        setattr(owner, attr, timed)
+    totals = []
+    try:
+        for _ in range(repeats):
+            sync()
+            t0 = time.perf_counter()
+            call()
+            sync()
+            totals.append(time.perf_counter() - t0)
+    finally:
+        for owner, attr, real in saved:
+            setattr(owner, attr, real)
+    total = sorted(totals)[len(totals) // 2]
+    out = {}
+    for name, times in spent.items():
+        per_call = sum(times) / repeats  # a stage may run several times per call
+        out[name] = {"ms": round(per_call * 1e3, 3), "share": round(per_call / total, 3)}
+    rest = total - sum(sum(t) / repeats for t in spent.values())
+    out["other (checks, bincount, glue)"] = {"ms": round(rest * 1e3, 3), "share": round(rest / total, 3)}
+    out["total"] = {"ms": round(total * 1e3, 3), "share": 1.0}
+    return out
 
 
 def agreement(ref: torch.Tensor, fast: torch.Tensor) -> dict[str, float]:
@@ -274,6 +333,7 @@ def main() -> None:
     result["K"] = int(find_instance_centers(heat, args.threshold, args.nms_kernel, args.top_k)[0].shape[0])
     result["thing_fraction"] = round(float(torch.isin(sem, torch.tensor(THING_IDS)).float().mean()), 3)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         for dev in devices:
             entry: dict = {}
@@ -299,6 +359,11 @@ def main() -> None:
                 entry["speedup"] = round(entry["reference"]["time_s"] / entry["fast"]["time_s"], 1)
                 entry.update(agreement(maps["reference"], maps["fast"]))
             result[dev] = entry
+    cpu = result.get("cpu", {})
+    if "speedup" in cpu:
+        result["goal"] = f"CPU: >= {SPEEDUP_GOAL:g}x the reference, identical output (pixel_agreement_exact 1.0)"
+        result["goal_met"] = cpu["speedup"] >= SPEEDUP_GOAL and cpu["pixel_agreement_exact"] == 1.0
+    result["load_average_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     print(json.dumps(result, indent=1))
 
 

@@ -3,7 +3,7 @@
 
 Prints one JSON object:
 
-* ``iou``: per-instance IoU of :func:`segtrain.data.rasterise.polygon_mask` against pycocotools
+* ``iou``: per-instance IoU of :func:`segtrain.data.targets.rasterise.polygon_mask` against pycocotools
   (``decode(merge(frPyObjects(polygons, h, w)))``) on every polygon annotation of every COCO file
   and every LabelMe area shape found under the data roots (mean, min, how many are identical,
   the worst instances).
@@ -48,11 +48,11 @@ from pycocotools import mask as mask_utils
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from segtrain.data.coco import load_coco  # noqa: E402
-from segtrain.data.labelme import load_labelme  # noqa: E402
-from segtrain.data.rasterise import _rasterise_numpy, polygon_mask, rasterise  # noqa: E402
+from segtrain.data.formats.coco import load_coco  # noqa: E402
+from segtrain.data.formats.labelme import load_labelme  # noqa: E402
+from segtrain.data.formats.synthetic import CLASSES, ensure_synthetic  # noqa: E402
 from segtrain.data.records import ClassMap, ImageRecord  # noqa: E402
-from segtrain.data.synthetic import CLASSES, ensure_synthetic  # noqa: E402
+from segtrain.data.targets.rasterise import _rasterise_numpy, polygon_mask, rasterise  # noqa: E402
 
 PAIRS = [("labelme_examples/instance_segmentation", "labelme_examples/instance_segmentation_coco/annotations.json")]
 
@@ -282,7 +282,7 @@ def _kernel_timing(recs: list[ImageRecord], repeat: int) -> dict:
 _FIRST_CALL = """
 import time, numpy as np
 from segtrain.data.records import Instance
-from segtrain.data.rasterise import rasterise
+from segtrain.data.targets.rasterise import rasterise
 t = time.perf_counter()
 parts = [np.array([[0, 0], [9, 0], [9, 9]], float), np.array([[5, 5], [15, 5], [5, 15]], float)]
 rasterise([Instance("a", "x", 1, parts)], 20, 20, np.uint16)

@@ -38,8 +38,8 @@ from s3_server import S3Proxy, s3_client, start_moto_process  # noqa: E402
 
 from segtrain.config import compose  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
+from segtrain.data.formats.synthetic import ensure_synthetic  # noqa: E402
 from segtrain.data.loaders import build_loader  # noqa: E402
-from segtrain.data.synthetic import ensure_synthetic  # noqa: E402
 from segtrain.distributed import DistInfo  # noqa: E402
 
 

@@ -1,14 +1,16 @@
 #!/usr/bin/env python
-"""Benchmark ``segtrain.data.targets.make_targets`` against a per-instance reference.
+"""Benchmark ``segtrain.data.targets.builders.make_targets`` against a per-instance reference.
 
 The reference follows Panoptic-DeepLab's ``PanopticTargetGenerator``: one full-image ``mask == k`` /
 ``np.where`` pass per instance.  Every case also checks that both produce identical outputs (and that
 make_targets' NumPy path, used without numba, does too), and the timings are put next to a
 memory-bandwidth bound (the time to merely write arrays of the outputs' total size on this machine).
 All functions of a case are timed in turns, so a change of load on a shared machine hits them alike.
-Prints one JSON object to stdout, with the goals of issue 20 for 1024x2048 with 20 instances under the
-loader workers' allocator settings ("warm"): speedup >= 40x over the reference and at most 2x the
-bandwidth bound, each with whether it is met.
+Prints one JSON object to stdout, with the goals for 1024x2048 with 20 instances in a plain process (this
+script sets nothing up; ``make_targets`` applies its allocator settings itself, see
+``segtrain.data.targets.allocator``): speedup >= 40x over the reference and at most 2x the bandwidth bound, each
+with whether it is met.  The "glibc_default" rows (timed first) show what those settings save: there
+``make_targets`` is kept from applying them and every call page-faults its fresh outputs.
 
     python scripts/bench_targets.py            # full run, about a minute on 2 shared cores
     python scripts/bench_targets.py --quick    # smoke run, a few seconds
@@ -23,8 +25,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
-import ctypes  # noqa: E402
-import ctypes.util  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
@@ -37,8 +37,9 @@ import numpy as np  # noqa: E402
 cv2.setNumThreads(1)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from segtrain.data import targets  # noqa: E402
-from segtrain.data.targets import gaussian_radius, make_targets  # noqa: E402
+from segtrain.data.targets import allocator  # noqa: E402
+from segtrain.data.targets import builders as targets  # noqa: E402
+from segtrain.data.targets.builders import gaussian_radius, make_targets  # noqa: E402
 
 OUTPUT_KEYS = ("semantic", "center", "offset", "semantic_weight", "center_weight", "offset_weight")
 THING_CLASSES = (1, 2, 3, 4, 5, 6)
@@ -205,20 +206,6 @@ def compare(ours: dict, ref: dict) -> dict:
     return out
 
 
-def warm_allocator() -> bool:
-    """Stop glibc from returning freed memory to the OS (M_TRIM_THRESHOLD) and from serving big blocks
-    with fresh mmaps (M_MMAP_THRESHOLD), like MALLOC_TRIM_THRESHOLD_/MALLOC_MMAP_THRESHOLD_ do.  Then a
-    loop that allocates and frees the same sizes reuses already-mapped memory instead of paying page
-    faults (on this VM ~10 ms per 52 MB) on every call."""
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    ok = mallopt(m_mmap_threshold, 1 << 30) or mallopt(m_mmap_threshold, 1 << 25)
-    return bool(ok) and bool(mallopt(m_trim_threshold, (1 << 31) - 1))
-
-
 def write_bounds(outputs: dict) -> dict:
     """Functions that merely write the outputs' bytes: the memory-bandwidth bound for make_targets."""
     nbytes = sum(v.nbytes for v in outputs.values())
@@ -312,10 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--allocator",
-        choices=("default", "warm", "both"),
+        choices=("plain", "glibc-default", "both"),
         default="both",
-        help="time with glibc's default malloc behaviour, with freed memory kept mapped (see "
-        "warm_allocator), or both (default, then warm; warm cannot be undone in-process)",
+        help="time a plain process (make_targets applies its allocator settings itself: the goal), glibc's "
+        "default malloc behaviour (make_targets kept from applying them: every call page-faults its outputs), "
+        "or both (default: glibc-default first, as the settings cannot be undone in-process)",
     )
     args = parser.parse_args(argv)
 
@@ -327,23 +315,23 @@ def main(argv: list[str] | None = None) -> int:
         specs.append((1024, 2048, 20, True))
         repeats, ref_repeats = args.repeats, args.ref_repeats
     load_before = os.getloadavg()
+    modes = ["glibc_default", "plain"] if args.allocator == "both" else [args.allocator.replace("-", "_")]
+    if modes[0] == "glibc_default":
+        allocator._applied = False  # as if applied: make_targets leaves glibc's defaults alone
     cases = [make_case(h, w, n, v, args.seed + i) for i, (h, w, n, v) in enumerate(specs)]
-
-    modes = ["default", "warm"] if args.allocator == "both" else [args.allocator]
     for case in cases:
         case["info"]["timings"] = {}
-    warm_ok = None
+    plain_ok = None
     for mode in modes:
-        if mode == "warm":
-            warm_ok = warm_allocator()
-            if not warm_ok:
-                continue
+        if mode == "plain":
+            allocator._applied = None  # the first make_targets call of this process applies them
+            plain_ok = allocator.keep_freed_memory_once()
         for case in cases:
             case["info"]["timings"][mode] = time_case(case, repeats, ref_repeats)
 
     results = [case["info"] for case in cases]
     report = {
-        "benchmark": "segtrain.data.targets.make_targets vs per-instance (Panoptic-DeepLab style) reference",
+        "benchmark": "segtrain.data.targets.builders.make_targets vs per-instance (Panoptic-DeepLab style) reference",
         "command": "python scripts/bench_targets.py" + (" --quick" if args.quick else ""),
         "quick": args.quick,
         "threads": 1,
@@ -359,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "bandwidth, the strict bound); t_copyto_outputs_s: np.copyto of that size; "
         "t_alloc_write_outputs_s: allocate fresh arrays of the outputs' shapes and fill them",
         "timing_kinds": "*_s: median wall; *_min_s: min wall; *_cpu_s: median thread CPU time",
-        "warm_allocator_applied": warm_ok,
+        "allocator_settings_applied_in_plain_process": plain_ok,
         "compiled_kernels": targets._kernels is not None,
         "all_identical": all(r["identical"] and r["numpy_path_identical"] for r in results),
         "cases": results,
@@ -383,15 +371,15 @@ def main(argv: list[str] | None = None) -> int:
     goal = next((r for r in results if r["shape"] == [1024, 2048] and r["instances"] == 20), None)
     if goal is not None:
         report["goals_1024x2048_20"] = {mode: flags(t) for mode, t in goal["timings"].items()}
-    # The goal is stated for the loader workers' allocator settings (segtrain's loader workers apply
-    # the same mallopt calls as warm_allocator); without them every call page-faults its fresh 52 MB
-    # of outputs (see the "default" rows).  A quick run has no 1024x2048 case: its flags are those of
-    # its last case, only to show the format.
+    # The goal is judged on a plain process (what num_workers=0, the doctor or a user's script gets). A quick
+    # run has no 1024x2048 case: its flags are those of its last case, only to show the format.
     case = goal if goal is not None else results[-1]
     if case["timings"]:
-        mode = "warm" if "warm" in case["timings"] else next(iter(case["timings"]))
+        mode = "plain" if "plain" in case["timings"] else next(iter(case["timings"]))
         g = flags(case["timings"][mode])
         report["goal"] = {
+            "goal": f"make_targets >= {SPEEDUP_GOAL:g}x the reference at 1024x2048, 20 instances, in a plain process "
+            "(wall median and thread CPU time), outputs identical",
             "case": f"{case['shape'][0]}x{case['shape'][1]}, {case['instances']} instances",
             "is_the_goal_case": goal is not None,
             "allocator": mode,
@@ -409,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
                 "met": g["met_by_cpu_time"],
             },
         }
+        report["goal_met"] = bool(
+            report["all_identical"] and g["speedup_met"] and g["speedup_cpu"] >= SPEEDUP_GOAL and goal is not None
+        )
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0 if report["all_identical"] else 1

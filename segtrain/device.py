@@ -36,12 +36,19 @@ def effective_precision(requested: str, device: torch.device) -> str:
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """Non-blocking copies from pinned memory; integer maps become int64 and uint8 images float on the device;
     encoded JPEG bytes (``HOST_KEYS``) stay on the host, where the GPU decoder reads them."""
-    out = {k: v if k in HOST_KEYS else v.to(device, non_blocking=True) for k, v in batch.items()}
+    out = {k: v if k in HOST_KEYS else _to(v, device) for k, v in batch.items()}
     if "semantic" in out:
         out["semantic"] = out["semantic"].long()
     if out["image"].dtype == torch.uint8:
         out["image"] = out["image"].float().div_(255.0)
     return out
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    """A tensor, or a per-image list of tensors (mask-classification targets), on ``device``."""
+    if isinstance(value, list):
+        return [v.to(device, non_blocking=True) for v in value]
+    return value.to(device, non_blocking=True)
 
 
 def configure_determinism(trainer: Any) -> None:

@@ -8,19 +8,43 @@ avoids ``All tensors must be on devices[0]`` and ranks allocating memory on GPU 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from segtrain.config import ConfigError
+from segtrain.errors import RendezvousError, debug_requested
 from segtrain.launch_env import env_rank  # noqa: F401 - re-exported: engine code asks distributed
 
 log = logging.getLogger(__name__)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model under any stack of DDP / torch.compile wrappers.
+
+    Engine code reaches the model only through this, so ``model.freeze_part()`` or
+    ``model.backbone`` mean the same wrapped or not, and state dicts carry no
+    ``module.`` / ``_orig_mod.`` prefixes. DDP / DataParallel hold the model as ``.module``, torch.compile
+    as ``._orig_mod``; the key prefixes they leave in state dicts are ``checkpoint.state.WRAPPER_PREFIXES``.
+    """
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):
+            model = model.module  # WRAPPER_PREFIXES[0]
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod  # WRAPPER_PREFIXES[1]
+        else:
+            return model
 
 
 @dataclass(frozen=True)
@@ -54,8 +78,9 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 1800) -> DistInfo:
-    """Pin this rank's device, then (under torchrun with WORLD_SIZE > 1) join the process group."""
+def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 1800, rendezvous_s: int = 60) -> DistInfo:
+    """Pin this rank's device, then (under torchrun with WORLD_SIZE > 1) join the process group, waiting at
+    most ``rendezvous_s`` for the others (``timeout_s`` bounds each collective afterwards)."""
     rank = env_rank()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -72,10 +97,81 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 1800) ->
         kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
         if dev.type == "cuda":
             kwargs["device_id"] = dev  # binds the NCCL communicator eagerly to this rank's GPU
-        dist.init_process_group(**kwargs)
+        store, rank, world_size = rendezvous(rank, world_size, rendezvous_s)
+        store.set_timeout(kwargs["timeout"])
+        dist.init_process_group(store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size, **kwargs)
     info = DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), dev, backend)
     log.debug("rank %d/%d on %s (%s)", info.rank, info.world_size, dev, backend)
     return info
+
+
+#: The launcher's variables that make a process join a group, named when the group does not form.
+GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def rendezvous(rank: int, world_size: int, timeout_s: int) -> tuple[Any, int, int]:
+    """(store, rank, world size) of the ``env://`` rendezvous, bounded by ``timeout_s``: what
+    ``init_process_group`` does first, with its own timeout. A process whose others never come (RANK and
+    WORLD_SIZE left over from a job script, outside torchrun) gets one line naming the variables instead of
+    a silent wait; while it waits, it says so (at once outside torchrun, after 15 s under it)."""
+    env = " ".join(f"{k}={os.environ[k]}" for k in GROUP_VARIABLES if k in os.environ)
+    launched = "TORCHELASTIC_RUN_ID" in os.environ
+    with quiet_native_stderr() as say:
+        notice = threading.Timer(
+            15.0 if launched or rank == 0 else 0.0,
+            say,
+            [
+                f"[rank {rank}] waiting up to {timeout_s} s (trainer.ddp.rendezvous_timeout_s) for the other "
+                f"{world_size - 1} process(es) of the group ({env})"
+            ],
+        )
+        notice.daemon = True
+        notice.start()
+        try:
+            return next(dist.rendezvous("env://", rank, world_size, timeout=datetime.timedelta(seconds=timeout_s)))
+        except (RuntimeError, ValueError, TimeoutError) as e:
+            cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            hint = (
+                ""
+                if launched
+                else "; this process was not started by torchrun: unset RANK, WORLD_SIZE and LOCAL_RANK (left over "
+                "from a job script?) to train in one process, or launch with python -m segtrain.launch"
+            )
+            raise RendezvousError(
+                f"{env or 'RANK/WORLD_SIZE'} ask for a {world_size}-process group, which did not form within "
+                f"trainer.ddp.rendezvous_timeout_s={timeout_s} s ({cause[:200]}){hint}"
+            ) from e
+        finally:
+            notice.cancel()
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[Callable[[str], None]]:
+    """Holds back what native code writes to stderr (c10d logs each failed connection attempt with a C++ stack
+    trace) and yields a function that writes a line past it. On success the held output is written out as it
+    was; after an error it is dropped (the error's one line says it; SEGTRAIN_DEBUG=1 keeps it)."""
+    if debug_requested():
+        yield lambda line: print(line, file=sys.stderr, flush=True)
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        ok = False
+        try:
+            yield lambda line: _write_line(saved, line)
+            ok = True
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if ok:
+                held.seek(0)
+                os.write(2, held.read())
+
+
+def _write_line(fd: int, line: str) -> None:
+    os.write(fd, f"{line}\n".encode())
 
 
 def cleanup() -> None:

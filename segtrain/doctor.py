@@ -15,6 +15,7 @@ def job(cfg: DictConfig, output_dir: str) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.session import session
     from segtrain.tools.doctor import diagnose, format_report
+
     with session(cfg, output_dir, "doctor.log") as (dist, run_dir):
         if not dist.is_main:
             return

@@ -12,16 +12,18 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from segtrain import storage
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
+from segtrain.config.user_files import check_user_configs, split_flags
 from segtrain.errors import (
     EXIT_INTERRUPTED,
     EXIT_PREEMPTED,
@@ -31,8 +33,10 @@ from segtrain.errors import (
     debug_requested,
     is_running,
 )
-from segtrain.fileio import atomic_write_bytes
-from segtrain.launch_env import defer_hydra_record, env_rank, follower_overrides
+from segtrain.fileio import atomic_write_bytes, unwritable_error, writable_folder_problem
+from segtrain.launch_env import adopt_cluster_env, defer_hydra_record, env_rank, follower_overrides
+from segtrain.preemption import prefer_submitit_signal, requeue_with_submitit
+from segtrain.sweep import check_direction
 
 
 def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
@@ -45,23 +49,37 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
     failure: list[BaseException] = []
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base=VERSION_BASE)
-    def _task(cfg: DictConfig) -> None:
+    def _task(cfg: DictConfig) -> Any:
+        adopt_cluster_env()  # a submitit task runs this function in its own process, without run_entry
         try:
+            if HydraConfig.get().mode == RunMode.MULTIRUN:
+                check_direction(HydraConfig.get().sweeper, cfg)
             cfg = finalize(cfg)
             storage.configure(OmegaConf.select(cfg, "storage.endpoint_url"))
-            job(cfg, HydraConfig.get().runtime.output_dir)
-        except BaseException as e:  # noqa: BLE001 - re-raised below, outside Hydra's handler
+            return job(cfg, HydraConfig.get().runtime.output_dir)
+        except Exception as e:
+            if HydraConfig.get().mode == RunMode.MULTIRUN:  # one job of a sweep: Hydra marks it FAILED
+                if isinstance(e, Preempted):  # last.pt is saved: submitit requeues the job (when it sent the signal)
+                    requeue_with_submitit(e.signal_name)
+                _report_job_failure(e)
+                raise
+            failure.append(unwritable_error(e, where_to_write(e, cfg) if isinstance(e, OSError) else "") or e)
+        except BaseException as e:  # noqa: BLE001 - Ctrl-C and exits: reported below
             failure.append(e)
+        return None
 
+    adopt_cluster_env()  # srun without torchrun: ranks from SLURM
+    prefer_submitit_signal()
     argv = sys.argv[1:]
     debug = debug_requested(argv)
+    flags, overrides = split_flags(argv)  # segtrain's own overrides join the user's block, after any flag
     try:
-        check_overrides([a for a in argv if not a.startswith("-")])
-        check_resume_target(config_name, argv)
-        check_run_dir(argv)
+        check_overrides(overrides, check_user_configs(argv))
+        check_resume_target(config_name, overrides)
+        check_run_dir(overrides, flags)
     except ConfigError as e:
         _user_error(e, debug)
-    sys.argv = [sys.argv[0], *defer_hydra_record(follower_overrides(argv))]
+    sys.argv = [sys.argv[0], *flags, *defer_hydra_record(follower_overrides(overrides))]
 
     _task()
     if failure:
@@ -76,6 +94,39 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         if isinstance(err, UserError):
             _user_error(err, debug)
         _report_crash(err)
+
+
+def where_to_write(err: BaseException, cfg: Any) -> str:
+    """How to point the output that ``err`` (an OSError naming a path) could not write elsewhere."""
+    try:
+        return _where_to_write(err, cfg)
+    except Exception:  # noqa: BLE001 - a config that did not resolve: the generic advice
+        return "Make it writable, or choose a writable place"
+
+
+def _where_to_write(err: BaseException, cfg: Any) -> str:
+    path = Path(os.fsdecode(getattr(err, "filename", "") or "")).expanduser().absolute()
+    places = [
+        (OmegaConf.select(cfg, "dataset.cache_dir"), "set SEGTRAIN_CACHE=DIR (or dataset.cache_dir=DIR)"),
+        (OmegaConf.select(cfg, "output"), "choose another output="),
+        (HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None, "choose another hydra.run.dir="),
+    ]
+    for place, fix in places:
+        where = Path(str(place)).expanduser().absolute() if place else None
+        # the place itself, a file inside it, or a folder above it that had to be made for it
+        if where is not None and (path == where or where in path.parents or path in where.parents):
+            return f"Make it writable, or {fix} (a writable folder)"
+    return "Make it writable, or choose a writable place"
+
+
+def _report_job_failure(err: Exception) -> None:
+    """A sweep's job failed: its one line (a user error), or its traceback (a bug); the sweep goes on."""
+    where = HydraConfig.get().runtime.output_dir
+    if isinstance(err, UserError) and not debug_requested(sys.argv[1:]):
+        print(f"error in {where}: {user_message(err)}", file=sys.stderr, flush=True)
+    else:
+        print(f"job in {where} failed:", file=sys.stderr, flush=True)
+        traceback.print_exception(err)
 
 
 def _report_crash(err: BaseException) -> None:
@@ -103,7 +154,7 @@ def _user_error(err: BaseException, debug: bool) -> None:
     if debug:
         traceback.print_exception(err)
     rank = env_rank()
-    if rank != 0 and not is_running():
+    if rank != 0 and not is_running() and not getattr(err, "rank_local", False):
         time.sleep(RANK0_GRACE_S)
     prefix = f"[rank {rank}] " if rank else ""
     message = user_message(err)
@@ -147,6 +198,8 @@ def check_resume_target(config_name: str, argv: list[str]) -> None:
     overrides = [a for a in argv if not a.startswith("-")]
     if config_name not in ("train", "finetune") or "resume=auto" not in overrides:
         return
+    if "-m" in argv or "--multirun" in argv:  # each job continues in its own hydra.sweep.dir/subdir
+        return
     if any(a.startswith(("hydra.run.dir=", "++hydra.run.dir=", "+hydra.run.dir=")) for a in overrides):
         return
     if any(a.lstrip("+").startswith("trainer.checkpoint.dir=") for a in overrides):
@@ -160,20 +213,32 @@ def check_resume_target(config_name: str, argv: list[str]) -> None:
     )
 
 
-def check_run_dir(argv: list[str]) -> None:
-    """``hydra.run.dir`` must name a folder, or a path that can become one: Hydra would create it (and its
-    parents) with a traceback where a file stands in the way."""
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key.lstrip("+") != "hydra.run.dir" or not value or "${" in value:
-            continue
-        path = Path(value.strip("'\"")).expanduser()
-        for p in (path, *path.parents):
-            if p.exists():
-                if not p.is_dir():
-                    where = "is a file" if p == path else f"has a file in its path: {p}"
-                    raise ConfigError(f"hydra.run.dir={value} {where}; name a folder (created when missing)")
-                break
+#: Hydra flags that show something instead of running a job (no run directory is made).
+SHOW_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--version", "--shell-completion", "-sc")
+
+
+def check_run_dir(overrides: list[str], flags: Sequence[str] = ()) -> None:
+    """``hydra.run.dir`` (``hydra.sweep.dir`` with ``-m``) must name a folder, or a path that can become one:
+    Hydra would create it (and its parents) with a traceback where a file stands in the way or the place is not
+    writable (a read-only folder or file system). The default (``outputs/`` here) is checked the same way."""
+    if any(f.split("=")[0] in SHOW_FLAGS for f in flags):
+        return
+    multirun = any(f in ("-m", "--multirun") for f in flags)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    value = "multirun" if multirun else "outputs"
+    for arg in overrides:
+        k, sep, v = arg.partition("=")
+        if sep and k.lstrip("+") == key and v:
+            value = v
+    fixed = value.split("${")[0].strip("'\"")  # the part before any interpolation (${now:...})
+    if not fixed:
+        return
+    path = Path(fixed).expanduser()
+    if "${" in value and not fixed.endswith("/"):
+        path = path.parent
+    problem = writable_folder_problem(path)
+    if problem:
+        raise ConfigError(f"{key}={value}: {problem}; name a writable folder (created when missing): {key}=DIR")
 
 
 def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
@@ -183,5 +248,11 @@ def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
     from segtrain.checkpoint.io import read_checkpoint
 
     blob = read_checkpoint(cfg.ckpt, trust=cfg.trust_checkpoint, what="ckpt")
-    stored = blob.get("config") if isinstance(blob, dict) and isinstance(blob.get("config"), dict) else None
+    stored = blob.get("config") if isinstance(blob, dict) else None
+    if stored is not None and not isinstance(stored, dict):
+        raise ConfigError(
+            f"ckpt={cfg.ckpt}: its stored config is a {type(stored).__name__}, not a mapping (edited by hand?), so "
+            "the model and data set it was trained with are unknown. Restore it, or save the weights alone (a state "
+            "dict) and give model and dataset on the command line"
+        )
     return config_from_checkpoint(cfg, stored, list(HydraConfig.get().overrides.task), f"ckpt={cfg.ckpt}"), blob

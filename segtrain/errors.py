@@ -28,6 +28,13 @@ class ConfigError(UserError, ValueError):
     ``segtrain.config.ConfigError``)."""
 
 
+class RendezvousError(UserError, RuntimeError):
+    """The process group could not form (a leaked RANK/WORLD_SIZE, the others never started). Each process
+    meets it on its own, so each says it at once (no wait for rank 0's message)."""
+
+    rank_local = True
+
+
 class NonFiniteError(UserError, FloatingPointError):
     """A loss or gradient became NaN/inf; the weights of the previous step are intact."""
 

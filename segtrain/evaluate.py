@@ -14,6 +14,7 @@ def job(cfg: DictConfig, output_dir: str) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.session import session
     from segtrain.tools.evaluate import evaluate_checkpoint
+
     cfg, blob = checkpoint_config(cfg, "evaluate")
     with session(cfg, output_dir, "evaluate.log") as (dist, run_dir):
         evaluate_checkpoint(cfg, blob, dist, run_dir)

@@ -31,6 +31,7 @@ def job(cfg: DictConfig, output_dir: str) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.session import session
     from segtrain.tools.export import export_checkpoint
+
     cfg, blob = checkpoint_config(cfg, "export")
     with session(cfg, output_dir, "export.log") as (dist, _run_dir):
         if dist.is_main:

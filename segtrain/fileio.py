@@ -19,6 +19,58 @@ from segtrain.errors import UserError
 NO_ROOM = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file too large"}
 
 
+#: Why a path cannot be written (or a folder made there): permissions, a read-only file system, a file standing
+#: where a folder must be (or the other way round).
+UNWRITABLE = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "read-only file system",
+    errno.EEXIST: "a file stands where a folder must be made",
+    errno.ENOTDIR: "a file stands in the path where a folder must be",
+    errno.EISDIR: "a folder stands where a file must be written",
+}
+
+
+class UnwritablePathError(UserError, OSError):
+    """A path segtrain must write (or make a folder at) cannot be; the message names it and the fix."""
+
+
+def unwritable_error(err: BaseException, hint: str = "") -> UnwritablePathError | None:
+    """The one line for an :class:`OSError` that a permission, a read-only file system or a file in the way
+    caused (None for any other error): the path and the reason, then ``hint`` (how to point segtrain elsewhere)."""
+    if not isinstance(err, OSError) or isinstance(err, UserError) or err.errno not in UNWRITABLE or not err.filename:
+        return None
+    path = os.fsdecode(err.filename)
+    reason = UNWRITABLE[err.errno]
+    if err.errno in (errno.EEXIST, errno.ENOTDIR) and not Path(path).is_dir():
+        reason = f"{reason} ({path} or a folder above it is a file)"
+    if err.errno == errno.EACCES and Path(path).is_file() and not os.access(path, os.R_OK):
+        return UnwritablePathError(f"cannot read {path}: permission denied. Make it readable")
+    error = UnwritablePathError(f"cannot write {path}: {reason}. {hint or 'Choose a writable place'}")
+    error.errno = err.errno
+    return error
+
+
+def writable_folder_problem(path: Path) -> str | None:
+    """Why a folder could not be made or written at ``path`` (a file in the way, no write permission at the
+    nearest existing folder), checked without creating anything; None when it can."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                return f"{p} is a file" if p == path else f"{p}, a file, is in its path"
+            if not os.access(p, os.W_OK | os.X_OK):
+                return f"{p} is not writable" + (" (read-only file system)" if _read_only_fs(p) else "")
+            return None
+    return None
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 class UnsafeFileError(UserError, OSError):
     """The path is not a regular file, or is larger than allowed; the message names it."""
 
@@ -97,14 +149,25 @@ def no_room_error(path: str | os.PathLike, err: OSError, then: str = "run again"
     return error
 
 
+def temp_beside(path: Path) -> tuple[int, str]:
+    """``mkstemp`` in ``path``'s folder (made when missing), for a write renamed over ``path`` once complete. An
+    unwritable folder raises an OSError naming ``path`` (the file asked for), not the temporary name."""
+    import tempfile
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        if e.errno in UNWRITABLE:
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, then rename: readers never see half a file, and a
     full disk (or quota, or file-size limit) leaves the previous file, and raises :class:`NoRoomError`."""
-    import tempfile
-
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    fd, tmp = temp_beside(p)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -1,7 +1,7 @@
 """How many pixels one image may have: segtrain's default cap and OpenCV's decoder limit.
 
 ``dataset.max_image_pixels`` (default :data:`DEFAULT_MAX_IMAGE_PIXELS`) is checked against the
-size in an image's header before it is decoded (segtrain.data.image_io). For the formats whose
+size in an image's header before it is decoded (segtrain.data.images.image_io). For the formats whose
 header segtrain does not read (JPEG 2000, AVIF, Radiance HDR), OpenCV's own limit is the bound:
 OpenCV reads ``OPENCV_IO_MAX_IMAGE_PIXELS`` once, when the library loads (a static in imgcodecs),
 so ``segtrain/__init__`` puts it in the environment before anything imports cv2. DataLoader

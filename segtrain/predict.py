@@ -12,6 +12,7 @@ def job(cfg: DictConfig, output_dir: str) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.session import session
     from segtrain.tools.predict import predict
+
     cfg, blob = checkpoint_config(cfg, "predict")
     with session(cfg, output_dir, "predict.log") as (dist, _run_dir):
         if dist.is_main:

@@ -93,3 +93,25 @@ def _kill_loader_workers() -> None:
 
 # Registered after multiprocessing's own exit handler (imported with torch), so it runs first.
 atexit.register(_kill_loader_workers)
+
+
+#: submitit's advance-warning signal (its SUBMITIT_PREEMPT_SIGNAL, default USR2), set to one segtrain saves on.
+SUBMITIT_SIGNAL = "USR1"
+
+
+def prefer_submitit_signal() -> None:
+    """Before a submitit launcher submits: SLURM warns the job with SIGUSR1 (``--signal=USR1@signal_delay_s``),
+    which segtrain turns into a save of last.pt; the job then hands over to submitit (:func:`requeue_with_submitit`).
+    A value the user exported wins."""
+    os.environ.setdefault("SUBMITIT_PREEMPT_SIGNAL", SUBMITIT_SIGNAL)
+
+
+def requeue_with_submitit(signal_name: str | None) -> None:
+    """Inside a submitit task, after last.pt is saved for ``signal_name``: call submitit's own handler for its
+    warning signal (restored once training ended), which requeues the job (rank 0) and exits. The requeued job
+    runs the same overrides; with ``resume=auto`` and a fixed ``hydra.sweep.dir`` it continues from last.pt."""
+    if not os.environ.get("SUBMITIT_EXECUTOR") or signal_name != f"SIG{os.environ.get('SUBMITIT_PREEMPT_SIGNAL')}":
+        return
+    handler = signal.getsignal(getattr(signal, signal_name))
+    if callable(handler):
+        handler(getattr(signal, signal_name), None)

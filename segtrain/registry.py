@@ -20,6 +20,7 @@ T = TypeVar("T")
 
 _ALL: dict[str, Registry] = {}
 
+
 @dataclass(frozen=True)
 class Declared:
     """What the config check knows of a registry without importing it: its module, what it holds, the
@@ -29,21 +30,33 @@ class Declared:
     what: str
     names: tuple[str, ...]
     import_paths: bool = False
+    how: str = ""  # how to add one, said when a name is unknown
 
 
 #: Every registry by config key; tests keep the declared names equal to what the modules register. A user's
 #: own entries register on import of the user's module, which imports the registry's module first.
 DECLARED: dict[str, Declared] = {
     "model.name": Declared(
-        "segtrain.models", "model", ("deeplabv3", "fcn", "lraspp", "panoptic_deeplab", "tiny_panoptic")
+        "segtrain.models",
+        "model",
+        ("deeplabv3", "fcn", "lraspp", "panoptic_deeplab", "tiny_panoptic")
+        + ("mask2former_r50", "mask2former_swin_t", "mask2former_tiny"),
+        import_paths=True,
+        how=(
+            "; your own network: model.name=mypkg.nets:build, a function build(spec, **model.kwargs) -> nn.Module "
+            "in a module on PYTHONPATH (docs/models.md)"
+        ),
     ),
     "dataset.format": Declared(
-        "segtrain.data.formats", "data format", ("cityscapes", "coco", "coco_panoptic", "labelme", "synthetic")
+        "segtrain.data.formats.registry", "data format", ("cityscapes", "coco", "coco_panoptic", "labelme", "synthetic")
     ),
-    "augment.name": Declared("segtrain.data.augmentations", "augmentation pipeline", ("default", "none", "strong")),
+    "augment.name": Declared(
+        "segtrain.data.transforms.augmentations", "augmentation pipeline", ("default", "none", "strong")
+    ),
     "optim.name": Declared("segtrain.engine.optim", "optimiser", ("adam", "adamw", "sgd")),
     "schedule.name": Declared("segtrain.engine.optim", "LR schedule", ("constant", "cosine", "poly", "step")),
     "trainer.hooks": Declared("segtrain.engine.hooks", "hook", (), import_paths=True),
+    "trainer.loggers": Declared("segtrain.engine.trackers", "logger", ("mlflow", "tensorboard", "wandb")),
 }
 
 
@@ -137,6 +150,29 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
+def check_call(obj: object, key: str, name: str, kwargs: dict[str, object], first: str = "spec") -> None:
+    """One line (:class:`ConfigError`) unless ``obj(<first>, **kwargs)`` binds: an entry taking its own
+    arguments from the config (``model.kwargs``) is checked before any work, without calling it."""
+    import inspect
+
+    from segtrain.errors import ConfigError
+
+    if not callable(obj):
+        raise ConfigError(f"{key}={name}: {type(obj).__name__} {obj!r} is not callable; name a function or class")
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):  # a builtin without a signature: calling it tells
+        return
+    try:
+        signature.bind(None, **kwargs)
+    except TypeError as e:
+        given = ", ".join(kwargs) or "none"
+        raise ConfigError(
+            f"{key}={name} cannot be called as {name}({first}, **kwargs) with the kwargs given ({given}): {e}; "
+            f"its parameters are {signature}"
+        ) from None
+
+
 def _split_import_path(name: str) -> tuple[str, str]:
     """(module, attribute) of ``pkg.module:Name`` or ``pkg.module.Name``; ("", "") when it is neither."""
     head, sep, tail = name.partition(":") if ":" in name else name.rpartition(".")
@@ -190,5 +226,7 @@ def _unknown(key: str, what: str, names: Iterable[str], import_paths: bool, name
     known = sorted(names)
     near = difflib.get_close_matches(str(name), known, n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
-    paths = " (or an import path, pkg.module:Name)" if import_paths else ""
-    return f"{key}={name!r} is not a known {what}.{hint} Known: {', '.join(known) or 'none registered'}{paths}"
+    declared = DECLARED.get(key)
+    how = declared.how if declared is not None else ""
+    paths = " (or an import path, pkg.module:Name)" if import_paths and not how else ""
+    return f"{key}={name!r} is not a known {what}.{hint} Known: {', '.join(known) or 'none registered'}{paths}{how}"

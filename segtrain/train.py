@@ -5,14 +5,17 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from segtrain.entry import run_entry
+from segtrain.sweep import objective
 
 
-def job(cfg: DictConfig, output_dir: str) -> None:
+def job(cfg: DictConfig, output_dir: str) -> float | None:
+    """Train; returns the run's best ``trainer.checkpoint.metric`` (what a Hydra sweeper optimises: sweep.py)."""
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.build import fit
     from segtrain.engine.session import session
+
     with session(cfg, output_dir, "train.log", owned=True) as (dist, run_dir):
-        fit(cfg, run_dir, dist)
+        return objective(fit(cfg, run_dir, dist))
 
 
 def main() -> None:

@@ -146,8 +146,11 @@ class S3Proxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 if bucket in proxy.deny:
                     self.rfile.read(length)
-                    return self._answer(403, b"<?xml version='1.0'?><Error><Code>AccessDenied</Code>"
-                                        b"<Message>Access Denied</Message></Error>")
+                    return self._answer(
+                        403,
+                        b"<?xml version='1.0'?><Error><Code>AccessDenied</Code>"
+                        b"<Message>Access Denied</Message></Error>",
+                    )
                 matches = proxy.hold and re.search(proxy.hold, self.path.split("?", 1)[0])
                 if self.command == "PUT" and matches and proxy.hold_after > 0:
                     proxy.hold_after -= 1

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from segtrain.data.coco import load_coco
-from segtrain.data.image_io import ImageReadError, read_image
-from segtrain.data.labelme import load_labelme
-from segtrain.data.rasterise import rasterise
-from segtrain.data.records import IGNORE, AnnotationError, ClassMap, ImageRecord, LoadReport
+from segtrain.data.formats.coco import load_coco
+from segtrain.data.formats.labelme import load_labelme
+from segtrain.data.images.image_io import ImageReadError, read_image
+from segtrain.data.records import IGNORE, AnnotationError, ClassMap, ImageRecord, SkipReport
+from segtrain.data.targets.rasterise import rasterise
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 
@@ -101,7 +101,7 @@ def test_class_map_remaps_ignores_and_drops():
 # --------------------------------------------------------------------------- COCO
 def test_coco_polygons_multipart_and_paths(mmpose):
     recs, report = load_coco(mmpose / "test_coco.json", mmpose, PERSON)
-    assert report == LoadReport() and len(recs) == 4 and sum(len(r.instances) for r in recs) == 14
+    assert report == SkipReport() and len(recs) == 4 and sum(len(r.instances) for r in recs) == 14
     rec = next(r for r in recs if r.image_id == "197388")
     assert (rec.height, rec.width, rec.path) == (392, 640, mmpose / "000000197388.jpg")
     assert rec.source == str(mmpose / "test_coco.json") and rec.image_data is None
@@ -255,7 +255,7 @@ def test_coco_malformed_json(mmpose):
 # --------------------------------------------------------------------------- LabelMe
 def test_labelme_legacy_v3_prefers_file_over_embedded(nuts):
     recs, report = load_labelme(nuts, NUTS)
-    assert report == LoadReport() and len(recs) == 1
+    assert report == SkipReport() and len(recs) == 1
     rec = recs[0]
     assert rec.image_id == "0" and rec.path == nuts / "0.jpg" and rec.image_data is None
     assert (rec.height, rec.width) == (600, 800) and len(rec.instances) == 12

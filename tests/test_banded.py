@@ -57,7 +57,6 @@ def describe(
     return {"label_divisor": spec.label_divisor, "segments": rows}
 
 
-
 class FieldNet(nn.Module):
     """Outputs with the structure of a trained network's, whatever the input size: Gaussian centre peaks,
     offsets pointing at the nearest peak (plus noise), smooth class logits biased to things near a peak."""

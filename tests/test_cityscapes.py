@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from segtrain.config import IGNORE_LABEL
-from segtrain.data import cityscapes as cs_module
-from segtrain.data.cityscapes import (
+from segtrain.data.formats import cityscapes as cs_module
+from segtrain.data.formats.cityscapes import (
     LABELS,
     STUFF_CLASSES,
     THING_CLASSES,
@@ -27,9 +27,9 @@ from segtrain.data.cityscapes import (
     load_cityscapes,
     pil_polygons,
 )
-from segtrain.data.rasterise import rasterise
 from segtrain.data.records import AnnotationError, ClassMap, Instance
-from segtrain.data.targets import make_targets
+from segtrain.data.targets.builders import make_targets
+from segtrain.data.targets.rasterise import rasterise
 
 try:  # the official tools: a pinned dev dependency
     from cityscapesscripts.helpers.annotation import Annotation
@@ -47,7 +47,7 @@ needs_cs = pytest.mark.skipif(
 
 #: Required share of agreeing pixels on the random dense scenes (measured: 99.73 % trainIds, 99.68 % instance
 #: ids; a plain +0.5 shift: 97.73 % and 97.27 %). Almost all the rest are pixel centres lying on or within ~0.1 px
-#: of a boundary (ties), and self-intersecting polygons (see segtrain/data/cityscapes.py).
+#: of a boundary (ties), and self-intersecting polygons (see segtrain/data/formats/cityscapes.py).
 MIN_AGREEMENT = 0.995
 CITY = "testcity"
 

@@ -260,7 +260,7 @@ def test_export_mistakes_are_one_line_config_errors():
     from types import SimpleNamespace
 
     from segtrain.config import ConfigError
-    from segtrain.data.cityscapes import TRAIN_CLASSES
+    from segtrain.data.formats.cityscapes import TRAIN_CLASSES
     from segtrain.evaluation.cityscapes_export import CityscapesExport, cityscapes_label_ids
 
     ids = cityscapes_label_ids(list(TRAIN_CLASSES))

@@ -1,4 +1,4 @@
-"""Classes without ceremony: dataset.classes=auto, the unlisted-label policy, and segtrain.data.stats."""
+"""Classes without ceremony: dataset.classes=auto, the unlisted-label policy, and segtrain.tools.stats."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_stats_tool_counts_and_warns(test_data, tmp_path):
     import subprocess
 
     proc = subprocess.run(
-        [sys.executable, "-m", "segtrain.data.stats", "--json", *args],
+        [sys.executable, "-m", "segtrain.tools.stats", "--json", *args],
         capture_output=True,
         text=True,
         env=child_env(tmp_path / "cache"),
@@ -125,7 +125,7 @@ def test_stats_tool_counts_and_warns(test_data, tmp_path):
     assert stats["annotations_outside_image"] == 1 and "999999" in stats["outside_examples"][0]
     assert any("no instances" in w and "car" in w for w in stats["warnings"])
     table = subprocess.run(
-        [sys.executable, "-m", "segtrain.data.stats", *args],
+        [sys.executable, "-m", "segtrain.tools.stats", *args],
         capture_output=True,
         text=True,
         env=child_env(tmp_path / "cache"),

@@ -19,7 +19,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from segtrain.config import ConfigError
-from segtrain.data.coco import coco_ids, load_coco
+from segtrain.data.formats.coco import coco_ids, load_coco
 from segtrain.data.records import AnnotationError, ClassMap
 from segtrain.evaluation.instance_ap import InstanceAP, annotation_instances, encode_masks
 
@@ -247,7 +247,7 @@ def test_cityscapes_instances_are_whole_polygons_and_groups_are_crowds(tmp_path)
     ``cargroup`` is a crowd region of car, the void region under everything is no instance."""
     import cv2
 
-    from segtrain.data.cityscapes import TRAIN_CLASSES, load_cityscapes
+    from segtrain.data.formats.cityscapes import TRAIN_CLASSES, load_cityscapes
 
     h, w = 40, 60
     objects = [
@@ -287,7 +287,7 @@ def test_coco_panoptic_segments_come_from_their_png(tmp_path):
     the PNG at the image's size."""
     import cv2
 
-    from segtrain.data.coco_panoptic import load_coco_panoptic
+    from segtrain.data.formats.coco_panoptic import load_coco_panoptic
     from segtrain.evaluation.panoptic_export import encode_ids
 
     h, w = 20, 30

@@ -20,7 +20,7 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from segtrain.data.synthetic import ensure_synthetic
+from segtrain.data.formats.synthetic import ensure_synthetic
 
 pytestmark = pytest.mark.slow
 

@@ -15,17 +15,17 @@ from PIL import Image
 
 from segtrain.config import IGNORE_LABEL, compose
 from segtrain.data import build_dataset
-from segtrain.data.coco_panoptic import (
+from segtrain.data.formats.coco_panoptic import (
     image_path,
     load_coco_panoptic,
     panoptic_ground_truth_from_png,
     rasterise_panoptic,
     read_segment_ids,
 )
-from segtrain.data.formats import FORMATS, class_map_of
-from segtrain.data.image_io import ImageReadError
-from segtrain.data.panoptic_gt import panoptic_categories
+from segtrain.data.formats.registry import FORMATS, class_map_of
+from segtrain.data.images.image_io import ImageReadError
 from segtrain.data.records import AnnotationError
+from segtrain.data.targets.panoptic_gt import panoptic_categories
 from segtrain.evaluation.metrics import PanopticQuality
 
 SAMPLE = "panopticapi_sample"

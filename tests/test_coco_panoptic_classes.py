@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from segtrain.config import DISCOVERED, compose, config_dir
-from segtrain.data import coco_panoptic
-from segtrain.data.coco_panoptic import discover_classes_coco_panoptic
+from segtrain.data.formats import coco_panoptic
+from segtrain.data.formats.coco_panoptic import discover_classes_coco_panoptic
 from segtrain.data.records import AnnotationError
 from segtrain.errors import UserError
 

@@ -27,15 +27,15 @@ import torch
 from proc_utils import child_env, run_module
 
 from segtrain.config import compose
-from segtrain.data.augmentations import build_pipeline
-from segtrain.data.coco import load_coco
 from segtrain.data.dataset import PolygonDataset, collate
-from segtrain.data.device_augment import DeviceAugment
-from segtrain.data.device_targets import BatchTargets, make_targets_torch
-from segtrain.data.labelme import load_labelme
+from segtrain.data.formats.coco import load_coco
+from segtrain.data.formats.labelme import load_labelme
 from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
 from segtrain.data.records import ClassMap
-from segtrain.data.targets import make_targets
+from segtrain.data.targets.builders import make_targets
+from segtrain.data.targets.device_targets import BatchTargets, make_targets_torch
+from segtrain.data.transforms.augmentations import build_pipeline
+from segtrain.data.transforms.device_augment import DeviceAugment
 from segtrain.device import to_device
 
 pytestmark = pytest.mark.cuda

@@ -1,8 +1,8 @@
-"""Device augmentation and batched torch targets (segtrain.data.device_augment / device_targets).
+"""Device augmentation and batched torch targets (segtrain.data.transforms.device_augment / device_targets).
 
 - ``make_targets_torch`` must equal the NumPy ``make_targets`` image by image.
-- ``DeviceAugment`` must implement the CPU pipeline of ``segtrain.data.transforms`` (same transforms, same parameter
-  meanings): checked transform by transform against the CPU code where that is deterministic, and by comparing
+- ``DeviceAugment`` must implement the CPU pipeline of ``segtrain.data.transforms.cpu_augment`` (same transforms, same
+  parameter meanings): checked transform by transform against the CPU code where that is deterministic, and by comparing
   output statistics of the two pipelines on the same synthetic items.
 
 Everything runs on CPU tensors; the ``device`` parametrisation adds CUDA cases (marked ``cuda``).
@@ -18,11 +18,17 @@ import pytest
 import torch
 
 from segtrain.config import AugmentConfig
-from segtrain.data import device_targets
-from segtrain.data.device_augment import DeviceAugment
-from segtrain.data.device_targets import make_targets_torch
-from segtrain.data.targets import make_targets
-from segtrain.data.transforms import OUTSIDE, FastShadow, LinearColorJitter, apply_transforms, build_transforms
+from segtrain.data.targets import device_targets
+from segtrain.data.targets.builders import make_targets
+from segtrain.data.targets.device_targets import make_targets_torch
+from segtrain.data.transforms.cpu_augment import (
+    OUTSIDE,
+    FastShadow,
+    LinearColorJitter,
+    apply_transforms,
+    build_transforms,
+)
+from segtrain.data.transforms.device_augment import DeviceAugment
 
 KEYS = ("semantic", "center", "offset", "semantic_weight", "center_weight", "offset_weight")
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]  # skipped without a GPU (conftest.py)

@@ -11,13 +11,13 @@ import torch
 from PIL import Image
 
 from segtrain.config import ConfigError, compose
-from segtrain.data import device_decode
-from segtrain.data.coco import load_coco
 from segtrain.data.dataset import PolygonDataset, collate
-from segtrain.data.device_decode import decode_batch, orient_tensor
-from segtrain.data.image_header import oriented_size
-from segtrain.data.image_io import ImageReadError, orient
-from segtrain.data.labelme import load_labelme
+from segtrain.data.formats.coco import load_coco
+from segtrain.data.formats.labelme import load_labelme
+from segtrain.data.images import device_decode
+from segtrain.data.images.device_decode import decode_batch, orient_tensor
+from segtrain.data.images.image_header import oriented_size
+from segtrain.data.images.image_io import ImageReadError, orient
 from segtrain.data.pipeline import plan_pipeline
 from segtrain.data.records import ClassMap, ImageRecord, Instance
 from segtrain.device import to_device

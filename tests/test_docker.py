@@ -595,6 +595,7 @@ def test_dockerignore_excludes(path):
         "README.md",
         "segtrain/__init__.py",
         "segtrain/data/__init__.py",
+        "segtrain/data/formats/coco.py",
         "configs/train.yaml",
         "configs/experiment/v100_bs48.yaml",
         "configs/dataset/coco.yaml",

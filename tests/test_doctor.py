@@ -11,7 +11,7 @@ from proc_utils import run_module
 
 from segtrain.config import compose
 from segtrain.data import StageTimer, build_dataset, collate
-from segtrain.data.image_io import read_encoded
+from segtrain.data.images.image_io import read_encoded
 from segtrain.distributed import DistInfo
 from segtrain.engine.build import step_trainer
 from segtrain.engine.hooks import MetricsLogger
@@ -158,7 +158,7 @@ def test_doctor_slow_first_call_does_not_dominate(smoke, monkeypatch):
 
 
 def test_warm_rasteriser_compiles_the_kernels():
-    from segtrain.data import rasterise as rasterise_module
+    from segtrain.data.targets import rasterise as rasterise_module
 
     kernels = rasterise_module._kernels
     if kernels is None:

@@ -293,3 +293,92 @@ def test_train_state_is_saved_and_restored_whole(smoke_batches, tmp_path):
     older = TrainState()
     older.load(old)  # a checkpoint of an older version: the fields it lacks keep their defaults
     assert older.best_at is None and older.nonfinite_skipped == 0 and older.step == 2
+
+
+def test_trainer_state_dict_round_trips_through_a_file_and_resumes_bit_exactly(smoke_batches, tmp_path):
+    """Trainer.state_dict() -> torch.save -> torch.load(weights_only=True) -> a fresh Trainer's load_state_dict():
+    model, EMA, optimiser moments, LR schedule, grad scaler, a hook's state and the TrainState all come back, and
+    two more steps from either trainer give the very same weights (torch.equal, not allclose)."""
+    from segtrain.engine.optim import build_scheduler
+
+    cfg, batches = smoke_batches
+
+    def built(seed: int) -> Trainer:
+        torch.manual_seed(seed)  # the fresh trainer starts from other weights: the file must overwrite them all
+        model = build_model(cfg.model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return Trainer(
+            model,
+            optimizer,
+            build_scheduler(optimizer, cfg.schedule, total_steps=4),
+            torch.amp.GradScaler("cpu", growth_interval=1),  # the scale doubles every step: state to carry over
+            batches,
+            hooks=[EarlyStopping(patience=3, min_delta=0.01, metric="miou", mode="max")],
+            settings=StepSettings(loss=cfg.trainer.loss),
+            ema=ModelEMA(model, 0.9, warmup_steps=2),
+            total_steps=4,
+            recorder=Recorder(tmp_path, False),
+        )
+
+    first = built(0)
+    first.train_steps(batches[:2])
+    first.state.best_metric, first.state.best_at = 0.5, [0, 2]
+    first.hooks[0].load_state_dict({"best": 0.5, "bad": 1})
+    torch.save(first.state_dict(), tmp_path / "state.pt")
+    second = built(1)
+    weight = next(iter(first.model.state_dict()))
+    assert not torch.equal(first.model.state_dict()[weight], second.model.state_dict()[weight])
+    second.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    assert second.state == first.state and second.state.step == 2
+    assert second.hooks[0].state_dict() == {"best": 0.5, "bad": 1}
+    assert second.ema is not None and first.ema is not None and second.ema.updates == first.ema.updates == 2
+    assert second.scaler.get_scale() == first.scaler.get_scale() > 65536.0
+    assert second.scheduler.get_last_lr() == first.scheduler.get_last_lr()
+    for trainer in (first, second):
+        torch.manual_seed(7)  # RNG is the process's (resume restores it from the file's rng), not the Trainer's
+        trainer.train_steps(batches[2:])
+    assert first.state.step == second.state.step == 4
+    a, b = first.state_dict(), second.state_dict()
+    for key in ("model", "ema"):
+        assert a[key].keys() == b[key].keys()
+        assert all(torch.equal(a[key][k], b[key][k]) for k in a[key]), f"{key} differs after resuming"
+    moments = [
+        (s, t)
+        for i in a["optimizer"]["state"]
+        for s, t in zip(a["optimizer"]["state"][i].values(), b["optimizer"]["state"][i].values(), strict=True)
+    ]
+    assert moments and all(torch.equal(s, t) for s, t in moments)
+    assert a["scheduler"] == b["scheduler"] and a["scaler"] == b["scaler"]
+    assert {k: v for k, v in a.items() if k not in ("model", "ema", "optimizer")} == {
+        k: v for k, v in b.items() if k not in ("model", "ema", "optimizer")
+    }
+
+
+def test_resume_with_another_checkpoint_metric_forgets_the_best_and_early_stopping_patience(smoke_batches, tmp_path):
+    """The best so far lives in TrainState alone: resume forgets it when trainer.checkpoint.metric changed, and
+    EarlyStopping's patience, which only exists relative to a best, starts afresh with it (no hook named)."""
+    from segtrain.checkpoint.resume import restore_training_state
+
+    cfg, batches = smoke_batches
+    cfg = cfg.copy()
+
+    def with_stop():
+        return trainer_for(cfg, batches[:1], tmp_path, 1, [EarlyStopping(3, 0.0, "miou", "max")])
+
+    t = with_stop()
+    t.train()
+    t.state.best_metric, t.state.best_at = 0.5, [0, 1]
+    t.hooks[0].load_state_dict({"best": 0.5, "bad": 2})
+    Checkpointer(tmp_path, to_container(cfg), keep_last=1, is_main=True).save(t, ["last"], epoch_done=True)
+    path = tmp_path / "checkpoints" / "last.pt"
+    blob = torch.load(path, weights_only=True)
+    same = with_stop()
+    restore_training_state(same, (path, blob), cfg)
+    assert same.state.best_metric == 0.5 and same.hooks[0].state_dict() == {"best": 0.5, "bad": 2}
+    other = cfg.copy()
+    other.trainer.checkpoint.metric = "pixel_acc"
+    moved = with_stop()
+    restore_training_state(moved, (path, blob), other)
+    assert (moved.state.best_metric, moved.state.best_at) == (None, None)
+    assert moved.hooks[0].state_dict() == {"best": None, "bad": 0}
+    assert moved.state.step == same.state.step == 1

@@ -23,8 +23,8 @@ import pytest
 from proc_utils import run_module
 
 from segtrain.config import compose
-from segtrain.data.confine import OutsidePathError
-from segtrain.data.formats import load_split
+from segtrain.data.formats.confine import OutsidePathError
+from segtrain.data.formats.registry import load_split
 from segtrain.errors import EXIT_USER_ERROR
 
 SMOKE = ["experiment=cpu_smoke"]
@@ -195,7 +195,7 @@ def test_index_cache_sees_an_edit_whose_size_and_mtime_were_restored(tmp_path: P
     with the original's mtime: the cached index is rebuilt, not served stale."""
     import subprocess
 
-    from segtrain.data.coco import load_coco
+    from segtrain.data.formats.coco import load_coco
     from segtrain.data.records import ClassMap
 
     n = 20000
@@ -244,8 +244,8 @@ def _hidden_frame_jpeg(path: Path, side: int = 16000, comments: int = 6000) -> N
 _READ_HOSTILE = """
 import resource, sys
 from pathlib import Path
-from segtrain.data.image_header import read_header
-from segtrain.data.image_io import ImageReadError, read_image
+from segtrain.data.images.image_header import read_header
+from segtrain.data.images.image_io import ImageReadError, read_image
 from segtrain.data.records import ImageRecord
 
 def peak_kb():
@@ -292,7 +292,7 @@ def test_jpeg_frame_hidden_behind_thousands_of_segments_is_refused_before_alloca
 _HELD_WRITER = """
 import sys, time
 from pathlib import Path
-import segtrain.data.synthetic as syn
+import segtrain.data.formats.synthetic as syn
 
 cache, held, seed = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 write = syn._write_split
@@ -331,7 +331,7 @@ def test_synthetic_writer_killed_mid_generation_leaves_nothing_for_good(tmp_path
     temp folder of a writer that is still running (another rank or run on the same cache)."""
     import signal
 
-    from segtrain.data.synthetic import ensure_synthetic
+    from segtrain.data.formats.synthetic import ensure_synthetic
 
     cache = tmp_path / "cache"
     alive, alive_tmp = _held_writer(cache, tmp_path, "alive", seed=1)

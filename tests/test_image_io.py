@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from segtrain.data import image_io
-from segtrain.data.coco import load_coco
-from segtrain.data.image_header import _ifd0, read_header
-from segtrain.data.image_io import ImageReadError, decode_image, read_image, read_image_file
-from segtrain.data.labelme import load_labelme
-from segtrain.data.rasterise import rasterise
+from segtrain.data.formats.coco import load_coco
+from segtrain.data.formats.labelme import load_labelme
+from segtrain.data.images import image_io
+from segtrain.data.images.image_header import _ifd0, read_header
+from segtrain.data.images.image_io import ImageReadError, decode_image, read_image, read_image_file
 from segtrain.data.records import ClassMap, ImageRecord, Instance
+from segtrain.data.targets.rasterise import rasterise
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -232,7 +232,7 @@ def test_opencv_limit_bounds_formats_without_a_header(tmp_path):
         """
         import sys
         from segtrain.data.records import ImageRecord
-        from segtrain.data.image_io import ImageReadError, decode_image
+        from segtrain.data.images.image_io import ImageReadError, decode_image
         data = b"#?RADIANCE\\nFORMAT=32-bit_rle_rgbe\\n\\n-Y 30000 +X 30000\\n" + bytes(64)
         rec = ImageRecord("x", "ann.json", 30000, 30000, None, data, [])
         try:
@@ -252,7 +252,7 @@ _RSS_SCRIPT = textwrap.dedent(
     import json, resource, sys
     from pathlib import Path
     from segtrain.data.records import ImageRecord
-    from segtrain.data.image_io import ImageReadError, read_image
+    from segtrain.data.images.image_io import ImageReadError, read_image
 
     def peaks():
         vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmPeak"))

@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from segtrain.data import coco as coco_mod
-from segtrain.data.coco import discover_classes_coco, load_coco
-from segtrain.data.image_io import ImageReadError, read_encoded
-from segtrain.data.index import RecordIndex, records_equal
-from segtrain.data.labelme import discover_classes_labelme, load_labelme
+from segtrain.data.formats import coco as coco_mod
+from segtrain.data.formats.coco import discover_classes_coco, load_coco
+from segtrain.data.formats.index import RecordIndex, records_equal
+from segtrain.data.formats.labelme import discover_classes_labelme, load_labelme
+from segtrain.data.formats.rle import box_mask_counts, check_counts, decode_compressed, encode_counts
+from segtrain.data.images.image_io import ImageReadError, read_encoded
 from segtrain.data.records import (
     IGNORE,
     MAX_POLYGON_VERTICES,
@@ -33,10 +34,9 @@ from segtrain.data.records import (
     ClassMap,
     ImageRecord,
     Instance,
-    LoadReport,
+    SkipReport,
     hydra_key,
 )
-from segtrain.data.rle import box_mask_counts, check_counts, decode_compressed, encode_counts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import legacy_loaders as legacy  # noqa: E402  (tests/: the frozen list loaders, the oracle)
@@ -298,13 +298,13 @@ def test_missing_image_is_lazy_unless_check_files(coco_copy, tmp_path):
     (root / "000000000785.jpg").unlink()
     cm = ClassMap(["background", "person"])
     index, report = load_coco(coco_copy, root, cm, check_files=False)
-    assert len(index) == 4 and report == LoadReport()
+    assert len(index) == 4 and report == SkipReport()
     missing = next(r for r in index if r.image_id == "40083")
     with pytest.raises(ImageReadError, match="000000040083.jpg"):
         read_encoded(missing)
     pos = next(i for i, r in enumerate(index) if r.image_id == "40083")
-    from segtrain.data.augmentations import evaluation_pipeline
     from segtrain.data.mappers import CpuMapper, TargetSpec
+    from segtrain.data.transforms.augmentations import evaluation_pipeline
 
     mapper = CpuMapper(evaluation_pipeline((64, 64)), TargetSpec())
     ds = PolygonDataset(index, mapper, classes=["background", "person"], on_error="raise")  # replaces bad images
@@ -508,7 +508,7 @@ def test_malformed_polygon_of_a_dropped_class_is_no_error(tmp_path):
     with pytest.raises(AnnotationError, match="at least 3"):
         load_coco(js, tmp_path, ClassMap(["background", "person", "tree"]), check_files=False)
     index, report = load_coco(js, tmp_path, ClassMap(["background", "person"], {"tree": None}), check_files=False)
-    assert report == LoadReport() and sum(len(r.instances) for r in index) == 2
+    assert report == SkipReport() and sum(len(r.instances) for r in index) == 2
 
 
 def test_coco_nan_written_by_python_json_is_one_bad_annotation(tmp_path):

@@ -14,18 +14,18 @@ import pytest
 import torch
 
 from segtrain.config import IGNORE_LABEL, compose
-from segtrain.data.augmentations import build_pipeline
-from segtrain.data.coco import load_coco
 from segtrain.data.dataset import PolygonDataset, collate
-from segtrain.data.image_io import decode_image, read_encoded
-from segtrain.data.labelme import load_labelme
+from segtrain.data.formats.coco import load_coco
+from segtrain.data.formats.labelme import load_labelme
+from segtrain.data.images.image_io import decode_image, read_encoded
 from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
 from segtrain.data.pipeline import identity, plan_pipeline
-from segtrain.data.rasterise import rasterise
 from segtrain.data.records import ClassMap
 from segtrain.data.seeding import item_seed
-from segtrain.data.targets import make_targets
-from segtrain.data.transforms import (
+from segtrain.data.targets.builders import make_targets
+from segtrain.data.targets.rasterise import rasterise
+from segtrain.data.transforms.augmentations import build_pipeline
+from segtrain.data.transforms.cpu_augment import (
     OUTSIDE,
     AffineCrop,
     FastGaussNoise,

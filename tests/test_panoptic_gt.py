@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from segtrain.data.panoptic_gt import panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
-from segtrain.data.targets import make_targets
+from segtrain.data.targets.builders import make_targets
+from segtrain.data.targets.panoptic_gt import panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
 from segtrain.evaluation.metrics import PanopticQuality
 from segtrain.models.postprocess import panoptic_segmentation
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from segtrain.data import rasterise as rz
-from segtrain.data.coco import load_coco
-from segtrain.data.labelme import load_labelme
-from segtrain.data.rasterise import IGNORE_INDEX, polygon_mask, polygon_masks, rasterise
+from segtrain.data.formats.coco import load_coco
+from segtrain.data.formats.labelme import load_labelme
 from segtrain.data.records import ClassMap, Instance
+from segtrain.data.targets import rasterise as rz
+from segtrain.data.targets.rasterise import IGNORE_INDEX, polygon_mask, polygon_masks, rasterise
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 

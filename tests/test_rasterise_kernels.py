@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from segtrain.data import rasterise_kernels as kernels
-from segtrain.data.rasterise import IGNORE_INDEX, _rasterise_numpy, polygon_masks, rasterise, rle_mask
 from segtrain.data.records import Instance
+from segtrain.data.targets import rasterise_kernels as kernels
+from segtrain.data.targets.rasterise import IGNORE_INDEX, _rasterise_numpy, polygon_masks, rasterise, rle_mask
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 
@@ -205,7 +205,7 @@ def test_without_numba_the_numpy_path_runs_and_says_so(tmp_path):
         "import sys; sys.modules['numba'] = None\n"
         "import numpy as np\n"
         "from segtrain.data.records import Instance\n"
-        "from segtrain.data import rasterise as r\n"
+        "from segtrain.data.targets import rasterise as r\n"
         "assert r._kernels is None\n"
         "insts = [Instance('0', 'x', 1, [np.array([[1, 1], [9, 2], [5, 8]], float)])]\n"
         "m, c = r.rasterise(insts, 10, 12)\n"

@@ -39,7 +39,7 @@ def test_postprocess_defaults_are_the_schemas():
 
 def test_label_divisor_default_everywhere_is_the_schemas():
     """Every function taking ``label_divisor`` defaults it to the schema's value."""
-    from segtrain.data.panoptic_gt import panoptic_from_prediction
+    from segtrain.data.targets.panoptic_gt import panoptic_from_prediction
     from segtrain.evaluation.instance_ap import instance_scores, instances_from_panoptic
     from segtrain.evaluation.visualize import overlay_panoptic
 
@@ -66,8 +66,11 @@ def test_no_second_copy_of_a_default_in_the_source():
 
 def test_schema_choices_are_the_modules_tuples():
     from segtrain.config.checks import _CHOICES as choices
-    from segtrain.data import loading, mappers, panoptic_gt, records
+    from segtrain.data import mappers, records
+    from segtrain.data.formats import reading as loading
+    from segtrain.data.targets import panoptic_gt
     from segtrain.tools import export
+
     assert choices["dataset.on_error"] is records.ON_ERROR is loading.ON_ERROR
     assert choices["dataset.unlisted"] is records.UNLISTED
     assert choices["inference.mode"] is mappers.NativeMapper.MODES

@@ -36,7 +36,11 @@ def test_checkpoints_go_to_s3_whole_and_pruning_deletes_only_step_files(s3_serve
     for step in (2, 4, 6, 8):
         ckpt_io.write_checkpoints(folder, blob(step), ["last", ckpt_io.step_tag(step)], keep_last=2)
     assert keys(s3_server.endpoint, bucket, "runs/a/checkpoints/") == [
-        "last.pt", "notes.txt", "step_00000001.torchscript.pt", "step_00000006.pt", "step_00000008.pt"
+        "last.pt",
+        "notes.txt",
+        "step_00000001.torchscript.pt",
+        "step_00000006.pt",
+        "step_00000008.pt",
     ]
     assert [p.name for p in ckpt_io.periodic_checkpoints(folder)] == ["step_00000006.pt", "step_00000008.pt"]
     assert ckpt_io.read_checkpoint(f"{root}/checkpoints/last.pt")["step"] == 8
@@ -105,8 +109,13 @@ def test_sigterm_saves_to_s3_and_resume_auto_on_a_fresh_node_is_exact(s3_server,
     remote = f"s3://{bucket}/runs/preempted"
     env = {**proc_env(cache), **s3_server.env(), "SEGTRAIN_TEST_SLEEP": "0.5"}
     first = tmp_path / "node1"
-    cmd = [sys.executable, str(REPO / "tests" / "train_with_faults.py"), *LONG, f"hydra.run.dir={first}",
-           f"trainer.checkpoint.dir={remote}"]
+    cmd = [
+        sys.executable,
+        str(REPO / "tests" / "train_with_faults.py"),
+        *LONG,
+        f"hydra.run.dir={first}",
+        f"trainer.checkpoint.dir={remote}",
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = first / "metrics.jsonl"
 

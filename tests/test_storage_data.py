@@ -65,12 +65,12 @@ def test_a_coco_folder_on_s3_loads_and_its_images_are_read_in_loader_workers(coc
 
 
 def test_the_index_of_a_changed_remote_annotation_file_is_rebuilt(s3_server, coco_bucket, tmp_path, test_data, caplog):
-    from segtrain.data.coco import load_coco
+    from segtrain.data.formats.coco import load_coco
     from segtrain.data.records import ClassMap
 
     url, cache = f"{coco_bucket}/test_coco.json", tmp_path / "cache"
     classes = ClassMap(["background", "person"], {})
-    with caplog.at_level(logging.INFO, logger="segtrain.data.index_cache"):
+    with caplog.at_level(logging.INFO, logger="segtrain.data.formats.index_cache"):
         first, _ = load_coco(url, coco_bucket, classes, cache_dir=cache, check_files=False)
         assert sum("cached the index" in r.getMessage() for r in caplog.records) == 1
         again, _ = load_coco(url, coco_bucket, classes, cache_dir=cache, check_files=False)
@@ -89,7 +89,7 @@ def test_the_index_of_a_changed_remote_annotation_file_is_rebuilt(s3_server, coc
 
 
 def test_a_missing_remote_annotation_file_is_a_line_naming_the_url(coco_bucket, tmp_path):
-    from segtrain.data.formats import check_paths
+    from segtrain.data.formats.registry import check_paths
     from segtrain.errors import UserError
 
     cfg = coco_config(coco_bucket, tmp_path / "cache")
@@ -119,7 +119,7 @@ def test_a_coco_folder_in_a_bucket_trains_evaluates_and_predicts_under_torchrun(
     """The whole COCO folder (annotations + images) in the bucket, checkpoints there too; 2 processes."""
     from proc_utils import child_env, run_module
 
-    from segtrain.data.synthetic import ensure_synthetic
+    from segtrain.data.formats.synthetic import ensure_synthetic
 
     synth = ensure_synthetic(tmp_path / "data", 16, 6, (64, 64), 6, 3)  # cpu_smoke's data set, as a COCO folder
     for split in ("train", "val"):

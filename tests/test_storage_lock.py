@@ -52,8 +52,13 @@ def test_the_lease_is_renewed_while_the_run_holds_it(bucket):
 
 def test_an_expired_lease_of_a_dead_run_is_taken_over_with_a_line(bucket, caplog):
     url = f"s3://{bucket}/runs/dead"
-    dead = {"host": "node-7", "pid": 4242, "run_id": "deadbeef0000", "since": time.time() - 600,
-            "expires": time.time() - 300}
+    dead = {
+        "host": "node-7",
+        "pid": 4242,
+        "run_id": "deadbeef0000",
+        "since": time.time() - 600,
+        "expires": time.time() - 300,
+    }
     storage.write_bytes(f"{url}/.lock", json.dumps(dead).encode())
     with caplog.at_level(logging.WARNING, logger="segtrain.run_dir"):
         lock = LeaseLock(url).acquire()

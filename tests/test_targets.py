@@ -1,4 +1,4 @@
-"""Tests for segtrain.data.targets.make_targets against a plain per-pixel reference."""
+"""Tests for segtrain.data.targets.builders.make_targets against a plain per-pixel reference."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 
-from segtrain.data.targets import gaussian_kernel, gaussian_radius, make_targets
+from segtrain.data.targets.builders import gaussian_kernel, gaussian_radius, make_targets
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = ("semantic", "center", "offset", "semantic_weight", "center_weight", "offset_weight")
@@ -148,7 +148,7 @@ def random_case(seed, h=37, w=53, n=9):
 @pytest.fixture(params=["kernels", "numpy"])
 def impl(request, monkeypatch):
     """Run a test through the compiled kernels and through the NumPy path (what runs without numba)."""
-    import segtrain.data.targets as targets
+    import segtrain.data.targets.builders as targets
 
     assert targets._kernels is not None, "numba is a dependency: the kernels must import here"
     if request.param == "numpy":
@@ -242,7 +242,7 @@ def test_matches_slow_reference_random(seed, impl):
 @pytest.mark.parametrize("block_pixels", [1, 60, 200])
 def test_x_offsets_in_many_blocks(monkeypatch, block_pixels):
     # Tiny blocks: the NumPy path's x-offset pass then runs over many row blocks, some without any thing.
-    import segtrain.data.targets as targets
+    import segtrain.data.targets.builders as targets
 
     monkeypatch.setattr(targets, "_kernels", None)
     monkeypatch.setattr(targets, "_BLOCK_PIXELS", block_pixels)
@@ -255,7 +255,7 @@ def test_x_offsets_in_many_blocks(monkeypatch, block_pixels):
 # ------------------------------------------------------------------- compiled kernels == NumPy path
 def both_paths(mask, classes, sigma, **kwargs):
     """make_targets through the kernels and through the NumPy path; asserts they agree bit for bit."""
-    import segtrain.data.targets as targets
+    import segtrain.data.targets.builders as targets
 
     out = make_targets(mask, classes, sigma, **kwargs)
     kernels = targets._kernels
@@ -378,7 +378,7 @@ def test_strided_mask_and_valid():
 def test_more_runs_than_first_guess(monkeypatch):
     # A noise mask has a run per pixel, far more than the kernels' first allocation (16 a row): the
     # run arrays are grown and the scan resumes where it stopped.
-    import segtrain.data.targets as targets
+    import segtrain.data.targets.builders as targets
 
     calls = []
     row_runs = targets._kernels.row_runs
@@ -428,7 +428,7 @@ def test_bench_sized_mask_both_paths():
 
 @pytest.mark.parametrize("impl_name", ["kernels", "numpy"])
 def test_out_of_range_ids_under_invalid_pixels_still_raise(monkeypatch, impl_name):
-    import segtrain.data.targets as targets
+    import segtrain.data.targets.builders as targets
 
     if impl_name == "numpy":
         monkeypatch.setattr(targets, "_kernels", None)

@@ -6,7 +6,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from segtrain.config import compose
-from segtrain.data.transforms import OUTSIDE, apply_transforms, build_transforms
+from segtrain.data.transforms.cpu_augment import OUTSIDE, apply_transforms, build_transforms
 
 
 def scene(h=96, w=128):

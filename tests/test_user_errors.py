@@ -82,8 +82,8 @@ def test_model_key_not_set():
 
 
 def test_device_augmentation_of_a_custom_pipeline():
-    from segtrain.data.augmentations import AUGMENTATIONS, parametric
     from segtrain.data.pipeline import build_mapper
+    from segtrain.data.transforms.augmentations import AUGMENTATIONS, parametric
 
     AUGMENTATIONS.register("test_user_pipeline", parametric)
     try:
@@ -176,7 +176,7 @@ def test_a_loader_workers_user_error_keeps_its_one_line():
     """torch re-raises a worker's exception with the worker's traceback as its message; the line is its own."""
     from torch._utils import ExceptionWrapper
 
-    from segtrain.data.image_io import ImageReadError
+    from segtrain.data.images.image_io import ImageReadError
     from segtrain.entry import user_message
 
     try:

@@ -267,6 +267,8 @@ def read_checkpoint(path: str | os.PathLike, trust: bool = False, what: str = "c
         exported = exported_model_kind(f)
         if exported is not None:
             raise CheckpointError(_exported_message(what, path, *exported))
+        if is_safetensors(f):
+            return _read_safetensors(f, path, what)
         start = f.read(2)
         f.seek(0)
         torch_file = start == b"PK" or start[:1] == b"\x80"  # torch.save writes a zip, or (legacy) a pickle
@@ -295,6 +297,32 @@ def read_checkpoint(path: str | os.PathLike, trust: bool = False, what: str = "c
             ) from None
         except (RuntimeError, EOFError, OSError, ValueError) as e:
             raise CheckpointError(f"cannot read {what} {path}: {e} (truncated or not a torch file?)") from None
+
+
+def is_safetensors(f: IO[bytes]) -> bool:
+    """A safetensors file: an 8-byte little-endian header length, then that many bytes of JSON (``{``).
+    ``f`` is left at its start."""
+    head = f.read(9)
+    f.seek(0)
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    size = int.from_bytes(head[:8], "little")
+    return 2 <= size < 100_000_000
+
+
+def _read_safetensors(f: IO[bytes], path: Any, what: str) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors (a plain state dict; the format holds nothing to execute)."""
+    try:
+        from safetensors.torch import load
+    except ImportError:
+        raise CheckpointError(
+            f"{what} {path} is a safetensors file; reading it needs the safetensors package: "
+            "pip install 'segtrain[timm]' (or pip install safetensors)"
+        ) from None
+    try:
+        return load(f.read())
+    except Exception as e:  # noqa: BLE001 - SafetensorError and friends: a torn or foreign file
+        raise CheckpointError(f"cannot read {what} {path} as safetensors: {e}") from None
 
 
 # ModelProto fields that may follow ir_version (field 1, tag 0x08): producer_name ... opset_import, metadata_props.

@@ -5,23 +5,25 @@
 ``best.pt`` and says which. A checkpoint that cannot continue this run (another model, another
 optimiser, added freezing, weights only) is refused with one line saying what differs and what
 to do instead.
+
+What it restores into is anything with ``state_dict()`` / ``load_state_dict()`` (the Trainer): the policy
+(refuse, warn, forget the best so far, start the stop reason afresh) is applied to the file's dict before
+it is handed over, so this module knows no Trainer attribute and no hook.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.checkpoint.io import CheckpointError, is_training_checkpoint, read_checkpoint
-from segtrain.checkpoint.state import check_finite, load_weights, restore_rng
+from segtrain.checkpoint.state import Stateful, check_finite_weights, restore_rng
 from segtrain.config import Config, ConfigError, to_container
-
-if TYPE_CHECKING:
-    from segtrain.engine.trainer import Trainer
 
 log = logging.getLogger("segtrain.resume")
 
@@ -154,26 +156,6 @@ def check_resumable(blob: Any, cfg: Any, path: Path) -> None:
         )
 
 
-def _apply_optimizer_settings(trainer: Trainer, fresh: list[dict[str, Any]]) -> None:
-    """The hyper-parameters of this run's optimiser (``fresh``: its groups as built from the config), over the
-    restored ones, and the schedule re-based on the new learning rate at the restored step."""
-    sched = trainer.scheduler
-    for group, new in zip(trainer.optimizer.param_groups, fresh, strict=True):
-        for key, value in new.items():
-            if key not in ("lr", "initial_lr"):
-                group[key] = value
-        group["initial_lr"] = new.get("initial_lr", new["lr"])
-    if sched is None:
-        for group, new in zip(trainer.optimizer.param_groups, fresh, strict=True):
-            group["lr"] = new["lr"]
-        return
-    sched.base_lrs = [g["initial_lr"] for g in trainer.optimizer.param_groups]
-    lrs = [base * lam(sched.last_epoch) for base, lam in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]
-    for group, lr in zip(trainer.optimizer.param_groups, lrs, strict=True):
-        group["lr"] = lr
-    sched._last_lr = lrs  # what get_last_lr() reports
-
-
 def _freeze_key(freeze: Any) -> list[str]:
     if freeze is None or freeze is False:
         return []
@@ -181,83 +163,81 @@ def _freeze_key(freeze: Any) -> list[str]:
     return sorted(s.strip() for s in items if s.strip())
 
 
-def restore_training_state(trainer: Trainer, found: tuple[Path, Any], cfg: Any) -> None:
-    """Model, EMA, optimiser, scheduler, scaler, hooks, RNG and the TrainState, exactly as saved (the stop
-    reason excepted: it is kept in the file for the record, and a resumed run decides afresh)."""
+@dataclass(frozen=True)
+class Resumed:
+    """What :func:`restore_training_state` leaves to its caller."""
+
+    optim_changed: list[str]  # "optim.<key>: <then> in the checkpoint, <now> now": this run's settings apply
+
+
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as torch_dist
+
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_rank(), torch_dist.get_world_size()
+    return 0, 1
+
+
+def restore_training_state(owner: Stateful, found: tuple[Path, Any], cfg: Any) -> Resumed:
+    """The checkpoint's whole state into ``owner.load_state_dict`` (model, EMA, optimiser, scheduler, scaler,
+    hooks, the TrainState), this process's RNG, exactly as saved; except, by policy: the stop reason (kept in
+    the file for the record, a resumed run decides afresh) and the best so far when the checkpoint metric
+    changed. Optimiser settings that changed are reported in :attr:`Resumed.optim_changed`: the caller
+    applies this run's (``engine.optim.apply_optimizer_settings``)."""
     path, blob = found
     check_resumable(blob, cfg, path)
-    check_finite(blob["model"], f"resume={path}")
+    check_finite_weights(blob["model"], f"resume={path}")
     if blob.get("ema"):
-        check_finite(blob["ema"], f"resume={path} (EMA weights)")
-    load_weights(trainer.model, blob["model"], str(path), strict=True, weights="model")
-    if trainer.ema is not None:
-        if blob.get("ema"):
-            trainer.ema.load_state_dict(blob["ema"], int(blob.get("ema_updates", 0)))
-        else:
-            log.warning("resume: %s has no EMA weights; the average starts from the resumed model", path)
-            trainer.ema.load_state_dict(blob["model"], 0)
-    fresh = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
-    try:
-        trainer.optimizer.load_state_dict(blob["optimizer"])
-    except (ValueError, KeyError) as e:
-        raise ConfigError(
-            f"resume={path}: the optimiser state does not fit this run's parameters ({e}); did the trainable "
-            f"parameters change? Fine-tune instead: python -m segtrain.finetune ckpt={path}"
-        ) from None
-    if blob.get("scheduler") is not None:
-        trainer.scheduler.load_state_dict(blob["scheduler"])
+        check_finite_weights(blob["ema"], f"resume={path} (EMA weights)")
+    state = dict(blob, stop_reason=None)
     stored = blob.get("config") or {}
     now = to_container(cfg)
-    changed = _differences(stored.get("optim") or {}, now["optim"], "optim")
-    if changed:
-        _apply_optimizer_settings(trainer, fresh)
-        log.warning(
-            "resume: %s; applied from step %d on (the optimiser's moments carry over)",
-            "; ".join(changed),
-            int(blob["step"]),
-        )
-    changed = _differences(stored.get("schedule") or {}, now["schedule"], "schedule")
-    if changed:
-        log.warning("resume: %s; the new schedule applies from step %d on", "; ".join(changed), int(blob["step"]))
-    if blob.get("scaler") is not None and trainer.scaler is not None:
-        trainer.scaler.load_state_dict(blob["scaler"])
-    hook_states = blob.get("hooks") or {}
-    for hook in trainer.hooks:
-        state = hook_states.get(type(hook).__name__)
-        if state:
-            hook.load_state_dict(state)
-    dist = trainer.dist
-    rngs = blob.get("rng") or []
-    if rngs:
-        restore_rng(rngs[dist.rank] if dist.rank < len(rngs) else rngs[0])
-    old_world = int(blob.get("world_size", dist.world_size))
-    if old_world != dist.world_size:
-        log.warning(
-            "resuming a run saved with world_size=%d on world_size=%d: the global batch stays %s, the per-rank "
-            "batch changes, and RNG states of ranks >= %d start from rank 0's",
-            old_world,
-            dist.world_size,
-            cfg.trainer.batch_size,
-            old_world,
-        )
-    s = trainer.state
-    s.load(blob)
-    s.stop_reason = None
     ck_then = (stored.get("trainer") or {}).get("checkpoint") or {}
     ck_now = now["trainer"]["checkpoint"]
     changed = _differences(ck_then, ck_now, "trainer.checkpoint", ("every_steps", "keep_last"))
-    if changed and s.best_metric is not None:
+    if changed and blob.get("best_metric") is not None:
         log.warning(
             "resume: %s; the best so far (%s %.4f) was measured otherwise, so it is forgotten: the next validation "
             "writes best.pt by trainer.checkpoint.metric=%s (mode %s)",
             "; ".join(changed),
             ck_then.get("metric"),
-            s.best_metric,
+            blob["best_metric"],
             ck_now["metric"],
             ck_now["mode"],
         )
-        s.best_metric, s.best_at = None, None
-        for hook in trainer.hooks:
-            if type(hook).__name__ == "EarlyStopping":
-                hook.load_state_dict({})
-    log.info("resumed from %s: epoch %d, step %d (+%d in epoch)", path, s.epoch, s.step, s.step_in_epoch)
+        state.update(best_metric=None, best_at=None)  # what builds on it (early stopping's patience) restarts too
+    try:
+        owner.load_state_dict(state)
+    except CheckpointError as e:
+        raise CheckpointError(f"resume={path}: {e}") from None
+    except (ValueError, KeyError) as e:
+        raise ConfigError(
+            f"resume={path}: the optimiser state does not fit this run's parameters ({e}); did the trainable "
+            f"parameters change? Fine-tune instead: python -m segtrain.finetune ckpt={path}"
+        ) from None
+    step = int(blob["step"])
+    optim_changed = _differences(stored.get("optim") or {}, now["optim"], "optim")
+    if optim_changed:
+        log.warning(
+            "resume: %s; applied from step %d on (the optimiser's moments carry over)", "; ".join(optim_changed), step
+        )
+    changed = _differences(stored.get("schedule") or {}, now["schedule"], "schedule")
+    if changed:
+        log.warning("resume: %s; the new schedule applies from step %d on", "; ".join(changed), step)
+    rank, world_size = _rank_and_world()
+    rngs = blob.get("rng") or []
+    if rngs:
+        restore_rng(rngs[rank] if rank < len(rngs) else rngs[0])
+    old_world = int(blob.get("world_size", world_size))
+    if old_world != world_size:
+        log.warning(
+            "resuming a run saved with world_size=%d on world_size=%d: the global batch stays %s, the per-rank "
+            "batch changes, and RNG states of ranks >= %d start from rank 0's",
+            old_world,
+            world_size,
+            cfg.trainer.batch_size,
+            old_world,
+        )
+    epoch, in_epoch = int(blob.get("epoch", 0)), int(blob.get("step_in_epoch", 0))
+    log.info("resumed from %s: epoch %d, step %d (+%d in epoch)", path, epoch, step, in_epoch)
+    return Resumed(optim_changed)

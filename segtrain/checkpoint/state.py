@@ -1,10 +1,11 @@
 """What a checkpoint holds and how it maps onto modules: one set of layouts, one wrapper rule, one table.
 
-A training checkpoint is a dict: ``model`` (state of the *unwrapped* model), ``ema`` (averaged weights,
+A training checkpoint is a dict: its owner's ``state_dict()`` (``Trainer.state_dict``, a flat dict, the
+layout of every version so far): ``model`` (state of the *unwrapped* model), ``ema`` (averaged weights,
 when ``trainer.ema.decay > 0``) and ``ema_updates``, ``optimizer``, ``scheduler``, ``scaler``, ``epoch``,
 ``step``, ``step_in_epoch``, ``best_metric``, ``best_at``, ``stop_reason``, the non-finite counters,
-``hooks`` (state of stateful hooks), ``rng`` (every rank's), ``world_size``, ``config`` (plain
-containers) and ``version``.
+``hooks`` (state of stateful hooks, by class name); then what :class:`Checkpointer` adds: ``rng`` (every
+rank's), ``world_size``, ``config`` (plain containers) and ``version``.
 
 The one checkpoint-weights loader: ``resume``, ``ckpt=`` and ``model.pretrained=`` all go through it.
 
@@ -39,7 +40,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -48,13 +49,13 @@ from torch import Tensor, nn
 from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.checkpoint.io import CheckpointError, read_checkpoint
-from segtrain.distributed import all_gather_object
+from segtrain.distributed import all_gather_object, unwrap
 from segtrain.errors import NonFiniteError
 
 log = logging.getLogger(__name__)
 
 #: The one wrapper rule: DDP / DataParallel hold the model as ``.module``, torch.compile as ``._orig_mod``,
-#: and their state dicts carry these names as key prefixes. :func:`unwrap` removes the wrappers,
+#: and their state dicts carry these names as key prefixes. :func:`segtrain.distributed.unwrap` removes the wrappers,
 #: :func:`canonical_key` their prefixes.
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 _LAYOUT_PREFIXES = ("model.",)  # other people's checkpoints nest the model's keys under "model."
@@ -62,22 +63,6 @@ NESTED_KEYS = ("model", "state_dict", "model_state_dict")
 _BACKBONE_PREFIXES = ("", "backbone.", "features.")  # where a backbone may sit in a checkpoint
 _CLASSIFIER_PREFIXES = ("fc.", "classifier.", "head.", "heads.", "aux_classifier.")  # of a backbone checkpoint
 _WEIGHTS_NAME = re.compile(r"^(?:[A-Za-z][A-Za-z0-9_]*_Weights\.)?[A-Z][A-Z0-9_]*$")
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's model under any stack of DDP / torch.compile wrappers.
-
-    Engine code reaches the model only through this, so ``model.freeze_part()`` or
-    ``model.backbone`` mean the same wrapped or not, and state dicts carry no
-    ``module.`` / ``_orig_mod.`` prefixes.
-    """
-    while True:
-        if isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):
-            model = model.module  # WRAPPER_PREFIXES[0]
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod  # WRAPPER_PREFIXES[1]
-        else:
-            return model
 
 
 def capture_rng() -> dict[str, Any]:
@@ -120,7 +105,7 @@ def non_finite_tensors(state: Mapping[str, torch.Tensor]) -> list[str]:
     return [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
 
 
-def check_finite(state: Mapping[str, Any], source: str) -> None:
+def check_finite_weights(state: Mapping[str, Any], source: str) -> None:
     """Weights holding NaN or inf predict nothing (every output NaN, argmax class 0): every tool refuses them,
     in one line naming the tensors, instead of scoring or exporting garbage."""
     bad = non_finite_tensors({k: v for k, v in state.items() if isinstance(v, Tensor)})
@@ -132,10 +117,18 @@ def check_finite(state: Mapping[str, Any], source: str) -> None:
         )
 
 
-
 # --------------------------------------------------------------------------- saving a run
+class Stateful(Protocol):
+    """What owns a training state: the Trainer (``engine.trainer``), or anything that gives its state as a dict of
+    tensors and plain containers (the layout the module docstring lists, less RNG, world size, config, version)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
 class Checkpointer:
-    """Saves a trainer's whole state into ``<run>/checkpoints/`` (hooks call :meth:`save`; resume reads it back).
+    """Saves an owner's whole state into ``<run>/checkpoints/`` (hooks call :meth:`save`; resume reads it back).
 
     Collective under torch.distributed: every rank's RNG state is gathered, rank 0 writes, all wait.
     ``config``: the resolved config as plain containers, stored in every file (evaluate, predict and
@@ -147,18 +140,18 @@ class Checkpointer:
         self.keep_last = int(keep_last)
         self.is_main = is_main
 
-    def save(self, trainer: Any, tags: Sequence[str], epoch_done: bool = False) -> None:
+    def save(self, owner: Stateful, tags: Sequence[str], epoch_done: bool = False) -> None:
         """``<tag>.pt`` for each tag (``io.LAST``, ``io.BEST``, ``io.step_tag(n)``), atomically; refuses to
         write non-finite weights. ``epoch_done``: the position is the start of the next epoch."""
         import torch.distributed as torch_dist
 
         gathered = all_gather_object(capture_rng())
         if self.is_main:
-            blob = self.blob(trainer, gathered, epoch_done)
+            blob = self.blob(owner.state_dict(), gathered, epoch_done)
             bad = non_finite_tensors(blob["model"]) + non_finite_tensors(blob.get("ema") or {})
             if bad:
                 raise NonFiniteError(
-                    f"refusing to save {', '.join(tags)}.pt at step {trainer.state.step}: non-finite values in "
+                    f"refusing to save {', '.join(tags)}.pt at step {blob['step']}: non-finite values in "
                     f"{', '.join(bad[:5])}; the previous checkpoints are kept"
                 )
             io.write_checkpoints(self.folder, blob, tags, self.keep_last)
@@ -166,30 +159,16 @@ class Checkpointer:
         if torch_dist.is_available() and torch_dist.is_initialized():
             torch_dist.barrier()
 
-    def blob(self, trainer: Any, rng: list[dict[str, Any]], epoch_done: bool) -> dict[str, Any]:
-        """The resumable state: weights, optimiser, schedule, scaler, EMA, hooks, RNG and the TrainState."""
+    def blob(self, state: Mapping[str, Any], rng: list[dict[str, Any]], epoch_done: bool) -> dict[str, Any]:
+        """The file's dict: the owner's ``state`` (weights, optimiser, schedule, scaler, EMA, hooks, position),
+        every rank's RNG (``rng``, one per rank: also the world size), the config and segtrain's version."""
         import segtrain
 
-        s = trainer.state
-        position = s.to_dict()
+        blob = dict(state)
         if epoch_done:
-            position.update(epoch=s.epoch + 1, step_in_epoch=0)
-        ema = trainer.ema
-        return {
-            "model": model_state(trainer.model),
-            "ema": ema.state_dict() if ema is not None else None,
-            "ema_updates": ema.updates if ema is not None else 0,
-            "optimizer": trainer.optimizer.state_dict(),
-            "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
-            "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
-            **position,  # epoch, step, step_in_epoch, best_metric, best_at, stop_reason, non-finite counters
-            "best_metric": None if s.best_metric is None else float(s.best_metric),
-            "hooks": {type(h).__name__: h.state_dict() for h in trainer.hooks if h.state_dict()},
-            "rng": rng,
-            "world_size": int(trainer.dist.world_size),
-            "config": self.config,
-            "version": segtrain.__version__,
-        }
+            blob.update(epoch=int(blob["epoch"]) + 1, step_in_epoch=0)
+        blob.update(rng=rng, world_size=len(rng), config=self.config, version=segtrain.__version__)
+        return blob
 
 
 # --------------------------------------------------------------------------- layouts
@@ -281,9 +260,12 @@ def _candidates(model: nn.Module, state: Mapping[str, Tensor], target: str) -> l
     backbone = getattr(model, "backbone", None)
     if target in ("auto", "backbone") and isinstance(backbone, nn.Module):
         own = backbone.state_dict()
+        # a backbone holding its network under a name (timm's, under "model.") says so: a file has its bare names
+        held = str(getattr(backbone, "weights_prefix", ""))
         for prefix in _BACKBONE_PREFIXES:
             plain = {_strip_wrappers(k): v for k, v in state.items()}
             cand = {k[len(prefix) :]: v for k, v in plain.items() if k.startswith(prefix)}
+            cand = {held + k if held and held + k in own else k: v for k, v in cand.items()}
             out.append(("backbone", backbone, own, {canonical_key(k, own): v for k, v in cand.items()}))
     return out
 
@@ -317,9 +299,11 @@ def load_weights(
     name, module, own, mapped = max(candidates, key=lambda c: _fit_count(c[2], c[3]))  # first wins ties
     report = LoadReport(source=source, target=name, weights=weights)
     fitting: dict[str, Tensor] = {}
+    # a backbone's classifier parts it does not hold (timm's head): ignored like _CLASSIFIER_PREFIXES
+    dropped: frozenset[str] = getattr(module, "dropped_keys", frozenset())
     for k, v in mapped.items():
         if k not in own:
-            if name == "backbone" and k.startswith(_CLASSIFIER_PREFIXES):
+            if name == "backbone" and (k.startswith(_CLASSIFIER_PREFIXES) or k in dropped):
                 report.ignored.append(k)
             else:
                 report.unexpected.append(k)
@@ -374,7 +358,7 @@ def load_checkpoint_weights(
     ``asked``: the tool's config (``model`` and ``dataset`` sections) that ``model`` was built from, so that
     a mismatch names the checkpoint's model and classes against the ones asked for."""
     state, where = state_dict_of(obj, source, prefer_ema=prefer_ema)
-    check_finite(state, source)
+    check_finite_weights(state, source)
     stored = obj.get("config") if isinstance(obj, Mapping) and isinstance(obj.get("config"), Mapping) else None
     report = load_weights(
         model, state, source, strict=strict, target="model", classes=classes, weights=where, stored=stored, asked=asked
@@ -493,6 +477,11 @@ def torchvision_state_dict(model: nn.Module, name: str) -> dict[str, Tensor]:
     from torchvision.models import get_model_weights, get_weight
 
     arch = getattr(model, "backbone_name", None)
+    if arch is not None and arch.startswith("timm:"):
+        raise CheckpointError(
+            f"model.pretrained={name!r} names torchvision weights; for model.backbone={arch} use model.pretrained=timm "
+            "(timm's weights, downloads) or a local weights file"
+        )
     arch_weights = get_model_weights(arch) if arch else None
     if "." in name:
         try:

@@ -14,6 +14,7 @@ from segtrain.config.checks import (
 )
 from segtrain.config.resolve import (
     DISCOVERED,
+    chdir_note,
     compose,
     config_from_checkpoint,
     expand_path,
@@ -86,6 +87,7 @@ __all__ = [
     "ScheduleConfig",
     "SegtrainConfig",
     "TrainerConfig",
+    "chdir_note",
     "check_overrides",
     "compose",
     "config_dir",

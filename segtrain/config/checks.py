@@ -6,7 +6,9 @@ and Hydra take to start."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -32,25 +34,39 @@ from segtrain.config.schema import (
 from segtrain.errors import ConfigError
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
-_GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment")
+_GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment", "hparams_search")
+
+#: Hydra plugins of the optional extras: (override key, value prefix) -> (module, extra). Checked before Hydra
+#: composes, which would otherwise list the config groups it found instead of saying what to install.
+PLUGINS = {
+    ("hydra/sweeper", "optuna"): ("hydra_plugins.hydra_optuna_sweeper", "sweep"),
+    ("hparams_search", ""): ("hydra_plugins.hydra_optuna_sweeper", "sweep"),
+    ("hydra/launcher", "submitit"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+}
 
 
-def check_overrides(overrides: list[str]) -> None:
-    """Reject a mistyped key before Hydra does, with a suggestion instead of Hydra's hint to use '+'."""
+def check_overrides(overrides: list[str], search_dirs: Sequence[Path] = ()) -> None:
+    """Reject a mistyped key before Hydra does, with a suggestion instead of Hydra's hint to use '+'.
+    ``search_dirs``: the user's own config folders (``--config-dir``, ``hydra.searchpath``), whose presets
+    a group override may name."""
     import difflib
 
     schema = OmegaConf.structured(SegtrainConfig)
     for ov in overrides:
         if "=" not in ov:
             continue
+        check_override_syntax(ov)
         key, value = ov.split("=", 1)
         key = key.lstrip("+~")
+        check_plugin(key, value)
         if key.startswith("hydra"):
             continue
         if key in _GROUPS:
-            check_group_option(key, value)
+            check_group_option(key, value, search_dirs)
             continue
         parent, _, leaf = key.rpartition(".")
+        if _is_free_form(parent):
+            continue
         node = OmegaConf.select(schema, parent) if parent else schema
         check_override_type(schema, ov)
         if node is None:
@@ -66,7 +82,41 @@ def check_overrides(overrides: list[str]) -> None:
             )
 
 
+def check_override_syntax(override: str) -> None:
+    """An override Hydra's grammar cannot read, in one line; unquoted non-ASCII letters (``dataset.root=/data/café``)
+    and spaces or brackets in a path are the usual cause, and quoting is the fix."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except OverrideParseException as e:
+        key, _, value = override.partition("=")
+        first = str(e).strip().splitlines()[0]
+        why = "non-ASCII letters" if not value.isascii() else "characters Hydra's override grammar reserves"
+        raise ConfigError(
+            f"cannot read the override {override!r} ({first}); a value with {why} must be quoted: "
+            f"\"{key}='{value}'\" (the double quotes are for the shell)"
+        ) from None
+
+
 _TYPE_NAMES = {"IntegerNode": "an integer", "FloatNode": "a number", "BooleanNode": "true or false"}
+
+
+def check_plugin(key: str, value: str) -> None:
+    """``hydra/sweeper=optuna``, ``hparams_search=...``, ``hydra/launcher=submitit_*``: the plugin is installed."""
+    import importlib.util
+
+    for (k, prefix), (module, extra) in PLUGINS.items():
+        if key == k and value.startswith(prefix) and value not in ("", "null"):
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ModuleNotFoundError:  # hydra_plugins itself absent
+                found = False
+            if not found:
+                raise ConfigError(
+                    f"{key}={value} needs {module}, which is not installed: pip install 'segtrain[{extra}]'"
+                )
 
 
 def check_override_type(schema: DictConfig, override: str) -> None:
@@ -82,7 +132,7 @@ def check_override_type(schema: DictConfig, override: str) -> None:
     except Exception:  # noqa: BLE001 - a syntax error: Hydra reports it with its position
         return
     parent_key, _, name = key.rpartition(".")
-    if parsed.is_delete() or parsed.is_sweep_override() or _is_free_form(parent_key):
+    if parsed.is_delete() or parsed.is_sweep_override() or _is_free_form(parent_key) or _is_free_form(key):
         return
     parent = OmegaConf.select(schema, parent_key) if parent_key else schema
     try:
@@ -110,21 +160,24 @@ def given_on_command_line(key: str) -> bool:
     return any(ov.split("=", 1)[0].lstrip("+~") == key for ov in task)
 
 
-def check_group_option(group: str, value: str) -> None:
-    """``experiment=nme`` must name a file of ``configs/<group>/``; Hydra would skip an optional one silently."""
+def check_group_option(group: str, value: str, search_dirs: Sequence[Path] = ()) -> None:
+    """``experiment=nme`` must name a file of ``configs/<group>/`` (or of ``<dir>/<group>/`` for a user's config
+    folder in ``search_dirs``); Hydra would skip an optional one silently."""
     if value in ("", "null", "None") or "," in value:  # removal, or a multirun sweep (Hydra checks each)
         return
-    options = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+    folders = [config_dir(), *search_dirs]
+    options = sorted({p.stem for d in folders for p in (Path(d) / group).glob("*.yaml")})
     if value not in options:
         import difflib
 
         near = difflib.get_close_matches(value, options, n=1)
         hint = f" Did you mean {group}={near[0]}?" if near else ""
-        raise ConfigError(f"{group}={value}: no such preset in configs/{group}/.{hint} Available: {', '.join(options)}")
+        where = " or ".join([f"configs/{group}/", *(str(Path(d) / group) for d in search_dirs)])
+        raise ConfigError(f"{group}={value}: no such preset in {where}.{hint} Available: {', '.join(options)}")
 
 
 def _is_free_form(parent: str) -> bool:
-    return parent == "dataset.class_map" or parent.startswith("dataset.class_map.")
+    return any(parent == k or parent.startswith(k + ".") for k in ("dataset.class_map", "model.kwargs"))
 
 
 def check_missing(cfg: DictConfig) -> None:
@@ -195,6 +248,8 @@ def validate(cfg: DictConfig) -> None:
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {list(allowed)}")
     check_registered(cfg)
+    check_loggers(cfg)
+    check_model(cfg)
     check_ranges(cfg)
     check_classes(cfg)
     from segtrain.placement import check as check_placement  # where each input stage runs: decided there, once
@@ -286,10 +341,12 @@ BOUNDS: dict[str, Bound] = {
     "trainer.ema.decay": Bound(0, 1, "0 turns EMA off", high_open=True),
     "trainer.ema.warmup_steps": _AT_LEAST_0,
     "trainer.ddp.timeout_s": _AT_LEAST_1,
+    "trainer.ddp.rendezvous_timeout_s": _AT_LEAST_1,
     "trainer.profile.wait": _AT_LEAST_0,
     "trainer.profile.warmup": _AT_LEAST_0,
     "trainer.profile.active": _AT_LEAST_1,
     "optim.lr": _POSITIVE,
+    "optim.backbone_lr_mult": _AT_LEAST_0,
     "optim.weight_decay": _AT_LEAST_0,
     "optim.momentum": Bound(0, 1, "the fraction of the last update kept", high_open=True),
     "optim.betas": Bound(0, 1, "Adam's decay rates of the moment estimates", high_open=True),
@@ -316,11 +373,13 @@ BOUNDS: dict[str, Bound] = {
     "dataset.synthetic.max_instances": Bound(1, MAX_SYNTHETIC_INSTANCES, "objects per synthetic image", early=True),
     "dataset.panoptic.label_divisor": _AT_LEAST_1,
     "dataset.panoptic.stuff_area": _AT_LEAST_0,
-    "dataset.panoptic.threshold": _AT_LEAST_0,
+    "dataset.panoptic.threshold": Bound(0, 1, "the centre heatmap's values lie in [0, 1]", low_open=True),
     "dataset.panoptic.nms_kernel": _AT_LEAST_1,
     "dataset.panoptic.top_k": _AT_LEAST_1,
-    "inference.input_size": Bound(8, None, "pixels of a side"),
-    "inference.pad_multiple": _AT_LEAST_1,
+    "inference.input_size": Bound(8, 65536, "pixels of a side; their product is bounded by dataset.max_image_pixels"),
+    "inference.pad_multiple": Bound(1, 1024, "the padded image grows to a multiple of it; the network needs 32"),
+    "trainer.seed": Bound(0, 2**32 - 1, "numpy's seeds"),
+    "dataset.synthetic.seed": Bound(0, 2**32 - 1, "numpy's seeds"),
     "inference.overlap": Bound(0, 0.75, "each pixel runs through the network up to 1/(1-overlap)^2 times: 16 at 0.75"),
     "doctor.num_images": _AT_LEAST_1,
     "doctor.steps": _AT_LEAST_1,
@@ -364,6 +423,7 @@ def check_ranges(cfg: DictConfig) -> None:
     if pan.nms_kernel % 2 == 0:
         raise ConfigError(f"dataset.panoptic.nms_kernel={pan.nms_kernel} must be odd")
     # label_divisor > top_k: check_data_values (it runs first, before class discovery)
+    check_training_values(cfg)
     exports = cfg.evaluate.export
     named = [exports] if isinstance(exports, str) else list(exports or [])
     panoptic_exports = [n for n in named if str(n).split(",")[0].strip() in PANOPTIC_EXPORTS]
@@ -371,6 +431,22 @@ def check_ranges(cfg: DictConfig) -> None:
         raise ConfigError(
             f"evaluate.export={panoptic_exports[0]} writes panoptic predictions, which evaluate.panoptic=false turns "
             "off: set evaluate.panoptic=true or drop evaluate.export"
+        )
+
+
+def check_training_values(cfg: DictConfig) -> None:
+    """Values each in range whose combination trains nothing, or something other than asked."""
+    lr, min_lr = cfg.optim.lr, cfg.schedule.min_lr
+    if min_lr > lr:
+        raise ConfigError(
+            f"schedule.min_lr={min_lr:g} is above optim.lr={lr:g}: min_lr is a floor on the rate, so every step "
+            f"would train at {min_lr:g}. Lower schedule.min_lr (e.g. 0 or {lr / 100:g}) or raise optim.lr"
+        )
+    loss = cfg.trainer.loss
+    if loss.semantic == 0 and loss.center == 0 and loss.offset == 0:
+        raise ConfigError(
+            "trainer.loss.semantic, trainer.loss.center and trainer.loss.offset are all 0: the loss would be 0 on "
+            "every step and nothing would train. Give at least one a positive weight (defaults: 1, 200, 0.01)"
         )
 
 
@@ -407,7 +483,11 @@ def check_data_values(cfg: DictConfig) -> None:
     check runs on a checkpoint's stored config (config_from_checkpoint finalises it)."""
     _check_bounds(cfg, early=True)
     pixels = OmegaConf.select(cfg, "dataset.max_image_pixels")
-    for key in ("dataset.input_size", "dataset.synthetic.image_size"):
+    sized = ["dataset.input_size", "dataset.synthetic.image_size"]
+    inference = OmegaConf.select(cfg, "inference.input_size", default=None)
+    if inference is not None and len(inference) == 2 and all(type(v) is int and v >= 8 for v in inference):
+        sized.append("inference.input_size")  # other mistakes in it: BOUNDS, with the others
+    for key in sized:
         h, w = _pair(cfg, key)
         if h * w > pixels:
             raise ConfigError(
@@ -441,11 +521,12 @@ def check_classes(cfg: DictConfig) -> None:
     classes = [str(c) for c in cfg.dataset.classes]
     fmt = load("dataset.format").get(str(cfg.dataset.format))
     if fmt.unlabeled == "background":
+        named = [c for c in classes if c.lower() not in BACKGROUND_NAMES]  # for the example: background is first
         if len(classes) < 2 or classes[0].lower() not in BACKGROUND_NAMES:
             raise ConfigError(
                 f"dataset.classes={classes[:6]}{'...' if len(classes) > 6 else ''}: with dataset.format="
                 f"{cfg.dataset.format}, unannotated pixels become class 0, so list the background first, then at "
-                f"least one class: e.g. dataset.classes=[background,{','.join(classes[:2]) or 'person'}]"
+                f"least one class: e.g. dataset.classes=[background,{','.join(named[:2]) or 'person'}]"
             )
     elif not classes:
         raise ConfigError("dataset.classes is empty; list the training classes")
@@ -464,6 +545,28 @@ def check_classes(cfg: DictConfig) -> None:
         )
 
 
+#: The package each optional tracker imports, checked before torch loads (pyproject.toml's ``trackers`` extra).
+LOGGER_PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}
+
+
+def check_loggers(cfg: DictConfig) -> None:
+    """``trainer.loggers``: each name once, and a tracker's package installed (its absence would otherwise show
+    only once the run has started)."""
+    import importlib.util
+
+    names = [str(n) for n in cfg.trainer.loggers]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"trainer.loggers={names} names {', '.join(twice)} twice; give each logger once")
+    for name in names:
+        package = LOGGER_PACKAGES.get(name)
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"trainer.loggers: {name} needs the {package} package, which is not installed: "
+                "pip install 'segtrain[trackers]'"
+            )
+
+
 def check_registered(cfg: DictConfig) -> None:
     """Values that name registry entries (``model.name``, ``optim.name``, ``trainer.hooks``...) must exist."""
     from segtrain.registry import DECLARED, UnknownChoiceError, check_name
@@ -477,3 +580,44 @@ def check_registered(cfg: DictConfig) -> None:
                 check_name(key, name)
             except UnknownChoiceError as e:
                 raise ConfigError(str(e)) from None
+
+
+def check_model(cfg: DictConfig) -> None:
+    """A timm backbone names a timm model, and the builder takes ``model.kwargs``. These import timm or the
+    builder's module (hence torch), so only when such a value is given; the rest is checked without torch."""
+    from segtrain.registry import check_call, is_import_path, load
+
+    check_timm_backbone(str(cfg.model.backbone))
+    kwargs = OmegaConf.select(cfg, "model.kwargs")
+    name = str(cfg.model.name)
+    if kwargs or is_import_path(name):
+        builder = load("model.name").get(name)
+        given = OmegaConf.to_container(kwargs, resolve=True) if kwargs else {}
+        named = {str(k): v for k, v in given.items()} if isinstance(given, dict) else {}
+        check_call(builder, "model.name", name, named)
+
+
+TIMM_PREFIX = "timm:"
+FIND_TIMM_NAMES = "List timm's models with: python -c \"import timm; print(timm.list_models('*resnet*'))\""
+
+
+def check_timm_backbone(backbone: str) -> None:
+    """``timm:<name>`` must name a timm model: one line otherwise, saying how to list the names. Imports timm
+    (hence torch) only for such a value."""
+    if not backbone.startswith(TIMM_PREFIX):
+        return
+    name = backbone[len(TIMM_PREFIX) :]
+    if not name:
+        raise ConfigError(f"model.backbone={backbone!r}: name the timm model, e.g. timm:resnet18. {FIND_TIMM_NAMES}")
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError(
+            f"model.backbone={backbone} needs the timm package: pip install 'segtrain[timm]' (or pip install timm)"
+        ) from None
+    if not timm.is_model(name):
+        import difflib
+
+        near = difflib.get_close_matches(name.split(".")[0], timm.list_models(), n=3)
+        hint = f" Did you mean {', '.join('timm:' + n for n in near)}?" if near else ""
+        raise ConfigError(f"model.backbone={backbone!r}: timm has no model {name!r}.{hint} {FIND_TIMM_NAMES}")

@@ -50,7 +50,22 @@ def compose(overrides: list[str] | None = None, config_name: str = "train") -> D
 
 
 def finalize(cfg: DictConfig) -> DictConfig:
-    """Resolve interpolations once (so every rank sees the same values) and keep the schema."""
+    """Resolve interpolations once (so every rank sees the same values) and keep the schema. An interpolation
+    that cannot resolve (``${nope}``, a self-reference, ``${oc.env:NOPE}``) is one line naming the key."""
+    from omegaconf.errors import GrammarParseError, InterpolationResolutionError
+
+    try:
+        return _finalize(cfg)
+    except (InterpolationResolutionError, GrammarParseError) as e:
+        key = getattr(e, "full_key", None) or "a config value"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"{key}: its interpolation cannot be resolved ({first}). ${{a.b}} names another config key, "
+            "${oc.env:VAR} needs VAR set (or a default: ${oc.env:VAR,default}); quote a literal $ as \\$"
+        ) from None
+
+
+def _finalize(cfg: DictConfig) -> DictConfig:
     try:  # keys added with `+key=value` bypass Hydra's struct check; the schema still rejects them
         OmegaConf.merge(OmegaConf.structured(SegtrainConfig), cfg)
     except Exception as e:  # noqa: BLE001 - re-raised with the key named
@@ -79,7 +94,15 @@ def resolve_auto_classes(cfg: DictConfig) -> None:
     from segtrain.registry import load
 
     ds = OmegaConf.create(OmegaConf.to_container(cfg.dataset, resolve=True))
-    found = load("dataset.format").get(str(ds.format)).auto_classes(ds)
+    fmt = load("dataset.format").get(str(ds.format))
+    found = fmt.auto_classes(ds)
+    if fmt.unlabeled == "background" and len(found.classes) < 2:
+        given = [str(ds.train.get(k)) for k in fmt.split_keys if ds.train.get(k)]
+        raise ConfigError(
+            f"dataset.classes=auto found no label in the training annotations ({', '.join(given)}): every file's "
+            "annotation list is empty, or every label is mapped to the background, __ignore__ or null. Annotate "
+            "objects, or list the classes: dataset.classes=[background,CLASS]"
+        )
     cfg.dataset.classes = found.classes
     counts = found.counts
     shown = ", ".join(f"{c} ({n})" for c, n in counts[:40]) + (", ..." if len(counts) > 40 else "")
@@ -97,6 +120,22 @@ def to_container(cfg: DictConfig | object) -> dict:
 
 def expand_path(path: str | os.PathLike) -> Path:
     return Path(os.path.expandvars(os.path.expanduser(str(path))))
+
+
+def chdir_note() -> str:
+    """With ``hydra.job.chdir=true`` the job runs inside its run directory, so a relative path is read from there:
+    said next to a "not found" (empty otherwise)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return ""
+    hc = HydraConfig.get()
+    if not hc.job.chdir or os.getcwd() == hc.runtime.cwd:
+        return ""
+    return (
+        f" (hydra.job.chdir=true: relative paths are read from the run directory {os.getcwd()}, not from "
+        f"{hc.runtime.cwd} where the command ran; give absolute paths, or drop hydra.job.chdir)"
+    )
 
 
 def check_stored_size(stored: object, origin: str) -> None:
@@ -131,6 +170,14 @@ def config_from_checkpoint(
     if not stored:
         return cli_cfg
     check_stored_size(stored, origin)
+    groups = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    for section in CHECKPOINT_SECTIONS:
+        if section in stored and section not in groups and not isinstance(stored[section], dict):
+            raise ConfigError(
+                f"{origin}: its stored config's {section!r} section is a {type(stored[section]).__name__}, not a "
+                "mapping (edited by hand?); restore it, or give "
+                f"{section}=... on the command line to use the current one"
+            )
     from omegaconf.errors import OmegaConfBaseException
 
     try:

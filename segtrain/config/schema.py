@@ -49,16 +49,21 @@ def config_dir() -> Path:
 # --------------------------------------------------------------------------- model
 @dataclass
 class ModelConfig:
+    # a registered model, or your own builder by import path: mypkg.nets:build (docs/models.md)
     name: str = "tiny_panoptic"
     num_classes: int = MISSING
+    # torchvision's resnet18/34/50/101, mobilenet_v3_large/small, or any timm model as timm:<name>
     backbone: str = "resnet18"
-    # Local file with backbone or full-model weights, or a torchvision weights name
-    # (e.g. "ResNet50_Weights.IMAGENET1K_V2", downloads: needs internet). None: random init.
+    # Local file (.pt/.pth or .safetensors) with backbone or full-model weights, a torchvision weights name
+    # (e.g. "ResNet50_Weights.IMAGENET1K_V2"), or "timm" (timm's weights for a timm: backbone). The last two
+    # download: they need internet. None: random init.
     pretrained: str | None = None
     width: int = 32  # channel width of the tiny model
     decoder_channels: int = 128
     head_channels: int = 64
     output_stride: int = 16
+    # keyword arguments of the builder (a model named by import path): +model.kwargs={depth: 3} (None: none)
+    kwargs: Any = None
 
 
 # --------------------------------------------------------------------------- dataset
@@ -180,6 +185,8 @@ class OptimConfig:
     momentum: float = 0.9
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     no_decay_norm_bias: bool = True
+    # the backbone's learning rate is optim.lr times this (pretrained backbones: 0.1 is common)
+    backbone_lr_mult: float = 1.0
 
 
 @dataclass
@@ -208,6 +215,9 @@ class DDPConfig:
     find_unused_parameters: str = "auto"  # auto | true | false
     static_graph: bool = False
     timeout_s: int = 1800
+    # Seconds a process waits for the others to join the process group (a leaked RANK/WORLD_SIZE outside
+    # torchrun would otherwise wait for ever); a cluster whose processes start far apart may need more.
+    rendezvous_timeout_s: int = 60
 
 
 @dataclass
@@ -231,6 +241,19 @@ class EMAConfig:
 class EarlyStopConfig:
     patience: int = 0  # validations without improvement of trainer.checkpoint.metric before stopping; 0: off
     min_delta: float = 0.0  # an improvement must exceed this
+
+
+@dataclass
+class TrackingConfig:
+    """Where ``trainer.loggers`` other than TensorBoard send the run (docs/workflow.md). Credentials never go here:
+    MLflow and W&B read them from their own environment (MLFLOW_TRACKING_USERNAME/PASSWORD, WANDB_API_KEY)."""
+
+    experiment: str = "segtrain"  # MLflow experiment / W&B project
+    run_name: str | None = None  # default: the run directory's name
+    # MLflow tracking URI (http://host:5000, sqlite:///mlflow.db, file:./mlruns); None: MLFLOW_TRACKING_URI,
+    # else MLflow's own default (sqlite:///mlflow.db in the working directory)
+    mlflow_uri: str | None = None
+    log_checkpoint: bool = False  # upload best.pt to each tracker when the run ends
 
 
 @dataclass
@@ -289,6 +312,10 @@ class TrainerConfig:
     # Extra hooks after the built-in ones: registered names (segtrain.engine.hooks.HOOKS), or
     # {name: ..., key: value} entries whose other keys are passed to the hook.
     hooks: list[Any] = field(default_factory=list)
+    # Where scalars, the config and figures go besides metrics.jsonl: tensorboard, mlflow, wandb (registered names,
+    # segtrain.engine.trackers.LOGGERS); mlflow/wandb need `pip install 'segtrain[trackers]'`.
+    loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
 # --------------------------------------------------------------------------- tools
@@ -374,7 +401,7 @@ Config = SegtrainConfig | DictConfig
 # Fixed sets of values. Sets that grow (models, data formats, augmentation pipelines, optimisers,
 # schedules, hooks) are registries (segtrain.registry): their allowed values come from there.
 # The lists the code branches on are defined here once and imported by it (config imports no package).
-ON_ERROR = ("raise", "skip")  # segtrain.data.records.Collector, data.loading
+ON_ERROR = ("raise", "skip")  # segtrain.data.records.Collector, data.formats.reading
 
 
 UNLISTED = ("error", "drop", "ignore")  # segtrain.data.records.ClassMap
@@ -383,7 +410,7 @@ UNLISTED = ("error", "drop", "ignore")  # segtrain.data.records.ClassMap
 INFERENCE_MODES = ("fit", "pad", "sliding")  # segtrain.data.mappers.NativeMapper
 
 
-PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.panoptic_gt
+PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.targets.panoptic_gt
 
 
 EXPORT_FORMATS = ("onnx", "torchscript")  # segtrain.tools.export

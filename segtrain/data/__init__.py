@@ -1,6 +1,10 @@
-"""Records (annotation formats), the per-item pipeline (mappers) and data sets. Never imports segtrain.engine.
+"""Data: annotation formats (``formats/``), image decoding (``images/``), masks and targets (``targets/``),
+augmentation (``transforms/``) and, here, the pipeline that joins them: records, mappers, data sets, loaders
+and :func:`build_training_data`. Never imports segtrain.engine.
 
-The names below load on first use: the config check imports ``segtrain.data.formats`` without torch.
+This module is the package's face: engine, evaluation and tools import the names below from
+``segtrain.data``, never its modules (tests/test_layers.py). The names load on first use, so importing
+``segtrain.data`` costs nothing; the config check imports ``segtrain.data.formats.registry`` without torch.
 """
 
 from __future__ import annotations
@@ -9,24 +13,72 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from segtrain.data.build import TrainingData as TrainingData
+    from segtrain.data.build import build_training_data as build_training_data
     from segtrain.data.dataset import PolygonDataset as PolygonDataset
     from segtrain.data.dataset import build_dataset as build_dataset
     from segtrain.data.dataset import collate as collate
+    from segtrain.data.dataset import load_records as load_records
+    from segtrain.data.formats.cityscapes import label_of as label_of
+    from segtrain.data.formats.coco import coco_ids as coco_ids
+    from segtrain.data.formats.coco_panoptic import read_segment_ids as read_segment_ids
+    from segtrain.data.formats.reading import is_utf8 as is_utf8
+    from segtrain.data.formats.registry import FORMATS as FORMATS
+    from segtrain.data.formats.registry import check_paths as check_paths
+    from segtrain.data.images.image_io import read_image_file as read_image_file
+    from segtrain.data.loaders import build_loader as build_loader
+    from segtrain.data.loaders import per_rank_batch as per_rank_batch
+    from segtrain.data.loaders import worker_init as worker_init
     from segtrain.data.mappers import CpuMapper as CpuMapper
     from segtrain.data.mappers import DeviceMapper as DeviceMapper
     from segtrain.data.mappers import NativeMapper as NativeMapper
     from segtrain.data.mappers import StageTimer as StageTimer
+    from segtrain.data.mappers import inference_size as inference_size
+    from segtrain.data.mappers import prepare_input as prepare_input
+    from segtrain.data.pipeline import BatchStep as BatchStep
     from segtrain.data.pipeline import build_mapper as build_mapper
+    from segtrain.data.pipeline import plan_pipeline as plan_pipeline
+    from segtrain.data.records import ImageRecord as ImageRecord
+    from segtrain.data.records import Instance as Instance
+    from segtrain.data.targets.mask_targets import mask_targets as mask_targets
+    from segtrain.data.targets.panoptic_gt import panoptic_categories as panoptic_categories
+    from segtrain.data.targets.panoptic_gt import panoptic_from_prediction as panoptic_from_prediction
+    from segtrain.data.targets.panoptic_gt import panoptic_ground_truth as panoptic_ground_truth
+    from segtrain.data.targets.rasterise import rasterise as rasterise
 
 _HOMES = {
+    "TrainingData": "segtrain.data.build",
+    "build_training_data": "segtrain.data.build",
     "PolygonDataset": "segtrain.data.dataset",
     "build_dataset": "segtrain.data.dataset",
     "collate": "segtrain.data.dataset",
+    "load_records": "segtrain.data.dataset",
+    "build_loader": "segtrain.data.loaders",
+    "per_rank_batch": "segtrain.data.loaders",
+    "worker_init": "segtrain.data.loaders",
     "CpuMapper": "segtrain.data.mappers",
     "DeviceMapper": "segtrain.data.mappers",
     "NativeMapper": "segtrain.data.mappers",
     "StageTimer": "segtrain.data.mappers",
+    "inference_size": "segtrain.data.mappers",
+    "prepare_input": "segtrain.data.mappers",
+    "BatchStep": "segtrain.data.pipeline",
+    "mask_targets": "segtrain.data.targets.mask_targets",
     "build_mapper": "segtrain.data.pipeline",
+    "plan_pipeline": "segtrain.data.pipeline",
+    "ImageRecord": "segtrain.data.records",
+    "Instance": "segtrain.data.records",
+    "is_utf8": "segtrain.data.formats.reading",
+    "FORMATS": "segtrain.data.formats.registry",
+    "check_paths": "segtrain.data.formats.registry",
+    "coco_ids": "segtrain.data.formats.coco",
+    "read_segment_ids": "segtrain.data.formats.coco_panoptic",
+    "label_of": "segtrain.data.formats.cityscapes",
+    "read_image_file": "segtrain.data.images.image_io",
+    "rasterise": "segtrain.data.targets.rasterise",
+    "panoptic_categories": "segtrain.data.targets.panoptic_gt",
+    "panoptic_from_prediction": "segtrain.data.targets.panoptic_gt",
+    "panoptic_ground_truth": "segtrain.data.targets.panoptic_gt",
 }
 
 __all__ = sorted(_HOMES)

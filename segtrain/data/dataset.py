@@ -17,8 +17,8 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from segtrain import storage
 from segtrain.config import Config
-from segtrain.data.formats import check_paths, load_split
-from segtrain.data.image_io import SKIP_HINT, ImageReadError
+from segtrain.data.formats.registry import check_paths, load_split
+from segtrain.data.images.image_io import SKIP_HINT, ImageReadError
 from segtrain.data.mappers import (
     CpuMapper,
     DeviceMapper,
@@ -30,6 +30,7 @@ from segtrain.data.mappers import (
 from segtrain.data.pipeline import build_mapper
 from segtrain.data.records import AnnotationError, ImageRecord
 from segtrain.data.seeding import item_seed
+from segtrain.data.targets.mask_targets import collate_lists
 from segtrain.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -149,8 +150,10 @@ def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         encoded = [it.pop("jpeg") for it in good]
         padded["jpeg_length"] = torch.tensor([int(e.numel()) for e in encoded])
         padded["jpeg"] = _stack_padded([e.view(1, -1) for e in encoded]).view(len(encoded), -1)
+    listed = collate_lists(good)  # per-mask targets: lists, one entry per image (numbers of masks differ)
     batch = default_collate(good) if good else {}
     batch.update(padded)
+    batch.update(listed)
     if skipped:
         batch["skipped"] = torch.tensor(skipped)
     return batch
@@ -192,7 +195,31 @@ def load_records(cfg: Config, split: str) -> Sequence[ImageRecord]:
         )
     if not len(records):
         raise AnnotationError(f"dataset {cfg.dataset.name!r} split {split!r} holds no usable images")
+    if split == "train":
+        check_labelled(cfg, records)
     return records
+
+
+def check_labelled(cfg: Config, records: Sequence[ImageRecord]) -> None:
+    """Where unannotated pixels are void (Cityscapes, COCO panoptic), a training set without one object of a
+    training class has no labelled pixel: every loss would be 0 on every step. Stops at the first object found."""
+    from segtrain.config import IGNORE_LABEL
+    from segtrain.data.formats.registry import FORMATS
+
+    if FORMATS.get(str(cfg.dataset.format)).unlabeled == "background":
+        return  # unannotated pixels train as the background class
+    for rec in records:
+        for inst in rec.instances:
+            if 0 <= inst.class_id < IGNORE_LABEL or inst.crowd_class is not None:
+                return
+    split = cfg.dataset.train
+    given = (getattr(split, k, None) for k in ("annotations", "dir", "panoptic", "images"))
+    folder = next((str(v) for v in given if v), "dataset.train")
+    raise AnnotationError(
+        f"{folder}: none of the {len(records)} training images holds an object of a training class (every objects "
+        "list is empty, or only ignored labels), so no pixel is labelled and nothing would train. Check the "
+        "annotation files, or dataset.classes / dataset.class_map"
+    )
 
 
 def build_dataset(

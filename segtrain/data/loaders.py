@@ -7,7 +7,6 @@ memory (copied with ``non_blocking=True`` by the trainer) and prefetching.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 import random
@@ -21,6 +20,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from segtrain.config import ConfigError
 from segtrain.data.dataset import PolygonDataset, collate
+from segtrain.data.targets.allocator import keep_freed_memory
 from segtrain.distributed import DistInfo, env_rank
 from segtrain.preemption import ignore_in_workers
 
@@ -109,20 +109,6 @@ class ShardSampler(Sampler):
         return len(self.indices)
 
 
-def keep_freed_memory() -> None:
-    """Let glibc reuse freed large buffers instead of returning them to the OS after every item.
-
-    Each item allocates tens of MB of fresh target/augmentation arrays; with the default malloc
-    they are unmapped on free and page-faulted back in for the next item, which costs more than
-    computing the targets (see scripts/bench_targets.py, "warm" vs "default")."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: serve big blocks from the heap
-        libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD (a C int): do not give the heap back eagerly
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
-
-
 def worker_init(worker_id: int) -> None:
     ignore_in_workers()
     keep_freed_memory()
@@ -158,9 +144,13 @@ def build_loader(
         bs = per_rank_batch(int(trainer.batch_size), dist.world_size)
         sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed))
         if len(sampler) < bs:
+            if len(dataset) < dist.world_size:  # not one image per process: no batch size can help
+                fix = f"use at most {len(dataset)} process(es) (--nproc_per_node), or add training images"
+            else:
+                fix = f"lower trainer.batch_size to at most {len(sampler) * dist.world_size}"
             raise ConfigError(
-                f"the training set has {len(dataset)} images: {len(sampler)} per rank, fewer than the per-rank "
-                f"batch {bs}; lower trainer.batch_size"
+                f"the training set has {len(dataset)} images: {len(sampler)} per rank on {dist.world_size} "
+                f"process(es), fewer than the per-rank batch {bs}; {fix}"
             )
         return DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **common)
     vbs = int(trainer.val_batch_size or trainer.batch_size)

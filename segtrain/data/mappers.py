@@ -32,13 +32,14 @@ import numpy as np
 import torch
 
 from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, Config, ConfigError, DatasetConfig
-from segtrain.data.augmentations import DEVICE_PIPELINES, evaluation_pipeline
-from segtrain.data.coco_panoptic import rasterise_panoptic, read_segment_ids
-from segtrain.data.image_io import decode_image, device_jpeg_orientation, read_encoded
-from segtrain.data.rasterise import rasterise
+from segtrain.data.formats.coco_panoptic import rasterise_panoptic, read_segment_ids
+from segtrain.data.images.image_io import decode_image, device_jpeg_orientation, read_encoded
 from segtrain.data.records import AnnotationError, ImageRecord, crowd_classes
-from segtrain.data.targets import make_targets
-from segtrain.data.transforms import (
+from segtrain.data.targets.builders import make_targets
+from segtrain.data.targets.mask_targets import mask_targets
+from segtrain.data.targets.rasterise import rasterise
+from segtrain.data.transforms.augmentations import DEVICE_PIPELINES, evaluation_pipeline
+from segtrain.data.transforms.cpu_augment import (
     MAX_INSTANCES,
     AffineCrop,
     draw_plan,
@@ -63,11 +64,15 @@ class TargetSpec:
     # ``dataset.crowd_in_semantic``: crowd regions carry their class in ``semantic`` (centre and offset
     # weights stay 0); false: they are ignored (255) like every ignore region
     crowd_in_semantic: bool = True
+    # False for a semantic-only model (its loss reads no centre or offset): items carry ``semantic`` and
+    # ``semantic_weight`` only, and no centre heatmap, offsets or their weights are built, moved or collated
+    instances: bool = True
 
     @classmethod
-    def from_config(cls, ds: DatasetConfig) -> TargetSpec:
+    def from_config(cls, ds: DatasetConfig, instances: bool = True) -> TargetSpec:
         classes = list(ds.classes)
         return cls(
+            instances=bool(instances),
             sigma=ds.targets.sigma,
             stuff_ids=tuple(classes.index(s) for s in ds.stuff_classes),
             small_instance_area=ds.targets.small_instance_area,
@@ -86,6 +91,7 @@ class TargetSpec:
             "ignore_label": IGNORE_LABEL,
             "small_instance_area": self.small_instance_area,
             "small_instance_weight": self.small_instance_weight,
+            "instances": self.instances,
         }
 
 
@@ -179,13 +185,14 @@ class CpuMapper(_Mapper):
     ``instance`` (H,W) int32, ``semantic`` (H,W) uint8 with 255 = ignore, ``center`` (1,H,W),
     ``offset`` (2,H,W), ``semantic_weight``/``center_weight``/``offset_weight`` (H,W). With
     ``eval_info`` (evaluation items) also ``instance_classes``, ``crowd_classes`` (N+1,) and ``valid``
-    (H,W): what panoptic ground truth needs.
+    (H,W): what panoptic ground truth needs. For a semantic-only model (``TargetSpec.instances`` False) the
+    items carry ``semantic`` and ``semantic_weight`` only: no centre, offsets or their weights.
 
     With ``targets_on_device`` (``dataset.targets.where=device``, the default when training on CUDA) the
     worker stops after augmenting: items are ``image`` (3,H,W) uint8, ``instance`` (H,W) uint16 with the
     id ``outside`` on invented pixels, ``instance_classes``, ``crowd_classes`` (with
     ``dataset.crowd_in_semantic``) and ``outside`` (), 5 bytes a pixel instead of 32, and the batch step
-    builds the targets on the device (:class:`~segtrain.data.device_targets.BatchTargets`).
+    builds the targets on the device (:class:`~segtrain.data.targets.device_targets.BatchTargets`).
     """
 
     def __init__(
@@ -199,8 +206,10 @@ class CpuMapper(_Mapper):
         timer: StageTimer | None = None,
         reader: Reader | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+        with_masks: bool = False,
     ) -> None:
         super().__init__(pipeline, timer, reader, max_image_pixels)
+        self.with_masks = with_masks  # also mask-classification targets (data.targets.mask_targets: Mask2Former)
         if targets_on_device and (eval_info or not uint8_images):
             raise ValueError("targets_on_device items are training items: no eval_info, uint8 images")
         self.targets = targets
@@ -236,14 +245,18 @@ class CpuMapper(_Mapper):
             }
             if crowd is not None:
                 item["crowd_classes"] = torch.from_numpy(crowd)
+            if self.with_masks:
+                item.update(mask_targets(aug.ids, classes, self.targets.stuff_ids))
             self._clock.lap("to_tensor")
             return item
         # The item's int32 ids are the one contiguous copy of the augmented ids: targets read them
         # (invented pixels still ``n``), then those pixels become 0.
         ids32 = aug.ids.astype(np.int32)
         tg = make_targets(ids32, classes, self.targets.sigma, crowd_classes=crowd, **self.targets.kwargs())
+        masks = mask_targets(ids32, classes, self.targets.stuff_ids) if self.with_masks else {}
         self._clock.lap("targets")
         item = to_tensors(aug.image, aug.clear_outside(ids32), tg, self.uint8_images)
+        item.update(masks)
         if self.eval_info:
             item.update(instance_info(rec, inst_classes, aug.valid(), ids32.shape))
         self._clock.lap("to_tensor")
@@ -264,7 +277,7 @@ class DeviceMapper(_Mapper):
     With ``decode_on_device`` (``dataset.decode=device``) a JPEG shipped as decoded is not decoded here: the
     item carries its checked file bytes, ``jpeg`` (L,) uint8, and ``orientation`` () (EXIF, 1-8, under the
     record's convention), ``image`` is (3,0,0), and ``instance``/``content`` are at the native size;
-    :class:`~segtrain.data.device_decode.DeviceDecode` decodes the batch on the device. Every other image
+    :class:`~segtrain.data.images.device_decode.DeviceDecode` decodes the batch on the device. Every other image
     (not a JPEG the device decodes, or one the fit shrinks 2x or more) is decoded here as above, with an empty
     ``jpeg`` and ``orientation`` 1. :func:`collate` pads ``jpeg`` and records ``jpeg_length``.
     """

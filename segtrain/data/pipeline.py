@@ -42,6 +42,19 @@ if TYPE_CHECKING:
     from segtrain.config import Config
     from segtrain.data.mappers import CpuMapper, DeviceMapper, Reader, StageTimer
 
+#: Built-in models whose loss reads the semantic output only (``instance_aware = False``; tests/test_models.py
+#: keeps the two equal): their pipelines build semantic targets only. A user's own semantic-only model still
+#: gets every target (correct, only slower).
+SEMANTIC_ONLY_MODELS = frozenset({"deeplabv3", "fcn", "lraspp"})
+
+
+def instance_targets(cfg: Any) -> bool:
+    """Does ``cfg``'s model train on centre/offset targets (False: semantic and its weight only)?"""
+    model = getattr(cfg, "model", None)
+    name = getattr(model, "name", None) if model is not None else None
+    return str(name) not in SEMANTIC_ONLY_MODELS
+
+
 #: What the trainer applies to each collated batch on the device: ``step(batch, epoch, step_in_epoch)``.
 BatchStep = Callable[[dict[str, Any], int, int], dict[str, Any]]
 
@@ -69,6 +82,11 @@ class PipelinePlan:
         """Is anything left to do on the device (the batch step is not :func:`identity`)?"""
         return DEVICE in (self.decode, self.augment, self.targets)
 
+    @property
+    def instances(self) -> bool:
+        """Are centre/offset targets built (False for a semantic-only model: semantic targets only)?"""
+        return instance_targets(self.cfg)
+
     def describe(self) -> str:
         """One line for the log: what runs where."""
         if not self.on_device:
@@ -79,14 +97,23 @@ class PipelinePlan:
 
     def mapper(self, *, timer: StageTimer | None = None, reader: Reader | None = None) -> CpuMapper | DeviceMapper:
         """What a loader worker does to one record (``timer``: per-stage seconds; ``reader``: image bytes)."""
-        from segtrain.data.augmentations import build_pipeline
         from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
+        from segtrain.data.targets.mask_targets import wants_mask_targets
+        from segtrain.data.transforms.augmentations import build_pipeline
 
         cfg = self.cfg
+        with_masks = self.train and wants_mask_targets(cfg)
         size = (cfg.dataset.input_size[0], cfg.dataset.input_size[1])
-        targets = TargetSpec.from_config(cfg.dataset)
+        targets = TargetSpec.from_config(cfg.dataset, self.instances)
         cap = cfg.dataset.max_image_pixels
         if self.augment == DEVICE:
+            if with_masks:
+                from segtrain.config import ConfigError
+
+                raise ConfigError(
+                    f"model.name={cfg.model.name} trains on mask targets built in the loader workers: "
+                    "set augment.device=cpu"
+                )
             return DeviceMapper(
                 size,
                 cfg.augment,
@@ -104,6 +131,7 @@ class PipelinePlan:
             timer=timer,
             reader=reader,
             max_image_pixels=cap,
+            with_masks=with_masks,
         )
 
     def batch_step(self, seed: int | None = None, rank: int = 0) -> BatchStep:
@@ -114,21 +142,25 @@ class PipelinePlan:
         import torch
 
         from segtrain.data.mappers import TargetSpec
+        from segtrain.data.targets.allocator import keep_freed_memory_once
 
-        targets = TargetSpec.from_config(self.cfg.dataset)
+        if (self.device or "cpu").startswith("cpu"):  # targets in host memory: fresh buffers every batch
+            keep_freed_memory_once()
+
+        targets = TargetSpec.from_config(self.cfg.dataset, self.instances)
         if self.augment == DEVICE:
-            from segtrain.data.device_augment import DeviceBatchAugment
+            from segtrain.data.transforms.device_augment import DeviceBatchAugment
 
             size = (int(self.cfg.dataset.input_size[0]), int(self.cfg.dataset.input_size[1]))
             device = torch.device(self.device or "cpu")
             seed = int(self.cfg.trainer.seed) if seed is None else int(seed)
             augment = DeviceBatchAugment(self.cfg.augment, size, targets, device, seed, rank)
             if self.decode == DEVICE:
-                from segtrain.data.device_decode import DeviceDecode
+                from segtrain.data.images.device_decode import DeviceDecode
 
                 return DeviceDecode(augment, device, on_error=str(self.cfg.dataset.on_error))
             return augment
-        from segtrain.data.device_targets import BatchTargets
+        from segtrain.data.targets.device_targets import BatchTargets
 
         return BatchTargets(targets)
 

@@ -1,7 +1,7 @@
 """The data model every annotation format loads into, the class map, and load-time limits.
 
 :class:`ImageRecord` / :class:`Instance` are what the rest of segtrain sees (rasterisation, the
-data set). Loaders keep them in a :class:`segtrain.data.index.RecordIndex` (flat arrays) and build
+data set). Loaders keep them in a :class:`segtrain.data.formats.index.RecordIndex` (flat arrays) and build
 each record on access, so a loader worker never holds millions of Python objects.
 """
 
@@ -80,7 +80,7 @@ class ImageRecord:
 
 
 @dataclass
-class LoadReport:
+class SkipReport:
     """What was skipped and why (with on_error="skip"), to be logged by the caller.
 
     One reason may stand for many annotations (all annotations of one unknown label): the
@@ -194,7 +194,7 @@ class Collector:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.skip = on_error == "skip"
-        self.report = LoadReport()
+        self.report = SkipReport()
 
     def image(self, msg: str) -> None:
         if not self.skip:

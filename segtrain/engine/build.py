@@ -21,19 +21,17 @@ from segtrain.checkpoint.resume import find_resume_checkpoint, restore_training_
 from segtrain.checkpoint.state import Checkpointer
 from segtrain.config import ConfigError, to_container
 from segtrain.console import progress_bar
-from segtrain.data import PolygonDataset, build_dataset, build_mapper
-from segtrain.data.formats import check_paths
-from segtrain.data.loaders import build_loader, fit_batch_to_data, per_rank_batch
-from segtrain.data.pipeline import plan_pipeline
+from segtrain.data import build_training_data, check_paths, per_rank_batch
 from segtrain.device import configure_determinism, effective_precision
 from segtrain.distributed import DistInfo, broadcast_object
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.hooks import default_hooks
 from segtrain.engine.model_setup import prepare_model, probe_batch, wrap_model
-from segtrain.engine.optim import build_optimizer, build_scheduler
+from segtrain.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler, optimizer_settings
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.run_dir import RunDirLock, check_fresh
 from segtrain.engine.session import start_run_record
+from segtrain.engine.trackers import tracker_hook
 from segtrain.engine.trainer import StepSettings, Trainer
 from segtrain.errors import UserError
 from segtrain.evaluation.evaluator import evaluate, evaluators_for
@@ -65,34 +63,14 @@ def _build(
     tr = cfg.trainer
     configure_determinism(tr)
     precision = effective_precision(tr.precision, dist.device)
-    native = tr.val_resolution == "native"
-    train_set = build_dataset(cfg, "train", device=dist.device)
-    val_set = build_dataset(cfg, "val", native=native)
-    # input-size items of the same records: TensorBoard panels and the unused-parameter probe
-    panel_set = (
-        val_set
-        if not native
-        else PolygonDataset(val_set.records, build_mapper(cfg, train=False), classes=val_set.classes, name=val_set.name)
-    )
-    plan = plan_pipeline(cfg, dist.device)  # the same decision build_dataset's mapper came from
-    batch_step = plan.batch_step(int(tr.seed), dist.rank)
-    if plan.on_device:
-        log.info("input pipeline: %s", plan.describe())
-    fit_batch_to_data(tr, len(train_set), dist.world_size, dist.is_main)  # the run record is written later
-    per_rank = per_rank_batch(int(tr.batch_size), dist.world_size)
-    if per_rank % int(tr.accumulate):
-        raise ConfigError(
-            f"trainer.batch_size={tr.batch_size} gives {per_rank} images per rank on {dist.world_size} "
-            f"process(es), which do not split into trainer.accumulate={tr.accumulate} equal micro-batches"
-        )
-    train_loader = build_loader(train_set, dist, tr, train=True)
-    val_loader = build_loader(val_set, dist, tr, train=False, batch_size=1 if native else None)
+    data = build_training_data(cfg, dist)
     model = prepare_model(cfg, dist, init_weights, classes)
     check_metric_available(cfg, model)
     optimizer = build_optimizer(model, cfg.optim)
-    total_steps = len(train_loader) * int(tr.epochs)
+    total_steps = len(data.train_loader) * int(tr.epochs)
     if tr.max_steps is not None:
         total_steps = min(total_steps, int(tr.max_steps))
+    warn_long_warmup(cfg, total_steps, dist.is_main)
     root = checkpoint_root(cfg, run_dir)
     checkpointer = Checkpointer(root, to_container(cfg), int(tr.checkpoint.keep_last), dist.is_main)
     trainer = Trainer(
@@ -100,13 +78,13 @@ def _build(
         optimizer,
         build_scheduler(optimizer, cfg.schedule, total_steps),
         torch.amp.GradScaler(dist.device.type, enabled=(precision == "fp16")),
-        train_loader,
-        batch_step=batch_step,
+        data.train_loader,
+        batch_step=data.batch_step,
         settings=StepSettings.from_config(tr, precision),
         dist=dist,
         ema=ModelEMA(model, tr.ema.decay, tr.ema.warmup_steps) if tr.ema.decay > 0 else None,
         total_steps=total_steps,
-        recorder=Recorder(run_dir, dist.is_main),
+        recorder=Recorder(run_dir, dist.is_main, tensorboard="tensorboard" in tr.loggers),
         on_preempt=lambda t: checkpointer.save(t, [io.LAST]),
     )
 
@@ -116,12 +94,12 @@ def _build(
         net = trainer.eval_model()
         metrics = evaluate(
             net,
-            val_loader,
-            evaluators_for(cfg, net, dist.device, panoptic=bool(tr.val_panoptic), records=val_set.records),
+            data.val_loader,
+            evaluators_for(cfg, net, dist.device, panoptic=bool(tr.val_panoptic), records=data.val_set.records),
             dist.device,
             precision,
             progress_bar(dist.is_main, tr.progress),
-            forward=native_forward(cfg) if native else None,
+            forward=native_forward(cfg) if data.native else None,
         )
         metrics["val_time_s"] = round(time.perf_counter() - t0, 3)
         check_scored(metrics, "validation")
@@ -129,16 +107,23 @@ def _build(
             metrics["weights"] = "ema"
         return metrics
 
-    trainer.register_hooks(default_hooks(cfg, run_dir, validate=validate, checkpointer=checkpointer, panels=panel_set))
+    hooks = default_hooks(cfg, run_dir, validate=validate, checkpointer=checkpointer, panels=data.panels)
+    trainer.register_hooks(hooks)
+    trackers = tracker_hook(cfg, run_dir)  # MLflow, W&B: after the checkpoints, restored with the other hooks
+    if trackers is not None:
+        trainer.register_hooks([trackers])
     found = find_resume_checkpoint(cfg, root)
     if found is not None:
-        restore_training_state(trainer, found, cfg)
-    trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(panel_set), precision)
+        fresh = optimizer_settings(optimizer)
+        if restore_training_state(trainer, found, cfg).optim_changed:
+            apply_optimizer_settings(optimizer, trainer.scheduler, fresh)
+    trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(data.panels), precision)
     return trainer, found
 
 
-def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwargs: Any) -> dict[str, Any]:
-    """Build the trainer ``cfg`` describes and train; returns the last validation metrics."""
+def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwargs: Any) -> float | None:
+    """Build the trainer ``cfg`` describes and train; returns the best ``trainer.checkpoint.metric`` (None: no
+    validation measured it), what a sweep optimises."""
     trainer, lock, found = build_trainer(cfg, run_dir, dist, init_weights, **kwargs)
     started = time.perf_counter()
     try:
@@ -153,7 +138,7 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwa
                     log.warning("wrote %s again from %s: the save that wrote it was interrupted", name, found[0].name)
         trainer.recorder.start(trainer.state.step)
         log_start(cfg, trainer)
-        metrics = trainer.train()
+        trainer.train()
     finally:
         if dist.is_main:
             copy_logs(run_dir, checkpoint_root(cfg, run_dir))
@@ -162,7 +147,7 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwa
     log_summary(cfg, trainer, run_dir, time.perf_counter() - started)
     if dist.is_main:
         copy_logs(run_dir, checkpoint_root(cfg, run_dir))  # again, with the summary
-    return metrics
+    return trainer.state.best_metric
 
 
 #: The run's records copied beside remote checkpoints when a run ends (a lost node's disk takes the originals).
@@ -218,6 +203,20 @@ def log_start(cfg: Any, trainer: Trainer) -> None:
         )
 
 
+def warn_long_warmup(cfg: Any, total_steps: int, main: bool) -> None:
+    """A warmup as long as the run (``trainer.max_steps`` unset: the steps follow from the data) never reaches
+    ``optim.lr``; said in one line (a short trial run of a long recipe may mean it)."""
+    warmup = int(cfg.schedule.warmup_steps)
+    if main and warmup >= total_steps:
+        log.warning(
+            "schedule.warmup_steps=%d is not below this run's %d optimiser steps: it ends still warming up and "
+            "never trains at optim.lr=%g; lower schedule.warmup_steps for a run this short",
+            warmup,
+            total_steps,
+            cfg.optim.lr,
+        )
+
+
 def log_summary(cfg: Any, trainer: Trainer, run_dir: Path, seconds: float) -> None:
     """What a user wants at the end: the best result, where it is, how long it took, how to look at it."""
     if not trainer.dist.is_main:
@@ -228,11 +227,10 @@ def log_summary(cfg: Any, trainer: Trainer, run_dir: Path, seconds: float) -> No
     lines = [f"run finished after {s.step} steps in {minutes}m{secs:02d}s{why}"]
     if s.best_metric is not None:
         where = f"epoch {s.best_at[0]}, step {s.best_at[1]}" if s.best_at else "from a previous part of the run"
-        lines.append(
-            f"best {cfg.trainer.checkpoint.metric} {s.best_metric:.4f} ({where}): {io.path_of(root, io.BEST)}"
-        )
+        lines.append(f"best {cfg.trainer.checkpoint.metric} {s.best_metric:.4f} ({where}): {io.path_of(root, io.BEST)}")
     lines.append(f"last checkpoint: {io.path_of(root, io.LAST)}")
-    lines.append(f"look at it: tensorboard --logdir {run_dir / 'tb'}")
+    if "tensorboard" in cfg.trainer.loggers:
+        lines.append(f"look at it: tensorboard --logdir {run_dir / 'tb'}")
     log.info("\n  ".join(lines))
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from segtrain.checkpoint.state import unwrap
 from segtrain.config import ConfigError
+from segtrain.distributed import unwrap
 
 
 class ModelEMA:

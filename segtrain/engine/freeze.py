@@ -15,8 +15,8 @@ from typing import Any
 
 from torch import nn
 
-from segtrain.checkpoint.state import unwrap
 from segtrain.config import ConfigError
+from segtrain.distributed import unwrap
 
 
 def parse_patterns(freeze: Any) -> list[str]:
@@ -56,6 +56,12 @@ def apply_freeze(model: nn.Module, freeze: Any) -> list[str]:
         hits = [n for n in names if _matches(n, pattern)]
         if not hits:
             tops = sorted({n.split(".")[0] for n in names})
+            if pattern.split(".")[0] == "backbone" and not isinstance(getattr(net, "backbone", None), nn.Module):
+                raise ConfigError(
+                    f"freeze={pattern}: {type(net).__name__} has no `backbone` submodule. Name the modules to freeze "
+                    f"(its top-level modules: {', '.join(tops)}), e.g. freeze={tops[0]}, or give the model a "
+                    "`.backbone` attribute (docs/models.md)"
+                )
             raise ConfigError(
                 f"freeze pattern {pattern!r} matches no parameter. Top-level modules: {', '.join(tops)}; "
                 "use a module prefix (backbone, backbone.layer1) or a glob (backbone.*.bn1.*)"

@@ -9,7 +9,8 @@ pass keyword arguments) or from Python (``trainer.register_hooks([MyHook()])``).
 Call points, in loop order: ``before_train``, then per epoch ``before_epoch``, per step
 ``before_step`` / ``after_step``, ``after_epoch`` (also when ``max_steps`` ends an epoch early),
 and ``after_train`` (always, also after an error). Hooks that must survive a resume implement
-``state_dict``/``load_state_dict``; their state is saved in the checkpoint under ``hooks``.
+``state_dict``/``load_state_dict`` (``HookBase``, in trainer.py beside the loop that calls it); the Trainer's
+``state_dict`` holds their states under ``hooks``.
 """
 
 from __future__ import annotations
@@ -32,39 +33,15 @@ from segtrain.data import collate
 from segtrain.device import to_device
 from segtrain.engine.profiling import DataWaitMeter, torch_profiler
 from segtrain.engine.recorder import FILE_ONLY
+from segtrain.engine.trainer import HookBase
 from segtrain.evaluation.evaluator import PanopticSpec
 from segtrain.evaluation.visualize import PANEL_TITLES, overlay_heatmap, overlay_panoptic, titled_row, to_uint8_image
 from segtrain.registry import Registry
 
 if TYPE_CHECKING:
     from segtrain.checkpoint.state import Checkpointer
-    from segtrain.engine.trainer import Trainer
 
 log = logging.getLogger("segtrain.trainer")
-
-
-class HookBase:
-    """Override the call points you need; ``self.trainer`` is set when the hook is registered."""
-
-    trainer: Trainer
-
-    def before_train(self) -> None: ...
-
-    def before_epoch(self) -> None: ...
-
-    def before_step(self) -> None: ...
-
-    def after_step(self) -> None: ...
-
-    def after_epoch(self) -> None: ...
-
-    def after_train(self) -> None: ...
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        pass
 
 
 #: User hooks by name: a class (or factory) called with the entry's keyword arguments.
@@ -343,7 +320,7 @@ class EarlyStopping(HookBase):
         self.min_delta = float(min_delta)
         self.metric = metric
         self.mode = mode
-        self.best: float | None = None
+        self.best: float | None = None  # the value to beat by min_delta; the best so far is TrainState.best_metric
         self.bad = 0
 
     def after_epoch(self) -> None:
@@ -379,6 +356,12 @@ class EarlyStopping(HookBase):
         return {"best": self.best, "bad": self.bad}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """``best`` is the reference a validation must beat by ``min_delta`` (not the run's best so far, which is
+        ``TrainState.best_metric`` alone), so it exists only once the run has a best: when the loaded TrainState
+        has none (resume forgot it, the checkpoint metric changed), patience starts afresh."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.state.best_metric is None:
+            state = {}
         self.best, self.bad = state.get("best"), int(state.get("bad", 0))
 
 

@@ -13,7 +13,7 @@ global batch, even when ranks hold different numbers of valid pixels.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -25,13 +25,23 @@ SEMANTIC_ONLY = ("semantic",)
 PANOPTIC = ("semantic", "center", "offset")
 
 
+#: The one term of mask-classification models (Mask2Former): its denominator is the number of target masks.
+MASKS = ("masks",)
+
+
 def loss_terms(model: torch.nn.Module) -> tuple[str, ...]:
-    """The loss terms a model trains: all three for instance-aware models, else semantic only."""
+    """The loss terms a model trains: its own ``loss_terms`` when it declares them (a model with a
+    ``criterion``), else all three for instance-aware models, semantic only for the others."""
+    own = getattr(model, "loss_terms", None)
+    if own is not None:
+        return tuple(own)
     return PANOPTIC if getattr(model, "instance_aware", False) else SEMANTIC_ONLY
 
 
 def loss_denominators(batch: dict[str, torch.Tensor], cfg: LossConfig, terms: Sequence[str]) -> torch.Tensor:
     """This (micro-)batch's share of each term's denominator, in ``terms`` order (no communication)."""
+    if tuple(terms) == MASKS:  # one normaliser: the target masks of this micro-batch
+        return torch.tensor([float(sum(int(c.numel()) for c in batch["class_labels"]))], device=batch["image"].device)
     target, sem_w = batch["semantic"], batch["semantic_weight"]
     out = []
     for term in terms:
@@ -64,12 +74,18 @@ def compute_losses(
     batch: dict[str, torch.Tensor],
     cfg: LossConfig,
     denominators: torch.Tensor | None = None,
+    criterion: Callable[..., dict[str, torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """-> {"semantic", ["center", "offset"], "total"}; ``cfg`` is ``trainer.loss`` (weights).
 
     ``denominators`` (in the order of the terms present) come from :func:`global_denominators`;
-    None computes them for this batch alone (one all_reduce here).
+    None computes them for this batch alone (one all_reduce here). ``criterion``: the model's own loss
+    (``criterion(outputs, batch, num_masks)``, Mask2Former), which replaces the terms above.
     """
+    if criterion is not None:
+        if denominators is None:
+            denominators = global_denominators(loss_denominators(batch, cfg, MASKS))
+        return criterion(outputs, batch, denominators[0])
     terms = PANOPTIC if "center" in outputs and "offset" in outputs else SEMANTIC_ONLY
     if denominators is None:
         denominators = global_denominators(loss_denominators(batch, cfg, terms))

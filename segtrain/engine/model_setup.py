@@ -1,7 +1,7 @@
 """From config to a model ready to train on this rank: build, load weights, freeze, place, wrap.
 
 Everything that must happen to the *unwrapped* model (weights, SyncBN, freezing) happens here
-before DDP wraps it; the wrapped model is reached through ``segtrain.checkpoint.state.unwrap`` afterwards.
+before DDP wraps it; the wrapped model is reached through ``segtrain.distributed.unwrap`` afterwards.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch import nn
 
 from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.config import Config, LossConfig
-from segtrain.data.dataset import collate
+from segtrain.data import collate
 from segtrain.device import autocast, to_device
 from segtrain.distributed import DistInfo, all_reduce_
 from segtrain.engine.freeze import apply_freeze, freeze_report
@@ -59,9 +59,19 @@ def find_unused_parameters(
     probe = copy.deepcopy(model).train()
     device = next(probe.parameters()).device
     batch = to_device(batch, device)
+    criterion = getattr(probe, "criterion", None)
+    if criterion is not None and "class_labels" not in batch:  # validation items: mask targets from their ids
+        from segtrain.data import mask_targets
+
+        per_image = [
+            mask_targets(i.cpu().numpy(), c.cpu().numpy(), ())
+            for i, c in zip(batch["instance"], batch["instance_classes"])
+        ]
+        lists: dict[str, Any] = {k: [t[k].to(device) for t in per_image] for k in ("mask_labels", "class_labels")}
+        batch.update(lists)
     with autocast(device, precision):
         out = probe(batch["image"])
-    compute_losses(out, batch, loss_cfg)["total"].backward()
+    compute_losses(out, batch, loss_cfg, criterion=criterion)["total"].backward()
     return [n for n, p in probe.named_parameters() if p.requires_grad and p.grad is None]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from segtrain.checkpoint.state import unwrap
 from segtrain.config import ConfigError, OptimConfig, ScheduleConfig
 from segtrain.registry import Registry
 
@@ -24,21 +25,40 @@ OPTIMIZERS: Registry[OptimizerBuilder] = Registry("optim.name")
 SCHEDULES: Registry[Schedule] = Registry("schedule.name")
 
 
-def param_groups(model: nn.Module, weight_decay: float, no_decay_norm_bias: bool) -> list[dict[str, Any]]:
-    """Trainable parameters only (frozen ones never enter the optimiser); no decay on norms and biases."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
+def param_groups(
+    model: nn.Module, weight_decay: float, no_decay_norm_bias: bool, backbone_lr: float | None = None
+) -> list[dict[str, Any]]:
+    """Trainable parameters only (frozen ones never enter the optimiser); no decay on norms and biases.
+
+    ``backbone_lr``: the parameters under ``model.backbone`` get their own groups at this learning rate
+    (``optim.backbone_lr_mult``); None: one learning rate for all."""
+    backbone = getattr(model, "backbone", None)
+    if backbone_lr is not None and not isinstance(backbone, nn.Module):
+        raise ConfigError(
+            f"optim.backbone_lr_mult applies to model.backbone, and {type(model).__name__} has no `backbone` "
+            "submodule; leave optim.backbone_lr_mult=1"
+        )
+    in_backbone = {id(p) for p in backbone.parameters()} if backbone_lr is not None and backbone is not None else set()
+    buckets: dict[tuple[bool, bool], list[nn.Parameter]] = {}
     for module in model.modules():
         is_norm = isinstance(module, nn.modules.batchnorm._NormBase | nn.GroupNorm | nn.LayerNorm)
         for name, p in module.named_parameters(recurse=False):
             if not p.requires_grad:
                 continue
-            (no_decay if no_decay_norm_bias and (is_norm or name == "bias") else decay).append(p)
-    if not decay and not no_decay:
+            decays = not (no_decay_norm_bias and (is_norm or name == "bias"))
+            buckets.setdefault((id(p) in in_backbone, decays), []).append(p)
+    if not buckets:
         raise ConfigError("the model has no trainable parameters: freeze= froze everything; freeze less")
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
+    groups: list[dict[str, Any]] = []
+    for backbone_part in (False, True):
+        for decays in (True, False):
+            params = buckets.get((backbone_part, decays))
+            if params is None and (backbone_part or not decays):
+                continue
+            group: dict[str, Any] = {"params": params or [], "weight_decay": weight_decay if decays else 0.0}
+            if backbone_part:
+                group["lr"] = backbone_lr
+            groups.append(group)
     return groups
 
 
@@ -59,7 +79,10 @@ def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.Optimi
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     """``cfg`` is ``cfg.optim``."""
-    return OPTIMIZERS.get(cfg.name)(param_groups(model, cfg.weight_decay, cfg.no_decay_norm_bias), cfg)
+    mult = float(getattr(cfg, "backbone_lr_mult", 1.0))
+    backbone_lr = None if mult == 1.0 else cfg.lr * mult
+    groups = param_groups(unwrap(model), cfg.weight_decay, cfg.no_decay_norm_bias, backbone_lr)
+    return OPTIMIZERS.get(cfg.name)(groups, cfg)
 
 
 @SCHEDULES.register("poly")
@@ -106,6 +129,33 @@ def build_scheduler(
         return lambda s: max(lr_factor(s, total_steps, cfg), floor)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, [make(b) for b in base])
+
+
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each param group's hyper-parameters (everything but its parameters): this run's, to re-apply over a
+    restored optimiser state with :func:`apply_optimizer_settings`."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def apply_optimizer_settings(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR | None, fresh: list[dict[str, Any]]
+) -> None:
+    """This run's hyper-parameters (``fresh``: :func:`optimizer_settings` before the restore) over the restored
+    ones, and the schedule re-based on the new learning rate at the restored step (resume with changed optim)."""
+    for group, new in zip(optimizer.param_groups, fresh, strict=True):
+        for key, value in new.items():
+            if key not in ("lr", "initial_lr"):
+                group[key] = value
+        group["initial_lr"] = new.get("initial_lr", new["lr"])
+    if scheduler is None:
+        for group, new in zip(optimizer.param_groups, fresh, strict=True):
+            group["lr"] = new["lr"]
+        return
+    scheduler.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
+    lrs = [base * lam(scheduler.last_epoch) for base, lam in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what get_last_lr() reports
 
 
 def scaler_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:

@@ -12,7 +12,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from tqdm import tqdm
@@ -86,6 +86,16 @@ def start_run_log() -> None:
             h.start()
 
 
+def close_run_log() -> None:
+    """Detach and close the run's log file once its job ends: in a ``-m`` sweep the next job's lines (Hydra's
+    launcher logs "#1 : ..." before it starts) must not reach this run's train.log."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_segtrain", False) and isinstance(h, logging.FileHandler | DeferredFileHandler):
+            root.removeHandler(h)
+            h.close()
+
+
 def setup_logging(run_dir: Path | None, rank: int, log_name: str = "train.log", deferred: bool = False) -> None:
     """Rank 0: INFO to the console and ``run_dir/log_name``. Other ranks: WARNING+ to the console, tagged.
 
@@ -133,8 +143,39 @@ def _plain(v: Any) -> Any:
     return v
 
 
+#: TensorBoard's folder in a run directory, and the names of the event files its SummaryWriter writes there.
+TB_FOLDER = "tb"
+TB_EVENTS = "events.out.tfevents.*"
+
+
+def remove_owned(folder: Path, patterns: tuple[str, ...]) -> tuple[list[Path], list[Path]]:
+    """Remove the files directly in ``folder`` whose names match ``patterns`` (files segtrain writes), then the
+    folder itself when that left it empty; returns (removed, other files found below ``folder``)."""
+    if not folder.is_dir():
+        return [], []
+    removed = []
+    for pattern in patterns:
+        for path in sorted(folder.glob(pattern)):
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+                removed.append(path)
+    left = sorted(p for p in folder.rglob("*") if not p.is_dir())
+    if not any(folder.iterdir()):
+        folder.rmdir()
+    return removed, left
+
+
+class RecordSink(Protocol):
+    """Receives every record and image the recorder writes (the trackers of ``trainer.loggers``: trackers.py)."""
+
+    def record(self, split: str, epoch: int, step: int, values: dict[str, Any]) -> None: ...
+
+    def images(self, tag: str, step: int, images: list[np.ndarray]) -> None: ...
+
+
 class Recorder:
-    """metrics.jsonl (one JSON object per line: split, epoch, step, ...) + TensorBoard scalars/images.
+    """metrics.jsonl (one JSON object per line: split, epoch, step, ...) + TensorBoard scalars/images, and the
+    same records to each of ``sinks`` (MLflow, W&B). ``tensorboard=False``: no TensorBoard files.
 
     Nothing is opened before :meth:`start` (or the first record): a run refused at setup creates no file.
     :meth:`start` continues the records of the position the run starts from: records of a later step (logged
@@ -142,20 +183,20 @@ class Recorder:
     purged from TensorBoard; a run starting at step 0 starts both afresh."""
 
     METRICS = "metrics.jsonl"
-    TB = "tb"
+    TB = TB_FOLDER
 
-    def __init__(self, run_dir: Path, enabled: bool) -> None:
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
+        self.tensorboard = tensorboard
         self.writer: Any = None
         self.jsonl: Any = None
+        self.sinks: list[RecordSink] = []
 
     def start(self, step: int = 0) -> None:
         """Open the files at position ``step`` (the step the run continues from; 0: a run from scratch)."""
         if not self.enabled or self.jsonl is not None:
             return
-        import shutil
-
         path = self.run_dir / self.METRICS
         dropped = truncate_records(path, step)
         if dropped:
@@ -169,15 +210,21 @@ class Recorder:
                 else "left by an earlier run in this directory that saved no checkpoint",
             )
         tb = self.run_dir / self.TB
-        if step == 0 and tb.is_dir() and any(tb.iterdir()):
-            log.warning("%s: removing the TensorBoard files of an earlier run that saved no checkpoint", tb)
-            shutil.rmtree(tb)
+        if step == 0 and tb.is_dir():
+            removed, _ = remove_owned(tb, (TB_EVENTS,))
+            if removed:
+                log.warning(
+                    "%s: removed %d TensorBoard event file(s) of an earlier run that saved no checkpoint",
+                    tb,
+                    len(removed),
+                )
         self._open(purge_step=step + 1 if step else None)
 
     def _open(self, purge_step: int | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        if self.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(self.run_dir / self.TB), purge_step=purge_step)
+            self.writer = SummaryWriter(log_dir=str(self.run_dir / self.TB), purge_step=purge_step)
         self.jsonl = open(self.run_dir / self.METRICS, "a", buffering=1)  # noqa: SIM115 - lives with the run
 
     def log(self, split: str, epoch: int, step: int, values: dict[str, Any]) -> None:
@@ -188,23 +235,37 @@ class Recorder:
         record = {"split": split, "epoch": epoch, "step": step, "time": round(time.time(), 3)}
         record.update({k: _plain(v) for k, v in values.items()})
         self.jsonl.write(json.dumps(record) + "\n")
-        for k, v in values.items():
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v)):
-                tag = k if "/" in k else f"{split}/{k}"
-                self.writer.add_scalar(tag, float(v), step)
+        if self.writer is not None:
+            for tag, v in scalar_tags(split, values).items():
+                self.writer.add_scalar(tag, v, step)
+        for sink in self.sinks:
+            sink.record(split, epoch, step, values)
 
     def images(self, tag: str, step: int, images: list[np.ndarray]) -> None:
         """images: list of (H,W,3) uint8."""
         if self.enabled and images:
-            if self.writer is None:
+            if self.jsonl is None:
                 self._open()
-            self.writer.add_images(tag, np.stack(images), step, dataformats="NHWC")
+            if self.writer is not None:
+                self.writer.add_images(tag, np.stack(images), step, dataformats="NHWC")
+            for sink in self.sinks:
+                sink.images(tag, step, images)
 
     def close(self) -> None:
         if self.enabled and self.jsonl is not None:
-            self.writer.close()
+            if self.writer is not None:
+                self.writer.close()
             self.jsonl.close()
         self.enabled = False
+
+
+def scalar_tags(split: str, values: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a record under their TensorBoard tags (``split/key``, or ``key`` when it has a ``/``)."""
+    return {
+        (k if "/" in k else f"{split}/{k}"): float(v)
+        for k, v in values.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))
+    }
 
 
 def truncate_records(path: Path, step: int) -> int:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -28,12 +28,22 @@ from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.config import ConfigError
 from segtrain.engine.lease_lock import LeaseLock
+from segtrain.engine.recorder import TB_EVENTS, TB_FOLDER, remove_owned
 
 log = logging.getLogger("segtrain.run_dir")
 
 LOCK_NAME = ".lock"
-#: What a run writes; removed by trainer.overwrite=true.
-RUN_OUTPUTS = (io.FOLDER, "tb", "metrics.jsonl", "profile")
+#: What a run writes, as (folder, file-name pattern) pairs relative to the run directory: the only files
+#: trainer.overwrite=true removes. A file of another name (a user's model, notes, another tool's logs) is
+#: never removed, in these folders or anywhere else; the folders go only when nothing else is left in them.
+RUN_OUTPUTS = (
+    (io.FOLDER, ("last.pt", "best.pt", io.BEST_WEIGHTS, "step_[0-9]*.pt", ".*.tmp")),
+    (TB_FOLDER, (TB_EVENTS,)),
+    ("profile", ("trace_rank*.json",)),
+    (".hydra", ("config.yaml", "overrides.yaml", "hydra.yaml")),
+)
+#: Files a run writes at the top of its directory (whose other files are never looked at).
+RUN_FILES = ("metrics.jsonl", "train.log")
 
 
 class RunDirLock:
@@ -116,14 +126,34 @@ def check_fresh(run_dir: Path, resume: Any, overwrite: bool) -> None:
             f"{run_dir} already holds checkpoints of a run ({shown}). Continue it with resume=auto, choose another "
             "hydra.run.dir, or pass trainer.overwrite=true to replace it"
         )
-    log.warning("trainer.overwrite=true: removing the previous run's outputs in %s", run_dir)
     if storage.is_remote(folder):
-        for name in existing:
+        owned = [n for n in existing if any(fnmatch.fnmatch(n, p) for p in RUN_OUTPUTS[0][1])]
+        for name in owned:
             storage.remove(folder / name)
+        others = sorted(set(existing) - set(owned))
+        kept = f"; left {len(others)} file(s) it did not write: {', '.join(others[:6])}" if others else ""
+        log.warning(
+            "trainer.overwrite=true: removed the previous run's %d checkpoint(s) in %s%s", len(owned), folder, kept
+        )
         return
-    for name in RUN_OUTPUTS:
-        path = Path(run_dir) / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
+    removed, left = remove_run_outputs(Path(run_dir))
+    shown = ", ".join(str(p.relative_to(run_dir)) for p in left[:6]) + (", ..." if len(left) > 6 else "")
+    kept = f"; left {len(left)} file(s) it did not write: {shown}" if left else ""
+    log.warning("trainer.overwrite=true: removed the previous run's %d file(s) in %s%s", len(removed), run_dir, kept)
+
+
+def remove_run_outputs(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    """Remove the files a run writes (:data:`RUN_OUTPUTS`) and nothing else; returns (removed, left), ``left``
+    being the other files found in those folders (a user's own, named in the warning)."""
+    removed: list[Path] = []
+    left: list[Path] = []
+    for folder, patterns in RUN_OUTPUTS:
+        r, other = remove_owned(run_dir / folder, patterns)
+        removed += r
+        left += other
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_file() and not path.is_symlink():
             path.unlink()
+            removed.append(path)
+    return removed, left

@@ -17,7 +17,7 @@ import torch
 
 import segtrain
 from segtrain.distributed import DistInfo, broadcast_object, cleanup, setup
-from segtrain.engine.recorder import setup_logging, start_run_log
+from segtrain.engine.recorder import close_run_log, setup_logging, start_run_log
 from segtrain.launch_env import DEFERRAL
 
 log = logging.getLogger("segtrain")
@@ -40,7 +40,7 @@ def session(
     # (torch ops after cv2 calls became 10-50x slower with num_workers=0); OpenCV stays serial here,
     # parallelism comes from loader workers and torch.
     cv2.setNumThreads(0)
-    dist = setup(tr.device, tr.ddp.backend, tr.ddp.timeout_s)
+    dist = setup(tr.device, tr.ddp.backend, tr.ddp.timeout_s, tr.ddp.rendezvous_timeout_s)
     if dist.device.type == "cpu":
         torch.set_num_threads(cpu_threads(tr))
     try:
@@ -71,6 +71,7 @@ def session(
             )
         yield dist, run_dir
     finally:
+        close_run_log()
         cleanup()
 
 

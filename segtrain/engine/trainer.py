@@ -3,9 +3,10 @@ is the loop over epochs and steps that calls the hooks (hooks.py) around it; los
 
 The Trainer is built from objects, not from a config: ``Trainer(model, optimizer, scheduler, scaler, loader,
 hooks=[...])`` trains (tests build it from a tiny model and a list of batches); ``build.py`` assembles one
-from a config. Its whole position is one :class:`TrainState`, saved in every checkpoint and restored on
-resume; what a step or an epoch produced reaches the hooks through :class:`Events`, never through loose
-attributes. The same code runs on CPU, one GPU and N GPUs/nodes (DDP only when world_size > 1).
+from a config. Its whole position is one :class:`TrainState`; it owns its state, model to hooks, as
+:meth:`Trainer.state_dict` / :meth:`Trainer.load_state_dict` (what a checkpoint saves and resume restores).
+What a step or an epoch produced reaches the hooks through :class:`Events`, never through loose attributes.
+The same code runs on CPU, one GPU and N GPUs/nodes (DDP only when world_size > 1).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from segtrain.checkpoint.state import unwrap
+from segtrain.checkpoint.state import load_weights, model_state
 from segtrain.device import autocast, to_device
-from segtrain.distributed import DistInfo, all_reduce_, is_dist
+from segtrain.distributed import DistInfo, all_reduce_, is_dist, unwrap
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms
 from segtrain.engine.optim import scaler_step, scheduler_step
@@ -34,11 +35,11 @@ from segtrain.errors import NonFiniteError, Preempted, mark_running
 from segtrain.preemption import StopSignals
 
 if TYPE_CHECKING:
-    from segtrain.engine.hooks import HookBase
+    from segtrain.data import BatchStep
 
 log = logging.getLogger("segtrain.trainer")
 
-__all__ = ["Events", "NonFiniteError", "Preempted", "StepSettings", "TrainState", "Trainer"]
+__all__ = ["Events", "HookBase", "NonFiniteError", "Preempted", "StepSettings", "TrainState", "Trainer"]
 
 
 @dataclass
@@ -141,7 +142,30 @@ def _grad_norm(params: Sequence[torch.Tensor], clip: float) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 
 
-BatchStep = Callable[[dict[str, torch.Tensor], int, int], dict[str, torch.Tensor]]
+class HookBase:
+    """Override the call points you need; ``self.trainer`` is set when the hook is registered. A hook whose
+    state must survive a resume returns it from ``state_dict`` (tensors and plain containers) and takes it
+    back in ``load_state_dict``; :meth:`Trainer.state_dict` holds it under ``hooks``, by class name."""
+
+    trainer: Trainer
+
+    def before_train(self) -> None: ...
+
+    def before_epoch(self) -> None: ...
+
+    def before_step(self) -> None: ...
+
+    def after_step(self) -> None: ...
+
+    def after_epoch(self) -> None: ...
+
+    def after_train(self) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
 
 
 class Trainer:
@@ -186,6 +210,7 @@ class Trainer:
         self.events = Events()
         self.hooks: list[HookBase] = []
         self.terms = loss_terms(unwrap(model))
+        self.criterion = getattr(unwrap(model), "criterion", None)  # a model's own loss (Mask2Former)
         self.params = [p for p in unwrap(model).parameters() if p.requires_grad]
         self.buffers = list(unwrap(model).buffers())
         self.nvtx = Nvtx(self.settings.nvtx)
@@ -205,6 +230,46 @@ class Trainer:
     def call_hooks(self, point: str) -> None:
         for hook in self.hooks:
             getattr(hook, point)()
+
+    # ------------------------------------------------------------------------------------------ the state
+    def state_dict(self) -> dict[str, Any]:
+        """The whole training state, as tensors and plain containers (``torch.load(weights_only=True)`` reads it):
+        the unwrapped model on the CPU, EMA, optimiser, scheduler, scaler, each hook's own state (by class
+        name, when it has one) and the :class:`TrainState`'s fields at the top level (checkpoint.state's layout)."""
+        ema, s = self.ema, self.state
+        return {
+            "model": model_state(self.model),
+            "ema": ema.state_dict() if ema is not None else None,
+            "ema_updates": ema.updates if ema is not None else 0,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict(),
+            **s.to_dict(),  # epoch, step, step_in_epoch, best_metric, best_at, stop_reason, non-finite counters
+            "best_metric": None if s.best_metric is None else float(s.best_metric),
+            "hooks": {type(h).__name__: h.state_dict() for h in self.hooks if h.state_dict()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Back to ``state`` (what :meth:`state_dict` gave, or a checkpoint of an older version: the fields it
+        lacks keep their defaults). The model must fit exactly (one mismatch table otherwise); without EMA
+        weights the average starts from the loaded model. The TrainState is loaded before the hooks' states."""
+        load_weights(self.model, state["model"], "state dict", strict=True, weights="model")
+        if self.ema is not None:
+            if state.get("ema"):
+                self.ema.load_state_dict(state["ema"], int(state.get("ema_updates", 0)))
+            else:
+                log.warning("the loaded state has no EMA weights; the average starts from its model")
+                self.ema.load_state_dict(unwrap(self.model).state_dict(), 0)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("scheduler") is not None and self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self.state.load(state)
+        saved = state.get("hooks") or {}
+        for hook in self.hooks:
+            if saved.get(type(hook).__name__):
+                hook.load_state_dict(saved[type(hook).__name__])
 
     # ------------------------------------------------------------------------------------------ the step
     def run_step(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -238,7 +303,7 @@ class Trainer:
                 with nvtx("forward"), autocast(self.device, st.precision):
                     outputs = self.model(mb["image"])
                 with nvtx("loss"):
-                    losses = compute_losses(outputs, mb, st.loss, denominators)
+                    losses = compute_losses(outputs, mb, st.loss, denominators, self.criterion)
                 with nvtx("backward"):
                     self.scaler.scale(losses["total"]).backward()
             for k, v in losses.items():

@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from segtrain.config import POSTPROCESS
-from segtrain.data.mappers import inference_size, prepare_input
+from segtrain.data import inference_size, prepare_input
 from segtrain.device import autocast
-from segtrain.evaluation.evaluator import PanopticSpec
+from segtrain.evaluation.evaluator import PanopticSpec, ids_at_size
 from segtrain.evaluation.inference import Outputs, run_network
 from segtrain.evaluation.panoptic_export import encode_ids
 from segtrain.evaluation.visualize import band_rows, overlay_heatmap, overlay_segments
@@ -205,6 +205,25 @@ def segment_banded(out: NativeOutputs, spec: PanopticSpec | None, step: int | No
     return pred
 
 
+def segment_queries_banded(out: NativeOutputs, pred: BandedPrediction, spec: PanopticSpec) -> BandedPrediction:
+    """Mask2Former (per-query outputs): ``spec.segment_queries`` at the model's input size, read back on the
+    image's grid (each image pixel takes the segment under its centre, ``ids_at_size``); instances scored by
+    their query. ``pred`` holds the class map (``segment_banded`` without ``spec``)."""
+    pan, instances = spec.segment_queries(out.outputs["class_logits"][0].float(), out.outputs["mask_logits"][0].float())
+    h, w = out.size
+    native = pan[0, :h, :w] if out.scale == 1.0 else ids_at_size(pan[0], (h, w), out.scale)
+    values, inverse = np.unique(native.cpu().numpy(), return_inverse=True)
+    inverse = inverse.reshape(-1)
+    present = torch.from_numpy(np.isin(instances["id"].cpu().numpy(), values)).to(instances["id"].device)
+    kept = {k: v[present] for k, v in instances.items()}  # a segment can vanish at a smaller native size
+    kept["center_score"] = kept["score"]
+    pred.index = inverse.reshape(h, w).astype(np.uint16 if values.size <= 1 << 16 else np.int32)
+    pred.values = values
+    pred.areas = np.bincount(inverse, minlength=values.size).astype(np.int64)
+    pred.instances = kept
+    return pred
+
+
 def instance_scores_banded(
     out: NativeOutputs, pred: BandedPrediction, label_divisor: int, step: int | None = None
 ) -> torch.Tensor:
@@ -285,7 +304,12 @@ def describe_banded(
     assert pred.instances is not None and pred.values is not None
     scores = {}
     if pred.instances["id"].numel():
-        s = instance_scores_banded(out, pred, spec.label_divisor)
+        # Mask2Former's instances carry their query's score; Panoptic-DeepLab's are scored here
+        s = (
+            pred.instances["score"]
+            if "score" in pred.instances
+            else instance_scores_banded(out, pred, spec.label_divisor)
+        )
         scores = dict(zip(pred.instances["id"].tolist(), s.tolist(), strict=True))
     pan_ids = pred.values[seg_ids > 0]  # ascending: segment ids follow the panoptic ids
     rows = []
@@ -344,7 +368,9 @@ def pictures(
             picture[y0:y1] = overlay_heatmap(rgb[y0:y1], out.rows("center", y0, y1)[0].cpu().numpy())
         return picture
 
-    made.update({"_panoptic.png": panoptic, "_panoptic_ids.png": id_png, "_center.png": center})
+    made.update({"_panoptic.png": panoptic, "_panoptic_ids.png": id_png})
+    if "center" in out:  # not Mask2Former's per-query outputs
+        made["_center.png"] = center
     return made
 
 

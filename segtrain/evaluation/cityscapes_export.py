@@ -39,7 +39,7 @@ import torch
 from scipy import ndimage
 
 from segtrain.config import ConfigError
-from segtrain.data.cityscapes import label_of
+from segtrain.data import label_of
 from segtrain.distributed import all_gather_object
 from segtrain.evaluation.evaluator import PanopticSpec
 from segtrain.evaluation.instance_ap import instance_scores

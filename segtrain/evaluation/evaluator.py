@@ -18,12 +18,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from segtrain.checkpoint.state import unwrap
 from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL, POSTPROCESS, Config
-from segtrain.data.coco import coco_ids
-from segtrain.data.panoptic_gt import panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
+from segtrain.data import coco_ids, panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
 from segtrain.device import autocast, to_device
-from segtrain.distributed import all_reduce_
+from segtrain.distributed import all_reduce_, unwrap
 from segtrain.evaluation.instance_ap import (
     InstanceAP,
     annotation_instances,
@@ -33,6 +31,7 @@ from segtrain.evaluation.instance_ap import (
     rle_from_id_map,
 )
 from segtrain.evaluation.metrics import ConfusionMatrix, LabelRangeError, PanopticQuality
+from segtrain.models.mask2former_postprocess import panoptic_inference
 from segtrain.models.postprocess import panoptic_segmentation
 
 
@@ -106,7 +105,7 @@ class PanopticSpec:
 
     @classmethod
     def from_config(cls, cfg: Config) -> PanopticSpec:
-        from segtrain.data.formats import FORMATS
+        from segtrain.data import FORMATS
 
         ds = cfg.dataset
         classes = [str(c) for c in ds.classes]
@@ -159,6 +158,10 @@ class PanopticSpec:
             background=self.background,
             valid=None if valid is None else valid[i].cpu().numpy(),
         )
+
+    def segment_queries(self, class_logits: torch.Tensor, mask_logits: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Mask2Former's ``panoptic_inference`` of one image: class (Q, C+1) and mask (Q, H, W) logits."""
+        return panoptic_inference(class_logits, mask_logits, self.thing_ids, label_divisor=self.label_divisor)
 
     def prediction(self, panoptic: torch.Tensor) -> tuple[np.ndarray, list[dict[str, int]]]:
         return panoptic_from_prediction(
@@ -233,12 +236,12 @@ class PanopticEvaluator:
         return self.coco.image_id(self.records[index]) if self.coco is not None and self.records is not None else index
 
     def _annotation_ap(
-        self, index: int, panoptic: torch.Tensor, instances: dict[str, torch.Tensor], prob: torch.Tensor
+        self, index: int, panoptic: torch.Tensor, instances: dict[str, torch.Tensor], prob: torch.Tensor | None
     ) -> None:
         assert self.ap is not None and self.records is not None
         rec = self.records[index]
         h, w = int(rec.height), int(rec.width)
-        scores = instance_scores(panoptic, prob, instances, self.spec.label_divisor)
+        scores = _scores(panoptic, prob, instances, self.spec.label_divisor)
         pan = panoptic.reshape(panoptic.shape[-2:])
         if tuple(pan.shape) != (h, w):
             if self.input_size is None:
@@ -257,21 +260,27 @@ class PanopticEvaluator:
         t0 = time.perf_counter()
         semantic = outputs["semantic"].float()
         classes = semantic.argmax(1)
-        prob = semantic.softmax(1) if self.ap is not None else None
+        queries = "mask_logits" in outputs  # Mask2Former: segments from its queries, scored by their class
+        prob = semantic.softmax(1) if self.ap is not None and not queries else None
         for i in range(classes.shape[0]):
-            panoptic, instances = self.spec.segment(
-                classes[i], outputs["center"][i].float(), outputs["offset"][i].float()
-            )
+            if queries:
+                panoptic, instances = self.spec.segment_queries(
+                    outputs["class_logits"][i].float(), outputs["mask_logits"][i].float()
+                )
+            else:
+                panoptic, instances = self.spec.segment(
+                    classes[i], outputs["center"][i].float(), outputs["offset"][i].float()
+                )
             pred_map, pred_segments = self.spec.prediction(panoptic)
             gt_map, gt_segments = self.spec.ground_truth(batch, i)
             self.pq.update(pred_map, pred_segments, gt_map, gt_segments)
             index = int(batch["index"][i]) if "index" in batch else len(self.ap.images if self.ap else [])
             if self.ap is not None:
-                assert prob is not None  # computed whenever self.ap is set
+                p = None if prob is None else prob[i]
                 if self.records is not None:
-                    self._annotation_ap(index, panoptic, instances, prob[i])
+                    self._annotation_ap(index, panoptic, instances, p)
                 else:
-                    pred = instances_from_panoptic(panoptic, instances, prob[i], self.spec.label_divisor)
+                    pred = instances_from_panoptic(panoptic, instances, p, self.spec.label_divisor)
                     gt = instances_from_segments(gt_map, gt_segments, self.spec.thing_ids)
                     self.ap.update(gt, pred, gt_map.shape[0], gt_map.shape[1], image_id=index)
             if self.on_image is not None:
@@ -296,6 +305,16 @@ class PanopticEvaluator:
             out["ap_per_class"] = {self.spec.class_names[c]: v for c, v in a["per_class"].items()}
         out["val_panoptic_time_s"] = round(self.seconds + time.perf_counter() - t0, 3)  # this rank's
         return out
+
+
+def _scores(
+    panoptic: torch.Tensor, prob: torch.Tensor | None, instances: dict[str, torch.Tensor], label_divisor: int
+) -> torch.Tensor:
+    """Each instance's AP score: its query's class probability (Mask2Former, ``instances["score"]``), else
+    ``instance_scores`` (mean class probability times the centre heatmap)."""
+    if prob is None:
+        return instances["score"] if "score" in instances else instances["center_score"]
+    return instance_scores(panoptic, prob, instances, label_divisor)
 
 
 def evaluators_for(

@@ -18,7 +18,7 @@ from torch import nn
 
 from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.config import MAX_SLIDING_WINDOWS, Config, ConfigError
-from segtrain.data.mappers import inference_size, prepare_input
+from segtrain.data import inference_size, prepare_input
 from segtrain.device import autocast
 from segtrain.models import build_model
 
@@ -47,6 +47,11 @@ def sliding_window(net: nn.Module, image: torch.Tensor, window: tuple[int, int],
         out = list(range(0, max(size - win, 0) + 1, stride))
         return out if out[-1] == size - win else [*out, size - win]
 
+    if getattr(net, "query_outputs", False):
+        raise ConfigError(
+            "inference.mode=sliding averages dense outputs over windows; this model's per-query outputs "
+            "(Mask2Former) do not average: use inference.mode=fit or pad"
+        )
     rows, cols = starts(h, wh), starts(w, ww)
     if len(rows) * len(cols) > MAX_SLIDING_WINDOWS:
         raise ConfigError(
@@ -70,18 +75,20 @@ def to_native(outputs: Outputs, scale: float, size: tuple[int, int]) -> Outputs:
     """Outputs on the model input (image pixel centres at ``scale * (x + 0.5) - 0.5``, the geometry of
     ``prepare_input``) resampled onto the image's ``size`` grid; offsets rescaled to image pixels."""
     h, w = int(size[0]), int(size[1])
-    first = next(iter(outputs.values()))
+    maps = {k: v for k, v in outputs.items() if v.ndim == 4}
+    rest = {k: v.float() for k, v in outputs.items() if v.ndim != 4}  # per-query class logits: no geometry
+    first = next(iter(maps.values()))
     ih, iw = first.shape[-2:]
     if scale == 1.0 and (ih, iw) == (h, w):
         return {k: v.float() for k, v in outputs.items()}
     if scale == 1.0:  # padded input: crop
-        return {k: v[..., :h, :w].float() for k, v in outputs.items()}
+        return {**{k: v[..., :h, :w].float() for k, v in maps.items()}, **rest}
     dev = first.device
     ys = (2.0 * scale * (torch.arange(h, device=dev, dtype=torch.float64) + 0.5) / ih - 1.0).float()
     xs = (2.0 * scale * (torch.arange(w, device=dev, dtype=torch.float64) + 0.5) / iw - 1.0).float()
     grid = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), dim=-1)[None]  # (1, h, w, 2) as (x, y)
-    out = {}
-    for k, v in outputs.items():
+    out = dict(rest)
+    for k, v in maps.items():
         v = v.float()
         g = grid.expand(v.shape[0], -1, -1, -1)
         r = F.grid_sample(v, g, mode="bilinear", padding_mode="border", align_corners=False)

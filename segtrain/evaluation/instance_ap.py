@@ -32,8 +32,7 @@ from pycocotools.cocoeval import COCOeval
 from torch import Tensor
 
 from segtrain.config import POSTPROCESS
-from segtrain.data.coco_panoptic import read_segment_ids
-from segtrain.data.records import ImageRecord, Instance
+from segtrain.data import ImageRecord, Instance, read_segment_ids
 from segtrain.distributed import all_gather_object
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
@@ -155,8 +154,8 @@ def instances_from_panoptic(
     """
     if semantic_prob is not None:
         scores = instance_scores(panoptic, semantic_prob, instances, label_divisor)
-    else:
-        scores = instances["center_score"]
+    else:  # Mask2Former's instances carry their query's score
+        scores = instances["score"] if "score" in instances else instances["center_score"]
     ids = instances["id"].tolist()
     rles = rle_from_id_map(panoptic, ids)
     return [

@@ -1,11 +1,12 @@
 """Model factory: ``build_model(cfg.model)`` picks a registered builder by ``cfg.model.name``.
 
-Importing this package registers the built-in models: tiny_panoptic, panoptic_deeplab, deeplabv3, fcn, lraspp.
+Importing this package registers the built-in models: tiny_panoptic, panoptic_deeplab, deeplabv3, fcn, lraspp,
+mask2former_tiny, mask2former_r50, mask2former_swin_t (these need the ``mask2former`` extra: transformers, scipy).
 """
 
 from segtrain.checkpoint.io import CheckpointError
 from segtrain.checkpoint.state import LoadReport, load_pretrained, load_weights
-from segtrain.models import panoptic_deeplab, tiny, torchvision_models  # noqa: F401 - register the models
+from segtrain.models import mask2former, panoptic_deeplab, tiny, torchvision_models  # noqa: F401 - register the models
 from segtrain.models.backbones import SUPPORTED_BACKBONES
 from segtrain.models.heads import SegmentationModel
 from segtrain.models.registry import MODELS, ModelSpec, build_model, list_models, model_spec, register_model

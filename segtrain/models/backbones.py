@@ -1,4 +1,5 @@
-"""torchvision backbones as multi-scale feature extractors (stride 4, stride 8 and deepest features).
+"""torchvision backbones (and, as ``timm:<name>``, timm's: :mod:`.timm_backbone`) as multi-scale feature
+extractors (stride 4, stride 8 and deepest features).
 
 Parameter names stay those of the torchvision classifier (``layer1.0.conv1.weight``,
 ``features.3.block.0.0.weight``), so an ImageNet state_dict loads into ``model.backbone`` as it is.
@@ -14,6 +15,7 @@ from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.models.resnet import BasicBlock
 
 from segtrain.config import OUTPUT_STRIDES, ConfigError
+from segtrain.models.timm_backbone import build_timm_backbone, is_timm
 
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101")
 MOBILENETS = ("mobilenet_v3_large", "mobilenet_v3_small")
@@ -113,4 +115,9 @@ def build_backbone(name: str, output_stride: int) -> tuple[nn.Module, dict[str, 
         return resnet_backbone(name, output_stride)
     if name in MOBILENETS:
         return mobilenet_backbone(name, output_stride)
-    raise ConfigError(f"unsupported model.backbone={name!r}; supported backbones: {', '.join(SUPPORTED_BACKBONES)}")
+    if is_timm(name):
+        return build_timm_backbone(name, output_stride)
+    raise ConfigError(
+        f"unsupported model.backbone={name!r}; supported backbones: {', '.join(SUPPORTED_BACKBONES)}, "
+        "or any timm model as timm:<name> (e.g. timm:convnext_atto)"
+    )

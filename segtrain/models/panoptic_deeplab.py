@@ -84,7 +84,8 @@ class PanopticDeepLab(SegmentationModel):
         super().__init__()
         self.backbone_name = backbone
         self.backbone, channels = build_backbone(backbone, output_stride)
-        rates = tuple(r * 16 // output_stride for r in (6, 12, 18))
+        stride = getattr(self.backbone, "stride", output_stride)  # a timm ViT's is its patch size
+        rates = tuple(max(r * 16 // stride, 1) for r in (6, 12, 18))
         instance_channels = max(decoder_channels // 2, 16)
         self.semantic_decoder = PanopticDecoder(channels, decoder_channels, rates)
         self.instance_decoder = PanopticDecoder(channels, instance_channels, rates)

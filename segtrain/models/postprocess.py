@@ -40,6 +40,12 @@ Why it is fast and lean (the reference takes seconds and ~12 bytes x K x H x W o
 - Majority classes and stuff areas come from one ``bincount`` of (instance, class) pairs; the output
   is one table lookup.
 
+On the CPU (with numba) the same steps run as three compiled passes over the pixels
+(``postprocess_kernels.py``: peaks, vote + counts, paint), with the same tile bounds; a pixel whose two
+nearest centres are within a relative 1e-5, or whose target is not finite or huge, is left to the
+reference expression above, so the output is the same bit for bit (tests/test_postprocess_kernels.py).
+``scripts/bench_postprocess.py`` prints each stage's time and share.
+
 Everything stays on the input's device (CPU or CUDA); only a few scalars and per-centre/per-tile tables
 cross to the host.  Memory is O(H x W + tiles x K), never O(K x H x W).
 """
@@ -48,11 +54,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from segtrain.config import POSTPROCESS
+
+try:  # one pass per stage on the CPU (postprocess_kernels.py); the tensor path below is its exact twin
+    from segtrain.models import postprocess_kernels as _kernels
+except ImportError:  # numba unavailable: the tensor path, identical and a few times slower
+    _kernels = None  # type: ignore[assignment]
 
 __all__ = ["find_instance_centers", "panoptic_segmentation", "panoptic_segmentation_batch", "panoptic_table"]
 
@@ -113,11 +125,25 @@ def find_instance_centers(
         raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
     if not center.is_floating_point():
         center = center.float()
+    if _kernels is not None and center.device.type == "cpu" and center.dtype == torch.float32:
+        # The float32 threshold: what comparing a float32 tensor with a Python float rounds it to.
+        thr = np.float32(max(float(threshold), 0.0))
+        c = np.ascontiguousarray(center.detach().numpy())
+        flat = np.empty(c.size, np.int64)  # untouched beyond the peaks found
+        n = _kernels.centre_peaks(c, thr, nms_kernel, flat)
+        idx = torch.from_numpy(flat[:n].copy())
+        points = torch.stack((torch.div(idx, c.shape[1], rounding_mode="floor"), idx % c.shape[1]), 1)
+        scores = center.reshape(-1)[idx]
+        return _top_k(points, scores, top_k)
     # Thresholded values <= threshold become -1 and can never exceed a candidate (> threshold and > 0),
     # so for candidates "equals the max-pool of the thresholded map" is "equals the max of its window".
     keep = (center > max(float(threshold), 0.0)) & (center == _window_max(center, nms_kernel))
     points = torch.nonzero(keep)
-    scores = center[points[:, 0], points[:, 1]]
+    return _top_k(points, center[points[:, 0], points[:, 1]], top_k)
+
+
+def _top_k(points: Tensor, scores: Tensor, top_k: int | None) -> tuple[Tensor, Tensor]:
+    """The peaks strictly above the ``top_k``-th largest score (the reference's quirk), all below ``top_k``."""
     if top_k is not None and scores.numel() >= int(top_k):
         kth = torch.topk(scores, int(top_k)).values[-1]  # > 0, so the reference's clamp(min=0) is a no-op
         strong = scores > kth
@@ -380,6 +406,9 @@ def panoptic_segmentation(
 
     points, scores = find_instance_centers(center, threshold, nms_kernel, top_k)
     k = points.shape[0]
+    if _kernels is not None and dev.type == "cpu":
+        args = (points, scores, things, is_thing, label_divisor, int(stuff_area), void_label)
+        return _panoptic_cpu(sem.reshape(h, w), offset, *args)
     if k == 0 or not thing_list:
         inst = torch.zeros(h * w, dtype=torch.int64, device=dev)
         rows = 1
@@ -397,6 +426,65 @@ def panoptic_segmentation(
     lut, instances = panoptic_table(counts, points, scores, things, is_thing, label_divisor, stuff_area, void_label)
     pan = lut.reshape(-1).index_select(0, key).reshape(1, h, w)
     return pan, instances
+
+
+def _panoptic_cpu(
+    sem: Tensor,
+    offset: Tensor,
+    points: Tensor,
+    scores: Tensor,
+    things: Tensor,
+    is_thing: Tensor,
+    label_divisor: int,
+    stuff_area: int,
+    void_label: int,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Steps 2-4 on the CPU by the compiled kernels: one pass to vote and count, one to paint.
+
+    Same answer as the tensor path: same candidate bounds, exact distances, and the reference's own
+    ``torch.norm``/``argmin`` (:func:`_assign_exact`) for the pixels the kernel leaves to it."""
+    assert _kernels is not None
+    h, w = sem.shape
+    k = points.shape[0]
+    n_cls = is_thing.shape[0]
+    rows = 2 * k if k and bool(is_thing.any()) else 1
+    s = np.ascontiguousarray(sem.detach().numpy())
+    offset = offset.detach().to(torch.float32)
+    off = np.ascontiguousarray(offset.numpy())
+    thing_np = is_thing.numpy() if rows > 1 else np.zeros(n_cls, bool)
+    key = np.empty(h * w, np.int32 if rows * n_cls < 2**31 else np.int64)
+    counts = np.zeros(rows * n_cls, np.int64)
+    kk = k if rows > 1 else 0
+    cy = points[:kk, 0].numpy().astype(np.float32)
+    cx = points[:kk, 1].numpy().astype(np.float32)
+    m = 16  # tiled frame: the image plus a margin; targets beyond it are compared with every centre
+    tile = _tile_size((h + 2 * m) * (w + 2 * m), max(kk, 1))
+    nty, ntx = -(-(h + 2 * m) // tile), -(-(w + 2 * m) // tile)
+    ncand = np.zeros(nty * ntx, np.int64)
+    table = np.zeros((nty * ntx, max(kk, 1)), np.int32)
+    if kk >= 2:
+        # Bounds in float64 on exact tile edges: a slack of 0.05 px covers the float64 tile coordinate.
+        _kernels.candidate_tables(
+            cy.astype(np.float64), cx.astype(np.float64), float(-m), float(-m), tile, nty, ntx, 0.05,
+            _REL_SLACK, _ABS_SLACK, ncand, table,
+        )  # fmt: skip
+    fb = np.empty(h * w, np.int64)  # untouched beyond the pixels listed
+    n_fb = _kernels.vote(
+        s, off, thing_np, cy, cx, float(-m), float(-m), tile, nty, ntx, ncand, table, n_cls, key, counts, fb
+    )
+    if n_fb:  # near ties and non-finite targets: the reference's expression over every centre
+        sel = torch.from_numpy(fb[:n_fb].copy())
+        inst = torch.empty(h * w, dtype=torch.int64)
+        everyone = torch.arange(kk)[None].expand(n_fb, kk)
+        _assign_exact(inst, sel, everyone, offset, w, points.to(torch.float32))
+        fb_key = inst[sel].numpy() * n_cls + s.reshape(-1)[fb[:n_fb]]
+        key[fb[:n_fb]] = fb_key
+        counts += np.bincount(fb_key, minlength=counts.size)
+    counts_t = torch.from_numpy(counts).reshape(rows, n_cls)
+    lut, instances = panoptic_table(counts_t, points, scores, things, is_thing, label_divisor, stuff_area, void_label)
+    pan = torch.empty(h * w, dtype=torch.int64)
+    _kernels.paint(key, lut.reshape(-1).numpy(), pan.numpy())
+    return pan.reshape(1, h, w), instances
 
 
 def panoptic_segmentation_batch(

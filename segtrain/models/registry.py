@@ -1,4 +1,9 @@
-"""Name -> builder registry, so that configs pick a model by ``model.name`` and users can add their own."""
+"""Name -> builder registry, so that configs pick a model by ``model.name`` and users can add their own.
+
+A user's own network needs no registering: ``model.name=mypkg.nets:build`` (or ``mypkg.nets.build``) names
+its builder by import path, called as ``build(spec, **model.kwargs)`` (``docs/models.md`` gives the
+contract). The checkpoints store that path and the kwargs, so every ``ckpt=`` tool rebuilds it unaided.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,9 @@ from omegaconf.errors import MissingMandatoryValue
 from torch import nn
 
 from segtrain.config import ConfigError, ModelConfig
-from segtrain.registry import Registry
+from segtrain.registry import Registry, check_call
 
-Builder = Callable[["ModelSpec"], nn.Module]
+Builder = Callable[..., nn.Module]  # builder(spec, **model.kwargs)
 B = TypeVar("B", bound=Builder)
 
 MODELS: Registry[Builder] = Registry("model.name")
@@ -30,6 +35,7 @@ class ModelSpec:
     decoder_channels: int
     head_channels: int
     output_stride: int
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)  # model.kwargs: the builder's own arguments
 
 
 _MISSING = object()
@@ -55,8 +61,10 @@ def model_spec(cfg: Any) -> ModelSpec:
     """Accept a DictConfig, a dict or any object with attributes (e.g. SimpleNamespace)."""
     if isinstance(cfg, ModelSpec):
         return cfg
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {"kwargs": read_kwargs(cfg)}
     for f in dataclasses.fields(ModelSpec):
+        if f.name == "kwargs":
+            continue
         value = _read(cfg, f.name)
         if f.name in ("name", "backbone"):
             value = str(value)
@@ -73,8 +81,26 @@ def model_spec(cfg: Any) -> ModelSpec:
     return ModelSpec(**values)
 
 
+def read_kwargs(cfg: Any) -> dict[str, Any]:
+    """``model.kwargs`` as a plain dict (None or absent: no arguments)."""
+    try:
+        value = cfg.get("kwargs") if isinstance(cfg, Mapping) else getattr(cfg, "kwargs", None)
+    except MissingMandatoryValue:
+        value = None
+    if value is None:
+        return {}
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(value, DictConfig):
+        value = OmegaConf.to_container(value, resolve=True)
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"model.kwargs must map argument names to values, e.g. {{depth: 3}}; got {value!r}")
+    return dict(value)
+
+
 def register_model(name: str) -> Callable[[B], B]:
-    """Decorator: ``@register_model("my_net")`` on ``fn(spec) -> nn.Module`` enables ``model.name=my_net``."""
+    """Decorator: ``@register_model("my_net")`` on ``fn(spec, **kwargs) -> nn.Module`` enables ``model.name=my_net``
+    (an import path needs no registering: ``model.name=mypkg.nets:build``)."""
     return cast("Callable[[B], B]", MODELS.register(name))  # register returns its argument unchanged
 
 
@@ -83,24 +109,102 @@ def list_models() -> list[str]:
 
 
 def build_model(cfg: Any, trust: bool = False) -> nn.Module:
-    """Build ``cfg.name`` and, if ``cfg.pretrained`` is set, load those weights through the one checkpoint
-    loader (``trust``: ``trust_checkpoint``; nothing is ever downloaded unless ``pretrained`` names
-    torchvision weights)."""
+    """Build ``cfg.name`` (a registered name or an import path) with ``cfg.kwargs`` and, if ``cfg.pretrained`` is
+    set, load those weights through the one checkpoint loader (``trust``: ``trust_checkpoint``; nothing is ever
+    downloaded unless ``pretrained`` names torchvision weights or is ``timm``)."""
     spec = model_spec(cfg)
-    model = MODELS.get(spec.name)(spec)
-    _check_contract(model, spec.name)
-    if spec.pretrained is not None:
+    builder = MODELS.get(spec.name)
+    check_builder(builder, spec.name, spec.kwargs)
+    model = builder(spec, **spec.kwargs)
+    check_contract(model, spec, user=not _origin_module(builder).startswith("segtrain."))
+    if spec.pretrained == "timm":
+        load_timm_pretrained(model, spec)
+    elif spec.pretrained is not None:
         from segtrain.checkpoint.state import load_pretrained
 
         load_pretrained(model, spec.pretrained, trust=trust)
     return model
 
 
-def _check_contract(model: Any, name: str) -> None:
-    """Fail at build time, not mid-training, when a (user-registered) builder breaks the contract."""
+def _origin_module(obj: Any) -> str:
+    return str(getattr(obj, "__module__", "") or "")
+
+
+def check_builder(builder: Any, name: str, kwargs: Mapping[str, Any]) -> None:
+    """One line when ``builder`` cannot be called as ``builder(spec, **model.kwargs)``."""
+    try:
+        check_call(builder, "model.name", name, dict(kwargs))
+    except ConfigError as e:
+        raise ModelContractError(f"{e} (model.kwargs gives the keyword arguments; docs/models.md)") from None
+
+
+class ModelContractError(ConfigError, TypeError):
+    """A builder or the model it returned breaks the contract (docs/models.md); the message says which part."""
+
+
+_PROBE = 64  # side of the image a user's model is tried on when it is built
+
+
+def check_contract(model: Any, spec: ModelSpec, user: bool = True) -> None:
+    """Fail at build time, in one line, not mid-training, when a builder breaks the contract. ``user``: a model
+    defined outside segtrain is also run once on a small image to check its outputs' names and shapes."""
+    name = spec.name
     if not isinstance(model, nn.Module):
-        raise TypeError(f"builder of model {name!r} returned {type(model).__name__}, not an nn.Module")
-    if not isinstance(getattr(model, "backbone", None), nn.Module):
-        raise TypeError(f"model {name!r} has no `.backbone` submodule (needed to freeze it when fine-tuning)")
-    if not isinstance(getattr(model, "instance_aware", None), bool):
-        raise TypeError(f"model {name!r} has no boolean `instance_aware` attribute")
+        raise ModelContractError(f"model.name={name}: the builder returned {type(model).__name__}, not an nn.Module")
+    aware = getattr(model, "instance_aware", False)
+    if not isinstance(aware, bool):
+        raise ModelContractError(f"model.name={name}: `instance_aware` must be True or False, got {aware!r}")
+    backbone = getattr(model, "backbone", None)
+    if backbone is not None and not isinstance(backbone, nn.Module):
+        raise ModelContractError(f"model.name={name}: `backbone` must be a submodule, got {type(backbone).__name__}")
+    if user:
+        _check_outputs(model, spec, aware)
+
+
+def _check_outputs(model: nn.Module, spec: ModelSpec, aware: bool) -> None:
+    import torch
+
+    wanted = {"semantic": spec.num_classes, **({"center": 1, "offset": 2} if aware else {})}
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            out = model.eval()(torch.rand(1, 3, _PROBE, _PROBE))
+    except Exception as e:  # noqa: BLE001 - whatever the user's forward raises, said in one line
+        raise ModelContractError(
+            f"model.name={spec.name}: the model fails on a (1, 3, {_PROBE}, {_PROBE}) image in [0, 1] "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); docs/models.md gives the contract"
+        ) from None
+    finally:
+        model.train(was_training)
+    if not isinstance(out, Mapping):
+        raise ModelContractError(
+            f"model.name={spec.name}: forward returned {type(out).__name__}; it must return a dict "
+            f"{{{', '.join(repr(k) for k in wanted)}}} of (B, C, H, W) tensors (docs/models.md)"
+        )
+    for key, channels in wanted.items():
+        shape = (1, channels, _PROBE, _PROBE)
+        got = out.get(key)
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape:
+            seen = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            why = " (instance_aware=True)" if key != "semantic" else f" (model.num_classes={spec.num_classes})"
+            raise ModelContractError(
+                f"model.name={spec.name}: output {key!r} must be a {shape} tensor for a {_PROBE}x{_PROBE} "
+                f"image{why}, got {seen}; subclass segtrain.models.SegmentationModel to get the input resolution"
+            )
+
+
+def load_timm_pretrained(model: nn.Module, spec: ModelSpec) -> None:
+    """``model.pretrained=timm``: timm's published weights for ``model.backbone=timm:<name>`` (downloads)."""
+    import logging
+
+    from segtrain.checkpoint.state import load_weights
+
+    backbone = getattr(model, "backbone", None)
+    fetch = getattr(backbone, "hub_state_dict", None)
+    if fetch is None:
+        raise ConfigError(
+            f"model.pretrained=timm needs a timm backbone (model.backbone=timm:<name>), not {spec.backbone!r}; "
+            "for others pass a local weights file"
+        )
+    report = load_weights(model, fetch(), "model.pretrained=timm", strict=False, target="backbone", weights="timm hub")
+    logging.getLogger(__name__).info("model.pretrained=timm: loaded %d tensors into the backbone", len(report.loaded))

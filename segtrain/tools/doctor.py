@@ -22,11 +22,17 @@ from torch.utils.data import DataLoader
 
 from segtrain import storage
 from segtrain.config import Config
-from segtrain.data import PolygonDataset, StageTimer, build_dataset, collate
-from segtrain.data.loaders import per_rank_batch, worker_init
-from segtrain.data.pipeline import plan_pipeline
-from segtrain.data.rasterise import rasterise
-from segtrain.data.records import Instance
+from segtrain.data import (
+    Instance,
+    PolygonDataset,
+    StageTimer,
+    build_dataset,
+    collate,
+    per_rank_batch,
+    plan_pipeline,
+    rasterise,
+    worker_init,
+)
 from segtrain.distributed import DistInfo
 from segtrain.engine.build import step_trainer
 from segtrain.placement import DEVICE

@@ -19,9 +19,7 @@ from typing import Any
 
 from segtrain.config import Config, ConfigError
 from segtrain.console import progress_bar
-from segtrain.data import build_dataset
-from segtrain.data.coco import coco_ids
-from segtrain.data.loaders import build_loader
+from segtrain.data import build_dataset, build_loader, coco_ids
 from segtrain.device import effective_precision
 from segtrain.distributed import DistInfo
 from segtrain.errors import UserError

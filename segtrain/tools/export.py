@@ -33,7 +33,6 @@ import importlib
 import json
 import logging
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -47,6 +46,7 @@ from torch import Tensor, nn
 import segtrain
 from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.config import EXPORT_FORMATS, Config, ConfigError, to_container
+from segtrain.fileio import temp_beside
 from segtrain.models import build_model
 
 log = logging.getLogger("segtrain.export")
@@ -65,7 +65,7 @@ __all__ = [
     "verify_export",
 ]
 
-OUTPUT_NAMES = ("semantic", "center", "offset")  # the order of ONNX outputs
+OUTPUT_NAMES = ("semantic", "center", "offset", "class_logits", "mask_logits")  # the order of ONNX outputs
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".torchscript.pt"}
 METADATA_KEY = "segtrain"  # ONNX metadata_props key; TorchScript extra file "segtrain.json"
 MIN_DYNAMIC_SIDE = 32
@@ -140,8 +140,7 @@ def _output_names(model: nn.Module, example: Tensor) -> list[str]:
 @contextlib.contextmanager
 def _atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path``, renamed over it when the block succeeds (removed otherwise)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp_name = temp_beside(path)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -404,13 +403,18 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
             "verified on inputs %s: max |exported - PyTorch| %s (tolerance %g relative)", shapes, figures, TOLERANCE
         )
 
+    dynamic = bool(ex.dynamic)
+    if dynamic and fmt == "onnx" and getattr(model, "query_outputs", False):
+        # transformers' Mask2Former specialises its shapes when traced: a "dynamic" graph would fix them anyway
+        log.info("%s exports to ONNX at a fixed input size (dataset.input_size %dx%d)", cfg.model.name, h, w)
+        dynamic = False
     result = export_model(
         model,
         output,
         fmt,
         list(cfg.dataset.input_size),
         opset=int(ex.opset),
-        dynamic=bool(ex.dynamic),
+        dynamic=dynamic,
         metadata=model_metadata(cfg, report.weights),
         check=verify,
     )

@@ -38,7 +38,7 @@ import torch
 
 from segtrain import storage
 from segtrain.config import Config
-from segtrain.data.image_io import read_image_file
+from segtrain.data import is_utf8, read_image_file
 from segtrain.device import effective_precision
 from segtrain.errors import UserError
 from segtrain.evaluation.banded import (
@@ -47,6 +47,7 @@ from segtrain.evaluation.banded import (
     pictures,
     png_bytes,
     segment_banded,
+    segment_queries_banded,
     segments_banded,
 )
 from segtrain.evaluation.evaluator import PanopticSpec
@@ -74,31 +75,44 @@ OUTPUT_SUFFIXES = (
 )
 
 
-def _utf8(path: Path) -> bool:
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:  # undecodable bytes, kept by Python as surrogates
-        return False
-    return True
-
-
 def collect_inputs(source: str | Path) -> tuple[Path, list[Path]]:
     """(root, image files): one file, or every image under a folder (recursively, sorted). Names that are not
     valid UTF-8 are skipped with a warning (they cannot be named in logs or JSON)."""
     path = storage.location(os.path.expanduser(str(source)))  # a file, a folder, or a URL (s3://bucket/images)
     if path.is_file():
-        if not _utf8(path):
+        if not is_utf8(str(path)):
             raise PredictInputError(f"input={ascii(str(path))}: the file name is not valid UTF-8; rename the file")
         return path.parent, [path]
     if not path.is_dir():
         raise PredictInputError(f"input={source!r}: no such file or folder")
-    found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    files = [p for p in found if _utf8(p)]
+    every = [p for p in path.rglob("*") if p.is_file()]
+    found = sorted(p for p in every if p.suffix.lower() in IMAGE_SUFFIXES)
+    files = [p for p in found if is_utf8(str(p))]
     for p in sorted(set(found) - set(files)):
         log.warning("skipping %s: its name is not valid UTF-8; rename it to predict on it", ascii(str(p)))
+    report_unread(path, [p for p in every if p.suffix.lower() not in IMAGE_SUFFIXES])
     if not files:
         raise PredictInputError(f"input={source!r} holds no images ({', '.join(IMAGE_SUFFIXES)}, searched recursively)")
     return path, files
+
+
+def report_unread(root: Path, others: list[Path]) -> None:
+    """One line naming the files of ``input=`` that predict does not read, by extension (``.gif``: animated or
+    palette images are not read; convert them to PNG), so nothing is left out without a word."""
+    if not others:
+        return
+    by_suffix = Counter(p.suffix.lower() or "(no extension)" for p in others)
+    kinds = ", ".join(f"{n} {s}" for s, n in by_suffix.most_common(8)) + (", ..." if len(by_suffix) > 8 else "")
+    example = ascii(str(sorted(others)[0].relative_to(root)))
+    log.warning(
+        "skipping %d file(s) under %s that are not images predict reads (%s; e.g. %s): it reads %s; convert "
+        "others (e.g. .gif) to PNG to predict on them",
+        len(others),
+        root,
+        kinds,
+        example,
+        ", ".join(IMAGE_SUFFIXES),
+    )
 
 
 def output_names(root: Path, files: list[Path]) -> dict[Path, Path]:
@@ -174,14 +188,18 @@ def predict(cfg: Config, blob: Any, device: torch.device) -> list[Path]:
     precision = effective_precision(cfg.trainer.precision, device)
     classes = [str(c) for c in cfg.dataset.classes]
     spec = PanopticSpec.from_config(cfg) if getattr(model, "instance_aware", False) else None
-    check_outputs(cfg, root, files, out_dir, names, OUTPUT_SUFFIXES if spec is not None else OUTPUT_SUFFIXES[:2])
+    queries = bool(getattr(model, "query_outputs", False))  # Mask2Former: segments from its queries, no centres
+    suffixes = OUTPUT_SUFFIXES if spec is not None else OUTPUT_SUFFIXES[:2]
+    check_outputs(cfg, root, files, out_dir, names, tuple(s for s in suffixes if not (queries and s == "_center.png")))
     written: list[Path] = []
     for path in files:
         rgb = read_image_file(path, cfg.dataset.max_image_pixels)
         # Outputs stay at the model's size; the native grid is made band by band
         # (memory: see docs/data-formats.md, "Bad input").
         out = network_outputs(model, rgb, cfg, device, precision)
-        pred = segment_banded(out, spec)
+        pred = segment_banded(out, None if queries else spec)
+        if queries and spec is not None:
+            pred = segment_queries_banded(out, pred, spec)
         base = out_dir / names[path]
         base.parent.mkdir(parents=True, exist_ok=True)
         seg_ids = None

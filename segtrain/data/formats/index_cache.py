@@ -1,0 +1,243 @@
+"""Built indexes cached on disk: the second start maps a file instead of parsing the JSON again.
+
+A cache file ``<cache_dir>/index/<kind>-<name>-<where>-<key>.idx`` is keyed by everything its
+content depends on: the annotation file's size and a BLAKE2b hash of all its bytes (for a LabelMe
+folder: the name and hash of every JSON in it), the loader options that change the result
+(``max_image_pixels``), the index format and the record fields. Class lists, ``class_map``,
+``unlisted`` and ``on_error`` are applied after loading (see loading.py), so they never force a
+rebuild. A file that is truncated, damaged (CRC32 of every array), built for other inputs or
+structurally inconsistent is rebuilt with a warning, never used. Processes that start together
+(DDP ranks) build once: the others wait on a lock and map the result.
+
+The key is the content, never the modification time: ``cp -p``, ``rsync -t`` and ``tar`` restore an
+edited file's size and mtime, and a key built from those served the old index. Hashing the whole
+file costs a fraction of parsing it (``scripts/bench_data_checks.py``).
+
+A single annotation file (:func:`cached_file_index`) is read once: the cache file is named by what
+needs no read (the file's size and the options) and holds the content key in its header. When a cache
+file of that name exists, the file is hashed as it streams past (nothing kept) and the index mapped if
+the content key matches; otherwise the file is read once, and its bytes are hashed on a thread
+(hashlib releases the GIL) while the same bytes are parsed, so the first start pays no second read and,
+with a second core, no hashing time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from segtrain import storage
+from segtrain.config import expand_path
+from segtrain.data.formats.index import RecordIndex, schema_fingerprint
+from segtrain.fileio import open_regular
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 20
+
+
+def content_hash(f: BinaryIO) -> str:
+    """BLAKE2b (256 bit) of everything ``f`` holds from its position on, read in 1 MiB chunks."""
+    h = hashlib.blake2b(digest_size=32)
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    while n := f.readinto(buf):  # type: ignore[attr-defined]
+        h.update(view[:n])
+    return h.hexdigest()
+
+
+def file_fingerprint(path: Path) -> dict[str, Any]:
+    """Size and content hash of a regular file (FIFOs and devices are refused before any read). A remote object
+    (s3://...) is keyed on what the store says of its content without reading it: its version or ETag, and size."""
+    if storage.is_remote(path):
+        version, size = storage.fingerprint(path)
+        return {"size": size, "version": version}
+    fd = open_regular(path, "annotation file")
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return {"size": size, "blake2b": content_hash(f)}
+
+
+def cache_key(kind: str, fingerprint: dict[str, Any]) -> str:
+    blob = json.dumps({"kind": kind, "schema": schema_fingerprint(), **fingerprint}, sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def cache_file(cache_dir: str | os.PathLike, kind: str, source: Path, key: str) -> Path:
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", source.name)[:60] or "data"
+    place = str(source) if storage.is_remote(source) else str(source.resolve())
+    where = hashlib.sha256(place.encode("utf-8")).hexdigest()[:10]
+    return expand_path(cache_dir) / "index" / f"{kind}-{stem}-{where}-{key[:24]}.idx"
+
+
+def cached_index(
+    kind: str,
+    source: Path,
+    fingerprint: Callable[[], dict[str, Any]],
+    build: Callable[[], RecordIndex],
+    cache_dir: str | os.PathLike | None,
+) -> RecordIndex:
+    """The index of ``source``: mapped from the cache when a valid file exists, else built by
+    ``build()`` and cached (``cache_dir`` None or "": built every time, nothing written)."""
+    if not cache_dir:
+        return build()
+    key = cache_key(kind, fingerprint())
+    path = cache_file(cache_dir, kind, source, key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        log.warning("index cache disabled: cannot create %s (%s); building in memory", path.parent, e)
+        return build()
+    index = _try_load(path, key)
+    if index is not None:
+        return index
+    with _locked(path.with_suffix(".lock")):
+        index = _try_load(path, key)  # built by another process while this one waited
+        if index is not None:
+            return index
+        built = build()
+        try:
+            built.save(path, key)
+        except OSError as e:
+            log.warning("could not write the index cache %s (%s); using the index in memory", path, e)
+            return built
+        _remove_stale(path)
+        log.info("cached the index of %s in %s", source, path)
+        return RecordIndex.load(path, key)
+
+
+class _Hashing:
+    """BLAKE2b (256 bit) of ``raw``, computed on a thread from construction on (:meth:`hexdigest` waits)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.size = len(raw)
+        self._digest = ""
+        self._thread = threading.Thread(target=self._run, args=(raw,), name="index-content-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self, raw: bytes) -> None:
+        h = hashlib.blake2b(digest_size=32)
+        view = memoryview(raw)
+        for a in range(0, len(view), _CHUNK):  # chunks: the GIL is released around each update
+            h.update(view[a : a + _CHUNK])
+        self._digest = h.hexdigest()
+
+    def hexdigest(self) -> str:
+        self._thread.join()
+        return self._digest
+
+
+def cached_file_index(
+    kind: str,
+    source: Path,
+    options: dict[str, Any],
+    read: Callable[[], bytes],
+    build: Callable[[list[bytes]], RecordIndex],
+    cache_dir: str | os.PathLike | None,
+) -> RecordIndex:
+    """The index of the single file ``source``, reading it once (see the module docstring).
+
+    ``options``: the loader options the index depends on; ``read()``: the file's bytes (with the caller's
+    checks and errors); ``build(holder)``: the index of ``holder[0]``, the bytes, which it may drop."""
+    if not cache_dir:
+        return build([read()])
+    try:
+        size = os.stat(source).st_size
+    except OSError:
+        return build([read()])  # read() reports it in the caller's words
+    path = cache_file(cache_dir, kind, source, cache_key(kind, {"size": size, **options}))
+
+    def content_key(size: int, digest: str) -> str:
+        return cache_key(kind, {"size": size, "blake2b": digest, **options})
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        log.warning("index cache disabled: cannot create %s (%s); building in memory", path.parent, e)
+        return build([read()])
+    index = _try_load(path, content_key(**_stream_fingerprint(source, read))) if path.exists() else None
+    if index is not None:
+        return index
+    with _locked(path.with_suffix(".lock")):
+        if path.exists():  # built by another process while this one waited
+            index = _try_load(path, content_key(**_stream_fingerprint(source, read)))
+            if index is not None:
+                return index
+        raw = read()
+        hashing = _Hashing(raw)
+        holder = [raw]
+        del raw
+        built = build(holder)
+        key = content_key(hashing.size, hashing.hexdigest())
+        try:
+            built.save(path, key)
+        except OSError as e:
+            log.warning("could not write the index cache %s (%s); using the index in memory", path, e)
+            return built
+        _remove_stale(path)
+        log.info("cached the index of %s in %s", source, path)
+        return RecordIndex.load(path, key)
+
+
+def _stream_fingerprint(source: Path, read: Callable[[], bytes]) -> dict[str, Any]:
+    """``{"size", "digest"}`` of ``source`` hashed as it streams past; the caller's ``read()`` reports a
+    file that cannot be read."""
+    try:
+        fp = file_fingerprint(source)
+    except OSError:
+        read()  # raises the caller's error
+        raise
+    return {"size": fp["size"], "digest": fp["blake2b"]}
+
+
+def _try_load(path: Path, key: str) -> RecordIndex | None:
+    if not path.exists():
+        return None
+    try:
+        return RecordIndex.load(path, key)
+    except Exception as e:  # any damage (IndexFormatError, or what a mangled header raises): rebuild
+        log.warning("index cache %s is unusable (%s); rebuilding it", path, e)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+
+
+def _remove_stale(path: Path) -> None:
+    """Cache files of the same source built from older versions of it."""
+    prefix = path.name[: path.name.rindex("-") + 1]
+    for other in path.parent.glob(f"{glob_escape(prefix)}*.idx"):
+        if other != path:
+            with contextlib.suppress(OSError):
+                other.unlink()
+
+
+def glob_escape(s: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", s)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Exclusive advisory lock (released when the process exits, even on a crash)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no lock, at worst two processes build
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,243 @@
+"""Data formats by name (``dataset.format``): how one split's annotations become records.
+
+Each :class:`DataFormat` says how to load a split (``dataset.<split>.*`` keys it needs) and
+what unannotated pixels are: ``background`` (COCO, LabelMe: the first class) or ``ignore``
+(data sets whose every labelled pixel is annotated, such as Cityscapes). Add your own with
+``FORMATS.register("mine", DataFormat(...))``; ``dataset.format=mine`` then works everywhere.
+The config check reads a format's split keys, unlabeled pixels and ``classes=auto`` discovery through
+the registry (``segtrain.registry.load``), so ``segtrain.config`` never imports this package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from segtrain import storage
+from segtrain.config import BACKGROUND_NAMES
+from segtrain.data.formats.coco import load_coco
+from segtrain.data.formats.confine import confine_paths
+from segtrain.data.formats.labelme import load_labelme
+from segtrain.data.formats.synthetic import ensure_synthetic
+from segtrain.data.records import IGNORE, ClassMap, ImageRecord, SkipReport
+from segtrain.errors import UserError
+from segtrain.registry import Registry
+
+Loader = Callable[[Any, str, ClassMap], tuple[Sequence[ImageRecord], SkipReport]]
+Discovered = tuple[str, int] | tuple[str, int, bool]  # (label, instances[, is_stuff])
+
+
+@dataclass(frozen=True)
+class DataFormat:
+    load: Loader  # (cfg.dataset, split, class_map) -> (records, report)
+    split_keys: tuple[str, ...]  # dataset.<split>.<key> the loader reads (checked before any work)
+    unlabeled: str = "background"  # what pixels outside every annotation are: background | ignore
+    folder_keys: tuple[str, ...] = ("images", "dir", "panoptic")  # split keys naming folders (others: files)
+    # (cfg.dataset) -> [(label, instances)] of the training split, for dataset.classes=auto; None: unsupported.
+    # Formats that know which labels are stuff (COCO panoptic's isthing=0) give (label, instances, is_stuff).
+    discover: Callable[[Any], Sequence[Discovered]] | None = None
+    # (cfg.dataset, split) -> the folders the split's files must lie in (see confine.py); None: the split's
+    # folder_keys and dataset.root
+    roots: Callable[[Any, str], Sequence[Path]] | None = None
+
+    def auto_classes(self, ds: Any) -> AutoClasses:
+        """``dataset.classes=auto``: background, then the training annotations' classes (COCO: category-id
+        order; COCO panoptic: things then stuff, each in category-id order; LabelMe: sorted labels) as
+        ``dataset.class_map`` maps them (a label mapped to background, ``__ignore__`` or null adds no class).
+        A class is stuff when every label mapped onto it is stuff (one thing among them keeps its centres)."""
+        if self.discover is None:
+            raise DataPathError(
+                f"dataset.classes=auto is not available for dataset.format={ds.format}: list the classes "
+                "(e.g. the preset's) in dataset.classes"
+            )
+        check_paths(ds)  # every missing path at once, before reading the training annotations
+
+        mapping = dict(ds.class_map or {})
+        counts: dict[str, int] = {}
+        stuff: dict[str, bool] = {}
+        for label, n, *is_stuff in self.discover(ds):
+            target = mapping.get(label, label)
+            if target is None or target == IGNORE or str(target).lower() in BACKGROUND_NAMES:
+                continue
+            name = str(target)
+            counts[name] = counts.get(name, 0) + int(n)
+            stuff[name] = stuff.get(name, True) and bool(is_stuff and is_stuff[0])
+        return AutoClasses(["background", *counts], list(counts.items()), [c for c in counts if stuff[c]])
+
+
+class DataPathError(UserError, FileNotFoundError):
+    """Configured data paths that do not exist (all of them, listed at once)."""
+
+
+FORMATS: Registry[DataFormat] = Registry("dataset.format")
+
+
+def class_map_of(ds: Any) -> ClassMap:
+    return ClassMap(list(ds.classes), dict(ds.class_map or {}), unlisted=str(ds.unlisted))
+
+
+def index_options(ds: Any, check_files: bool = True) -> dict[str, Any]:
+    """What the COCO / LabelMe loaders need besides paths: the index cache, the pixel cap and (unless
+    ``check_files=False``, class discovery) whether to stat every image."""
+    opts: dict[str, Any] = {"cache_dir": ds.cache_dir, "max_image_pixels": int(ds.max_image_pixels)}
+    if check_files:
+        opts["check_files"] = bool(ds.check_files)
+    return opts
+
+
+def _existing(ds: Any, split: str, key: str, folder: bool) -> Path:
+    problem = _path_problem(ds[split][key], folder)
+    if problem:
+        raise DataPathError(f"dataset.{split}.{key}: {problem}")
+    return storage.location(str(ds[split][key]))
+
+
+def _path_problem(value: Any, folder: bool) -> str | None:
+    path = storage.location(str(value)) if value else None  # a folder, a file or a URL (s3://bucket/coco)
+    if path is None or not path.exists():
+        return f"{value!r} does not exist"
+    if folder and not path.is_dir():
+        return f"{value!r} is not a folder"
+    if not folder and path.is_dir():
+        return f"{value!r} is a folder; give the annotation file"
+    return None
+
+
+def check_paths(ds: Any, splits: tuple[str, ...] = ("train", "val")) -> None:
+    """Every configured data path of ``splits`` exists: one error listing all that do not."""
+    fmt = FORMATS.get(str(ds.format))
+    problems = []
+    for split in splits:
+        for key in fmt.split_keys:
+            problem = _path_problem(ds[split][key], key in fmt.folder_keys)
+            if problem:
+                problems.append(f"  dataset.{split}.{key}: {problem}")
+    if problems:
+        root = f" (dataset.root={ds.root})" if ds.get("root") else ""
+        from segtrain.config import chdir_note
+
+        raise DataPathError(f"data not found{root}{chdir_note()}:\n" + "\n".join(problems))
+
+
+def _coco(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+    annotations = _existing(ds, split, "annotations", folder=False)
+    images = _existing(ds, split, "images", folder=True)
+    return load_coco(annotations, images, class_map, ds.on_error, **index_options(ds))
+
+
+def _labelme(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+    return load_labelme(_existing(ds, split, "dir", folder=True), class_map, ds.on_error, **index_options(ds))
+
+
+def _cityscapes(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+    from segtrain.data.formats.cityscapes import load_cityscapes
+
+    images = _existing(ds, split, "images", folder=True)
+    return load_cityscapes(images, _existing(ds, split, "annotations", folder=True), class_map, ds.on_error)
+
+
+def _coco_panoptic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+    from segtrain.data.formats.coco_panoptic import load_coco_panoptic
+
+    return load_coco_panoptic(
+        _existing(ds, split, "annotations", folder=False),
+        _existing(ds, split, "images", folder=True),
+        _existing(ds, split, "panoptic", folder=True),
+        class_map,
+        ds.on_error,
+        unlabeled=FORMATS.get("coco_panoptic").unlabeled,
+        stuff_classes=list(ds.stuff_classes),
+    )
+
+
+def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+    s = ds.synthetic
+    root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
+    return load_coco(root / f"{split}.json", root / split, class_map, ds.on_error, **index_options(ds))
+
+
+def _synthetic_roots(ds: Any, split: str) -> list[Path]:
+    s = ds.synthetic
+    root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
+    return [root / split]
+
+
+def _discover_coco(ds: Any) -> list[tuple[str, int]]:
+    from segtrain.data.formats.coco import discover_classes_coco
+
+    return discover_classes_coco(_existing(ds, "train", "annotations", folder=False), **index_options(ds, False))
+
+
+def _discover_labelme(ds: Any) -> list[tuple[str, int]]:
+    from segtrain.data.formats.labelme import discover_classes_labelme
+
+    return discover_classes_labelme(_existing(ds, "train", "dir", folder=True), **index_options(ds, False))
+
+
+def _discover_coco_panoptic(ds: Any) -> list[tuple[str, int, bool]]:
+    from segtrain.data.formats.coco_panoptic import discover_classes_coco_panoptic
+
+    return discover_classes_coco_panoptic(_existing(ds, "train", "annotations", folder=False), cache_dir=ds.cache_dir)
+
+
+def _discover_synthetic(ds: Any) -> list[tuple[str, int]]:
+    from segtrain.data.formats.coco import discover_classes_coco
+
+    s = ds.synthetic
+    root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
+    return discover_classes_coco(root / "train.json", **index_options(ds, False))
+
+
+FORMATS.register("coco", DataFormat(_coco, ("images", "annotations"), discover=_discover_coco))
+FORMATS.register("labelme", DataFormat(_labelme, ("dir",), discover=_discover_labelme))
+FORMATS.register("cityscapes", DataFormat(_cityscapes, ("images", "annotations"), "ignore", ("images", "annotations")))
+# COCO panoptic's unlabelled pixels are VOID: ignored, not background
+FORMATS.register(
+    "coco_panoptic",
+    DataFormat(
+        _coco_panoptic, ("images", "annotations", "panoptic"), unlabeled="ignore", discover=_discover_coco_panoptic
+    ),
+)
+FORMATS.register("synthetic", DataFormat(_synthetic, (), discover=_discover_synthetic, roots=_synthetic_roots))
+
+
+@dataclass(frozen=True)
+class AutoClasses:
+    """What ``dataset.classes=auto`` found: the class list, the instances per class (for the log) and the
+    classes that are stuff (empty unless the format says which labels are: COCO panoptic)."""
+
+    classes: list[str]
+    counts: list[tuple[str, int]]
+    stuff: list[str]
+
+
+def discover_classes(ds: Any) -> AutoClasses:
+    """``dataset.classes=auto`` for ``ds.format`` (see :meth:`DataFormat.auto_classes`)."""
+    return FORMATS.get(str(ds.format)).auto_classes(ds)
+
+
+def auto_classes(ds: Any) -> tuple[list[str], list[tuple[str, int]]]:
+    """(classes, [(class, instances)]) of :func:`discover_classes`."""
+    found = discover_classes(ds)
+    return found.classes, found.counts
+
+
+def data_roots(ds: Any, split: str) -> list[str | Path]:
+    """The folders the files of ``split`` must lie in: the split's configured folders and ``dataset.root``."""
+    fmt = FORMATS.get(str(ds.format))
+    if fmt.roots is not None:
+        return list(fmt.roots(ds, split))
+    roots = [str(ds[split][k]) for k in fmt.split_keys if k in fmt.folder_keys and ds[split].get(k)]
+    roots += [str(ds.root)] if ds.get("root") else []
+    return [r if storage.is_remote(r) else Path(r) for r in roots]
+
+
+def load_split(ds: Any, split: str) -> tuple[Sequence[ImageRecord], SkipReport]:
+    """Records of one split of ``cfg.dataset`` (fails before training when a path is missing). Every
+    format goes through here: files outside the data set's folders are refused here, once (confine.py)."""
+    records, report = FORMATS.get(str(ds.format)).load(ds, split, class_map_of(ds))
+    if not ds.get("allow_outside_paths", False):
+        records = confine_paths(records, data_roots(ds, split), str(ds.on_error), report)
+    return records, report

@@ -1,0 +1,1 @@
+"""Image files: safe reading, header checks before decoding, and decoding on the CPU or the device."""

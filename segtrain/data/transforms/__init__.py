@@ -1,0 +1,1 @@
+"""Augmentation: the CPU transforms (albumentations), the named pipelines and their device twin."""
