@@ -21,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from segtrain import storage
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
 from segtrain.config.user_files import check_user_configs, split_flags
 from segtrain.errors import (
@@ -54,6 +55,7 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 check_direction(HydraConfig.get().sweeper, cfg)
             cfg = finalize(cfg)
+            storage.configure(OmegaConf.select(cfg, "storage.endpoint_url"))
             return job(cfg, HydraConfig.get().runtime.output_dir)
         except Exception as e:
             if HydraConfig.get().mode == RunMode.MULTIRUN:  # one job of a sweep: Hydra marks it FAILED
@@ -200,6 +202,8 @@ def check_resume_target(config_name: str, argv: list[str]) -> None:
         return
     if any(a.startswith(("hydra.run.dir=", "++hydra.run.dir=", "+hydra.run.dir=")) for a in overrides):
         return
+    if any(a.lstrip("+").startswith("trainer.checkpoint.dir=") for a in overrides):
+        return  # the checkpoints' own folder (e.g. s3://bucket/runs/x) holds what resume=auto continues
     base = Path("outputs/finetune" if config_name == "finetune" else "outputs")
     runs = sorted(base.glob("*/*/checkpoints/last.pt"), key=lambda p: p.stat().st_mtime)
     hint = f" (the newest run here: hydra.run.dir={runs[-1].parents[1]})" if runs else ""

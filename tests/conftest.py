@@ -58,3 +58,32 @@ def smoke_batches(smoke_cache):
     cfg = compose(["experiment=cpu_smoke", "trainer.deterministic=true"])
     ds = build_dataset(cfg, "train")
     return cfg, [collate([ds[(0, b * 4 + i)] for i in range(4)]) for b in range(4)]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 API (moto's server) on 127.0.0.1, with this process's environment pointing at it (dummy
+    credentials, ``AWS_ENDPOINT_URL``); tests/s3_server.py says more. Skipped without moto (the dev extra)."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install -e '.[dev]')")
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install -e '.[storage]')")
+    from s3_server import start_moto
+
+    server = start_moto()
+    mp = pytest.MonkeyPatch()
+    for key, value in server.env().items():
+        mp.setenv(key, value)
+    yield server
+    mp.undo()
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3_server, request):
+    """A fresh bucket on :func:`s3_server`, named after the test."""
+    import re
+
+    from s3_server import s3_client
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") or "bucket"
+    s3_client(s3_server.endpoint).create_bucket(Bucket=name)
+    return name

@@ -6,10 +6,15 @@ validation), ``step_<8 digits>.pt`` (periodic, the newest ``keep_last`` kept). E
 that ``torch.load(path, weights_only=True)`` loads (executing nothing); :mod:`segtrain.checkpoint.state`
 says what it holds. Writes go to a temporary file, fsync, rename: a kill leaves the old file or the new
 one, never a torn one.
+
+The folder may be a URL (``trainer.checkpoint.dir=s3://bucket/runs/x``, :mod:`segtrain.storage`): there each
+file is one whole-object upload (a PUT, or a multipart upload completed last), so a reader sees the old object or
+the new one as it does locally; there are no temporaries to clean up, and pruning lists and deletes objects.
 """
 
 from __future__ import annotations
 
+import io as io_module
 import json
 import logging
 import os
@@ -24,6 +29,7 @@ from typing import IO, Any
 
 import torch
 
+from segtrain import storage
 from segtrain.errors import UserError
 from segtrain.fileio import UnsafeFileError, no_room_error, open_regular
 
@@ -38,7 +44,8 @@ _STEP = re.compile(r"^step_(\d{8})\.pt$")  # what pruning may delete: only files
 
 
 def folder_of(run_dir: str | os.PathLike) -> Path:
-    return Path(run_dir) / FOLDER
+    """``<run>/checkpoints``: a Path, or a UPath when ``run_dir`` is a URL (the same methods)."""
+    return storage.join(run_dir, FOLDER)
 
 
 def path_of(run_dir: str | os.PathLike, tag: str) -> Path:
@@ -53,6 +60,8 @@ def step_tag(step: int) -> str:
 def periodic_checkpoints(folder: Path) -> list[Path]:
     """``step_<8 digits>.pt`` in ``folder``, oldest first; files of other names (an export such as
     ``step_00000006.torchscript.pt``) are never among them."""
+    if storage.is_remote(folder):
+        return [storage.join(folder, name) for name in storage.names_in(folder) if _STEP.match(name)]
     if not Path(folder).is_dir():
         return []
     return sorted(p for p in Path(folder).iterdir() if _STEP.match(p.name))
@@ -67,8 +76,14 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over ``path``.
 
     A kill at any instant leaves either the old file or the new one, never a torn one; a full disk
-    raises :class:`CheckpointError` saying so, with the old file intact.
+    raises :class:`CheckpointError` saying so, with the old file intact. A URL is written as one whole object
+    (:func:`segtrain.storage.write_bytes`): the old object or the new one, also when killed mid-upload.
     """
+    if storage.is_remote(path):
+        buffer = io_module.BytesIO()
+        torch.save(obj, buffer)
+        storage.write_bytes(path, buffer.getvalue())
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -82,7 +97,9 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
     """Temp files of saves that were killed mid-write (``.<name>.<random>.tmp``); the run directory's
-    lock guarantees no other writer, so all of them are leftovers."""
+    lock guarantees no other writer, so all of them are leftovers. An object store has none (uploads are whole)."""
+    if storage.is_remote(folder):
+        return []
     stale = sorted(Path(folder).glob(".*.tmp")) if Path(folder).is_dir() else []
     for p in stale:
         p.unlink(missing_ok=True)
@@ -153,7 +170,10 @@ def write_checkpoints(folder: Path, blob: Mapping[str, Any], tags: Sequence[str]
             atomic_save(best_weights_of(blob), folder / BEST_WEIGHTS)
     periodic = periodic_checkpoints(folder)
     for old in periodic[: max(len(periodic) - int(keep_last), 0)]:
-        old.unlink(missing_ok=True)
+        if storage.is_remote(old):
+            storage.remove(old)
+        else:
+            old.unlink(missing_ok=True)
 
 
 def best_weights_of(blob: Mapping[str, Any]) -> dict[str, Any]:
@@ -173,7 +193,10 @@ def best_weights_of(blob: Mapping[str, Any]) -> dict[str, Any]:
 def _stored_step(path: Path) -> int | None:
     """The ``step`` a checkpoint file records, read without loading its tensors; None when unreadable."""
     try:
-        meta = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if storage.is_remote(path):
+            meta = torch.load(io_module.BytesIO(storage.read_bytes(path)), map_location="cpu", weights_only=True)
+        else:
+            meta = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return int(meta["step"]) if isinstance(meta, Mapping) and isinstance(meta.get("step"), int) else None
     except Exception:  # noqa: BLE001 - missing, torn, not a zip: "not the file we need", whatever the reason
         return None
@@ -197,7 +220,7 @@ def complete_save(folder: Path, path: Path, blob: Mapping[str, Any]) -> list[str
         stored = _stored_step(target)
         # last.pt: when missing or behind (a newer one would have been resumed from); best.pt: when not this one
         stale = stored is None or (stored < step if target.name == f"{LAST}.pt" else stored != step)
-        if Path(path).resolve() != target.resolve() and stale:
+        if not same_path(path, target) and stale:
             atomic_save(blob, target)
             written.append(target.name)
     if len(targets) == 2 and _stored_step(folder / BEST_WEIGHTS) != step:
@@ -206,14 +229,22 @@ def complete_save(folder: Path, path: Path, blob: Mapping[str, Any]) -> list[str
     return written
 
 
-# --------------------------------------------------------------------------- reading
-def read_checkpoint(path: str | os.PathLike, trust: bool = False, what: str = "checkpoint") -> Any:
-    """The loaded file, mapped to the CPU. Executes nothing unless ``trust`` (``trust_checkpoint=true``).
+def same_path(a: Any, b: Any) -> bool:
+    """Whether two checkpoint paths (Paths or URLs) name one file."""
+    if storage.is_remote(a) or storage.is_remote(b):
+        return str(a) == str(b)
+    return Path(a).resolve() == Path(b).resolve()
 
-    An exported model is refused by content before ``torch.load`` sees it, trusted or not: torch would
-    otherwise ask for ``trust_checkpoint=true`` and then fail with a traceback (ONNX) or hand back a
-    ScriptModule with no training state (TorchScript)."""
-    path = Path(path)
+
+# --------------------------------------------------------------------------- reading
+def _open_checkpoint(path: Any, what: str) -> IO[bytes]:
+    """A readable file of checkpoint ``path``: a local regular file, or a remote object read whole into memory
+    (torch.load seeks, which a stream from a store cannot; one GET also means one consistent version)."""
+    if storage.is_remote(path):
+        try:
+            return io_module.BytesIO(storage.read_bytes(path, what=what))
+        except storage.StorageError as e:
+            raise CheckpointError(str(e)) from None
     if path.is_dir():
         raise CheckpointError(f"{what} {str(path)!r} is a directory; pass a checkpoint file (e.g. .../best.pt)")
     if not path.exists():
@@ -222,7 +253,17 @@ def read_checkpoint(path: str | os.PathLike, trust: bool = False, what: str = "c
         fd = open_regular(path, what)
     except UnsafeFileError as e:
         raise CheckpointError(str(e)) from None
-    with os.fdopen(fd, "rb") as f:
+    return os.fdopen(fd, "rb")
+
+
+def read_checkpoint(path: str | os.PathLike, trust: bool = False, what: str = "checkpoint") -> Any:
+    """The loaded file, mapped to the CPU. Executes nothing unless ``trust`` (``trust_checkpoint=true``).
+
+    An exported model is refused by content before ``torch.load`` sees it, trusted or not: torch would
+    otherwise ask for ``trust_checkpoint=true`` and then fail with a traceback (ONNX) or hand back a
+    ScriptModule with no training state (TorchScript)."""
+    path = storage.location(path)
+    with _open_checkpoint(path, what) as f:
         exported = exported_model_kind(f)
         if exported is not None:
             raise CheckpointError(_exported_message(what, path, *exported))
@@ -269,7 +310,7 @@ def is_safetensors(f: IO[bytes]) -> bool:
     return 2 <= size < 100_000_000
 
 
-def _read_safetensors(f: IO[bytes], path: Path, what: str) -> dict[str, torch.Tensor]:
+def _read_safetensors(f: IO[bytes], path: Any, what: str) -> dict[str, torch.Tensor]:
     """A safetensors file's tensors (a plain state dict; the format holds nothing to execute)."""
     try:
         from safetensors.torch import load
@@ -358,7 +399,7 @@ _EXPORTED = {
 }
 
 
-def _exported_message(what: str, path: Path, kind: str, source: str | None) -> str:
+def _exported_message(what: str, path: Any, kind: str, source: str | None) -> str:
     named = f"{what}={path}" if what != "checkpoint" else str(path)
     described, runner = _EXPORTED[kind]
     origin = f" (it was exported from {source})" if source else ""

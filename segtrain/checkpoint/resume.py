@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.checkpoint.io import CheckpointError, is_training_checkpoint, read_checkpoint
 from segtrain.checkpoint.state import Stateful, check_finite_weights, restore_rng
@@ -38,7 +39,7 @@ def find_resume_checkpoint(cfg: Config, run_dir: Path) -> tuple[Path, Any] | Non
     if not cfg.resume:
         return None
     if cfg.resume != "auto":
-        path = Path(cfg.resume)
+        path = storage.location(cfg.resume)  # a file or a URL (s3://bucket/runs/x/checkpoints/last.pt)
         if path.is_dir():
             hint = io.path_of(path, io.LAST) if io.folder_of(path).is_dir() else path / f"{io.LAST}.pt"
             raise CheckpointError(

@@ -40,13 +40,13 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.checkpoint.io import CheckpointError, read_checkpoint
 from segtrain.distributed import all_gather_object, unwrap
@@ -455,7 +455,7 @@ def load_pretrained(model: nn.Module, source: str, trust: bool = False) -> LoadR
     """``model.pretrained``: a local file (backbone-only or whole model, told apart by its keys) or a
     torchvision weights name (downloads; needs internet). Non-strict: what fits is loaded, the rest
     is in the table."""
-    path = Path(os.path.expandvars(os.path.expanduser(str(source))))
+    path = storage.location(os.path.expandvars(os.path.expanduser(str(source))))  # a file or a URL
     if path.exists():
         state, where = state_dict_of(read_checkpoint(path, trust=trust, what="model.pretrained"), str(path))
     elif _WEIGHTS_NAME.match(source):

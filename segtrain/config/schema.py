@@ -222,6 +222,9 @@ class DDPConfig:
 
 @dataclass
 class CheckpointConfig:
+    # Where checkpoints/ (and the run's lock) go: null = the run directory; a URL (s3://bucket/runs/x, gs://...)
+    # keeps them on an object store (docs/storage.md) while logs stay in the run directory and are copied there
+    dir: str | None = None
     every_steps: int = 0  # also save last.pt every N optimiser steps (0: only at epoch end)
     keep_last: int = 3  # periodic step checkpoints kept besides last.pt / best.pt
     metric: str = "miou"
@@ -356,6 +359,14 @@ class ExportConfig:
 
 
 @dataclass
+class StorageConfig:
+    """Object stores (docs/storage.md). Credentials never go here: the clients read them from the environment."""
+
+    # An S3-compatible store's URL (MinIO, Ceph: http://minio:9000); null: AWS_ENDPOINT_URL, else AWS itself
+    endpoint_url: str | None = None
+
+
+@dataclass
 class SegtrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -378,6 +389,7 @@ class SegtrainConfig:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
 
 #: What a function reading the whole config takes: the composed DictConfig, whose layout is the schema's.

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.checkpoint.resume import find_resume_checkpoint, restore_training_state
 from segtrain.checkpoint.state import Checkpointer
@@ -70,7 +71,8 @@ def _build(
     if tr.max_steps is not None:
         total_steps = min(total_steps, int(tr.max_steps))
     warn_long_warmup(cfg, total_steps, dist.is_main)
-    checkpointer = Checkpointer(run_dir, to_container(cfg), int(tr.checkpoint.keep_last), dist.is_main)
+    root = checkpoint_root(cfg, run_dir)
+    checkpointer = Checkpointer(root, to_container(cfg), int(tr.checkpoint.keep_last), dist.is_main)
     trainer = Trainer(
         model,
         optimizer,
@@ -110,7 +112,7 @@ def _build(
     trackers = tracker_hook(cfg, run_dir)  # MLflow, W&B: after the checkpoints, restored with the other hooks
     if trackers is not None:
         trainer.register_hooks([trackers])
-    found = find_resume_checkpoint(cfg, run_dir)
+    found = find_resume_checkpoint(cfg, root)
     if found is not None:
         fresh = optimizer_settings(optimizer)
         if restore_training_state(trainer, found, cfg).optim_changed:
@@ -130,18 +132,40 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwa
             if lock is not None:
                 lock.announce()
             start_run_record(cfg, run_dir)
-            folder = io.folder_of(run_dir)
-            if found is not None and found[0].resolve().parent == folder.resolve():
+            folder = io.folder_of(checkpoint_root(cfg, run_dir))
+            if found is not None and io.same_path(found[0].parent, folder):
                 for name in io.complete_save(folder, *found):
                     log.warning("wrote %s again from %s: the save that wrote it was interrupted", name, found[0].name)
         trainer.recorder.start(trainer.state.step)
         log_start(cfg, trainer)
         trainer.train()
     finally:
+        if dist.is_main:
+            copy_logs(run_dir, checkpoint_root(cfg, run_dir))
         if lock is not None:
             lock.release()
     log_summary(cfg, trainer, run_dir, time.perf_counter() - started)
+    if dist.is_main:
+        copy_logs(run_dir, checkpoint_root(cfg, run_dir))  # again, with the summary
     return trainer.state.best_metric
+
+
+#: The run's records copied beside remote checkpoints when a run ends (a lost node's disk takes the originals).
+COPIED_LOGS = ("train.log", "finetune.log", "metrics.jsonl")
+
+
+def copy_logs(run_dir: Path, root: Any) -> None:
+    """With ``trainer.checkpoint.dir`` on an object store: the run's log and metrics into ``<dir>/logs/``, each a
+    whole-object upload, when the run ends (finished, failed or preempted). A failed copy is a warning."""
+    if not storage.is_remote(root):
+        return
+    for name in COPIED_LOGS:
+        path = Path(run_dir) / name
+        if path.is_file():
+            try:
+                storage.write_bytes(storage.join(root, "logs", name), path.read_bytes())
+            except (OSError, storage.StorageError) as e:
+                log.warning("could not copy %s to %s: %s", name, root, e)
 
 
 def log_start(cfg: Any, trainer: Trainer) -> None:
@@ -197,19 +221,24 @@ def log_summary(cfg: Any, trainer: Trainer, run_dir: Path, seconds: float) -> No
     """What a user wants at the end: the best result, where it is, how long it took, how to look at it."""
     if not trainer.dist.is_main:
         return
-    s = trainer.state
+    s, root = trainer.state, checkpoint_root(cfg, run_dir)
     minutes, secs = divmod(int(round(seconds)), 60)
     why = f" ({s.stop_reason})" if s.stop_reason else ""
     lines = [f"run finished after {s.step} steps in {minutes}m{secs:02d}s{why}"]
     if s.best_metric is not None:
         where = f"epoch {s.best_at[0]}, step {s.best_at[1]}" if s.best_at else "from a previous part of the run"
-        lines.append(
-            f"best {cfg.trainer.checkpoint.metric} {s.best_metric:.4f} ({where}): {io.path_of(run_dir, io.BEST)}"
-        )
-    lines.append(f"last checkpoint: {io.path_of(run_dir, io.LAST)}")
+        lines.append(f"best {cfg.trainer.checkpoint.metric} {s.best_metric:.4f} ({where}): {io.path_of(root, io.BEST)}")
+    lines.append(f"last checkpoint: {io.path_of(root, io.LAST)}")
     if "tensorboard" in cfg.trainer.loggers:
         lines.append(f"look at it: tensorboard --logdir {run_dir / 'tb'}")
     log.info("\n  ".join(lines))
+
+
+def checkpoint_root(cfg: Any, run_dir: Path) -> Any:
+    """Where ``checkpoints/`` lives: ``trainer.checkpoint.dir`` (a folder or a URL such as s3://bucket/runs/x) when
+    set, else the run directory (a Path, or a UPath for a URL: the same methods)."""
+    chosen = cfg.trainer.checkpoint.get("dir") if hasattr(cfg.trainer.checkpoint, "get") else None
+    return storage.location(chosen) if chosen else run_dir
 
 
 def claim_run_dir(cfg: Any, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
@@ -218,8 +247,9 @@ def claim_run_dir(cfg: Any, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
     lock, problem = None, None
     if dist.is_main:
         try:
-            lock = RunDirLock(run_dir).acquire()
-            check_fresh(run_dir, cfg.resume, bool(cfg.trainer.overwrite))
+            root = checkpoint_root(cfg, run_dir)
+            lock = RunDirLock(run_dir, remote=root if storage.is_remote(root) else None).acquire()
+            check_fresh(root, cfg.resume, bool(cfg.trainer.overwrite))
         except ConfigError as e:
             if lock is not None:
                 lock.release(refused=True)

@@ -5,7 +5,8 @@ Starting a fresh run (no ``resume=``) where checkpoints of another run exist is 
 replace it). Two processes never train into one directory at once: rank 0 holds an exclusive
 ``flock`` on ``<run>/.lock`` for the whole run; the kernel releases it when the process ends, also on
 a crash or SIGKILL, so a stale lock never blocks a restart. (flock on NFS depends on the server;
-a local or Lustre/GPFS file system is safe.)
+a local or Lustre/GPFS file system is safe.) Checkpoints on an object store (``trainer.checkpoint.dir=s3://...``)
+are owned through a lock object with a lease there as well (engine.lease_lock).
 
 A refused run touches nothing: the lock is taken without writing into the lock file (the holder is written
 by :meth:`RunDirLock.announce` once the run starts), a lock file the refused run had to create is removed
@@ -16,14 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import logging
 import os
 import time
 from pathlib import Path
 from typing import IO, Any
 
+from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.config import ConfigError
+from segtrain.engine.lease_lock import LeaseLock
 from segtrain.engine.recorder import TB_EVENTS, TB_FOLDER, remove_owned
 
 log = logging.getLogger("segtrain.run_dir")
@@ -45,10 +49,13 @@ RUN_FILES = ("metrics.jsonl", "train.log")
 class RunDirLock:
     """Exclusive, crash-safe ownership of a run directory (``with RunDirLock(dir): ...``)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, remote: Any = None) -> None:
+        """``remote``: the run's checkpoint folder on an object store (``trainer.checkpoint.dir``), owned through a
+        lock object with a lease (:class:`~segtrain.engine.lease_lock.LeaseLock`) as well."""
         self.path = Path(run_dir) / LOCK_NAME
         self._file: IO[str] | None = None
         self._created = False
+        self._lease = LeaseLock(remote, run_dir) if remote is not None else None
 
     def acquire(self) -> RunDirLock:
         """Take the lock; the lock file's content (the holder) is left as it is until :meth:`announce`."""
@@ -66,6 +73,12 @@ class RunDirLock:
                 "Wait for it to finish, or choose another hydra.run.dir"
             ) from None
         self._file = f
+        if self._lease is not None:
+            try:
+                self._lease.acquire()
+            except BaseException:
+                self.release(refused=True)
+                raise
         return self
 
     def announce(self) -> None:
@@ -88,6 +101,8 @@ class RunDirLock:
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+        if self._lease is not None:
+            self._lease.release()
 
     def __enter__(self) -> RunDirLock:
         return self.acquire()
@@ -99,7 +114,10 @@ class RunDirLock:
 def check_fresh(run_dir: Path, resume: Any, overwrite: bool) -> None:
     """A fresh run (no ``resume=``) must not silently mix with another run's checkpoints."""
     folder = io.folder_of(run_dir)
-    existing = sorted(p.name for p in folder.glob("*.pt")) if folder.is_dir() else []
+    if storage.is_remote(folder):
+        existing = [name for name in storage.names_in(folder) if name.endswith(".pt")]
+    else:
+        existing = sorted(p.name for p in folder.glob("*.pt")) if folder.is_dir() else []
     if not existing or resume:
         return
     if not overwrite:
@@ -108,6 +126,16 @@ def check_fresh(run_dir: Path, resume: Any, overwrite: bool) -> None:
             f"{run_dir} already holds checkpoints of a run ({shown}). Continue it with resume=auto, choose another "
             "hydra.run.dir, or pass trainer.overwrite=true to replace it"
         )
+    if storage.is_remote(folder):
+        owned = [n for n in existing if any(fnmatch.fnmatch(n, p) for p in RUN_OUTPUTS[0][1])]
+        for name in owned:
+            storage.remove(folder / name)
+        others = sorted(set(existing) - set(owned))
+        kept = f"; left {len(others)} file(s) it did not write: {', '.join(others[:6])}" if others else ""
+        log.warning(
+            "trainer.overwrite=true: removed the previous run's %d checkpoint(s) in %s%s", len(owned), folder, kept
+        )
+        return
     removed, left = remove_run_outputs(Path(run_dir))
     shown = ", ".join(str(p.relative_to(run_dir)) for p in left[:6]) + (", ..." if len(left) > 6 else "")
     kept = f"; left {len(left)} file(s) it did not write: {shown}" if left else ""

@@ -20,6 +20,7 @@ import psutil
 import torch
 from torch.utils.data import DataLoader
 
+from segtrain import storage
 from segtrain.config import Config
 from segtrain.data import (
     Instance,
@@ -223,6 +224,12 @@ ADVICE = {
     "to_tensor": "tensor conversion dominates: lower dataset.input_size or use augment.device=cuda "
     "(uint8 images cross to the GPU)",
 }
+#: The read stage when the images are on an object store: the time is the store's latency, not a disk's.
+STORAGE_LATENCY = "storage latency"
+ADVICE[STORAGE_LATENCY] = (
+    "waiting on the object store dominates (one request per image): use more loader workers (each reads a batch "
+    "ahead, SEGTRAIN_READ_AHEAD requests in flight), train in the store's region, or copy the data to local disk"
+)
 CPU_ADVICE = {
     "decode": "JPEG decoding dominates: store images at the training resolution, cache decoded images, "
     "or use more loader workers if cores are free",
@@ -263,6 +270,8 @@ def diagnose(cfg: Config, dist: DistInfo, dataset: Any = None) -> dict[str, Any]
         "cpu_count": os.cpu_count(),
     }
     stages = stage_times(dataset, n_img)  # after WARMUP_ITEMS untimed images: one-time costs excluded
+    if len(dataset) and storage.is_remote(dataset.records[0].path):  # reading is requests to an object store
+        stages[STORAGE_LATENCY] = stages.pop("read", 0.0)
     stages["collate"] = collate_ms(dataset, bs)
     report["warmup_images"] = WARMUP_ITEMS
     report["stage_ms_per_image"] = stages

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from segtrain import storage
 from segtrain.config import Config
 from segtrain.data import is_utf8, read_image_file
 from segtrain.device import effective_precision
@@ -76,7 +78,7 @@ OUTPUT_SUFFIXES = (
 def collect_inputs(source: str | Path) -> tuple[Path, list[Path]]:
     """(root, image files): one file, or every image under a folder (recursively, sorted). Names that are not
     valid UTF-8 are skipped with a warning (they cannot be named in logs or JSON)."""
-    path = Path(str(source)).expanduser()
+    path = storage.location(os.path.expanduser(str(source)))  # a file, a folder, or a URL (s3://bucket/images)
     if path.is_file():
         if not is_utf8(str(path)):
             raise PredictInputError(f"input={ascii(str(path))}: the file name is not valid UTF-8; rename the file")
@@ -120,7 +122,7 @@ def output_names(root: Path, files: list[Path]) -> dict[Path, Path]:
     taken: set[tuple[Path, str]] = set()
     out = {}
     for f in files:
-        rel = f.parent.relative_to(root)
+        rel = Path(str(f.parent.relative_to(root)))  # a local relative path also for an input URL
         name = f.stem if stems[(f.parent, f.stem.casefold())] == 1 else f"{f.stem}_{f.suffix.lstrip('.').lower()}"
         candidate, n = name, 1
         while (f.parent, candidate.casefold()) in taken:
@@ -150,7 +152,7 @@ def check_outputs(
             "replace those named like them, and be read as images next time). Choose an output folder outside it"
         )
     planned = [out_dir / f"{names[f]}{suffix}" for f in files for suffix in suffixes]
-    protected = {p.resolve() for p in files}
+    protected = {p.resolve() for p in files if not storage.is_remote(p)}
     if cfg.ckpt:
         protected.add(Path(str(cfg.ckpt)).resolve())
     clash = next((p for p in planned if p.resolve() in protected), None)

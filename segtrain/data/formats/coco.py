@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from segtrain import storage
 from segtrain.data.formats.index import RecordIndex, blob_arrays, encode_column
-from segtrain.data.formats.index_cache import cached_file_index
+from segtrain.data.formats.index_cache import cached_file_index, cached_index, file_fingerprint
 from segtrain.data.formats.json_chunks import NotSplittable, Structure, iter_chunks, skeleton
 from segtrain.data.formats.reading import (
     Problems,
@@ -89,9 +90,10 @@ def load_coco(
     set's config sets this from ``dataset.check_files``, default false: checked when read).
     ``max_image_pixels``: images declared larger are errors (``dataset.max_image_pixels``).
     """
-    ann_path, img_root = Path(annotations), Path(images)
+    ann_path, img_root = storage.location(annotations), storage.location(images)
     index = _cached(ann_path, max_image_pixels, cache_dir)
-    index = index.with_roots(path=img_root).with_consts(source=str(ann_path))
+    index = index.with_roots(path=str(img_root) if storage.is_remote(img_root) else img_root)
+    index = index.with_consts(source=str(ann_path))
     warn_shared_names(index.meta["labels"], ann_path)
     index, report = finish(index, class_map, on_error, _describe)
     if check_files:
@@ -124,7 +126,7 @@ def discover_classes_coco(
     """(category name, instance count) of every category, in category-id order: the classes of
     ``dataset.classes=auto`` after background. Crowd regions are not counted. Uses (and fills)
     the same cached index as :func:`load_coco`, so discovery before training costs no extra parse."""
-    index = _cached(Path(annotations), max_image_pixels, cache_dir)
+    index = _cached(storage.location(annotations), max_image_pixels, cache_dir)
     counts = index.instance_label_counts(crowd=False)
     labels, ids = index.meta["labels"], index.meta["label_ids"]
     order = sorted(range(len(labels)), key=lambda k: (isinstance(ids[k], str), ids[k]))
@@ -132,7 +134,18 @@ def discover_classes_coco(
 
 
 def _cached(path: Path, max_image_pixels: int, cache_dir: str | os.PathLike | None) -> RecordIndex:
-    """The class-independent index of ``path``, from the cache when it holds this content (one read)."""
+    """The class-independent index of ``path``, from the cache when it holds this content (one read). A remote
+    object is keyed on what the store says of it (version or ETag, and size), read only to build."""
+    if storage.is_remote(path):
+        return cached_index(
+            "coco",
+            path,
+            lambda: {**file_fingerprint(path), "max_image_pixels": int(max_image_pixels)},
+            lambda: build_coco(
+                path, max_image_pixels, [read_annotation_file(path, "COCO annotation file", MAX_ANNOTATION_BYTES)]
+            ),
+            cache_dir,
+        )
     return cached_file_index(
         "coco",
         path,

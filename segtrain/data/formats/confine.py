@@ -17,10 +17,12 @@ folder (symlinked files are found from the listing's entry types), no ``stat`` p
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Sequence
 
 import numpy as np
 
+from segtrain import storage
 from segtrain.data.formats.index import RecordIndex
 from segtrain.data.records import AnnotationError, ImageRecord, SkipReport
 
@@ -70,6 +72,29 @@ class _Resolver:
         return bad
 
 
+class _UrlResolver:
+    """Roots on an object store: keys have no symlinks, so a path is inside when its normalised URL (``..``
+    collapsed) starts with a root's."""
+
+    def __init__(self, roots: Sequence[str | os.PathLike]) -> None:
+        self.roots = sorted({self.normal(str(r)) for r in roots})
+        self._prefixes = tuple(r.rstrip("/") + "/" for r in self.roots)
+
+    @staticmethod
+    def normal(url: str) -> str:
+        scheme, sep, rest = url.partition("://")
+        return f"{scheme}{sep}{posixpath.normpath(rest)}" if sep else os.path.realpath(url)
+
+    def outside(self, paths: Sequence[str | None]) -> dict[int, str]:
+        bad = {}
+        for i, p in enumerate(paths):
+            if p is not None:
+                real = self.normal(p)
+                if real not in self.roots and not real.startswith(self._prefixes):
+                    bad[i] = real
+        return bad
+
+
 def _links(folder: str) -> set[str]:
     try:
         with os.scandir(folder) as it:
@@ -116,7 +141,7 @@ def confine_paths(
     """``records`` whose files all resolve inside ``roots``; the others raise :class:`OutsidePathError`
     (``on_error="raise"``) or are left out and listed in ``report`` (``"skip"``)."""
     fields = _index_paths(records) if isinstance(records, RecordIndex) else _list_paths(records)
-    resolver = _Resolver(roots)
+    resolver = _UrlResolver(roots) if any(storage.is_remote(r) for r in roots) else _Resolver(roots)
     bad: dict[int, str] = {}
     for what, shown, full in fields:
         for i, real in resolver.outside(full).items():

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from segtrain import storage
 from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
 from segtrain.data.records import ClassMap, ImageRecord, Instance
 
@@ -163,8 +164,12 @@ class _Column:
             return raw
         s = raw.decode("utf-8")
         if c == "path":
+            if self.root is not None and storage.is_remote(self.root):  # s3://bucket/images + name
+                return storage.location(storage.join_name(self.root, s))
             return Path(self.root, s) if self.root is not None else Path(s)
         if c == "relstr":
+            if self.root is not None and storage.is_remote(self.root):
+                return storage.join_name(self.root, s)
             return str(Path(self.root, s)) if self.root is not None else s
         return s
 

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from segtrain import storage
 from segtrain.config import expand_path
 from segtrain.data.formats.index import RecordIndex, schema_fingerprint
 from segtrain.fileio import open_regular
@@ -54,7 +55,11 @@ def content_hash(f: BinaryIO) -> str:
 
 
 def file_fingerprint(path: Path) -> dict[str, Any]:
-    """Size and content hash of a regular file (FIFOs and devices are refused before any read)."""
+    """Size and content hash of a regular file (FIFOs and devices are refused before any read). A remote object
+    (s3://...) is keyed on what the store says of its content without reading it: its version or ETag, and size."""
+    if storage.is_remote(path):
+        version, size = storage.fingerprint(path)
+        return {"size": size, "version": version}
     fd = open_regular(path, "annotation file")
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -68,7 +73,8 @@ def cache_key(kind: str, fingerprint: dict[str, Any]) -> str:
 
 def cache_file(cache_dir: str | os.PathLike, kind: str, source: Path, key: str) -> Path:
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", source.name)[:60] or "data"
-    where = hashlib.sha256(str(source.resolve()).encode("utf-8")).hexdigest()[:10]
+    place = str(source) if storage.is_remote(source) else str(source.resolve())
+    where = hashlib.sha256(place.encode("utf-8")).hexdigest()[:10]
     return expand_path(cache_dir) / "index" / f"{kind}-{stem}-{where}-{key[:24]}.idx"
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from segtrain.data.formats.index import RecordIndex
 from segtrain.data.records import ON_ERROR, AnnotationError, ClassMap, SkipReport
-from segtrain.fileio import UnsafeFileError, read_bytes
+from segtrain.fileio import UnsafeFileError
+from segtrain.storage import StorageError, read_bytes  # files, and URLs
 
 orjson: ModuleType | None
 try:  # ~3x faster than json and lighter on memory; json is the fallback (and reads NaN / Infinity)
@@ -40,7 +41,7 @@ def read_annotation_file(path: Path, what: str, max_bytes: int) -> bytes:
         return data
     except FileNotFoundError as e:
         raise AnnotationError(f"{path}: {what} not found") from e
-    except UnsafeFileError as e:
+    except (UnsafeFileError, StorageError) as e:  # one line naming the file or URL already
         raise AnnotationError(f"{e}") from e
     except OSError as e:
         raise AnnotationError(f"{path}: cannot read the {what} ({e.strerror or e})") from e

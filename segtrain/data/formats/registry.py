@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from segtrain import storage
 from segtrain.config import BACKGROUND_NAMES
 from segtrain.data.formats.coco import load_coco
 from segtrain.data.formats.confine import confine_paths
@@ -90,11 +91,11 @@ def _existing(ds: Any, split: str, key: str, folder: bool) -> Path:
     problem = _path_problem(ds[split][key], folder)
     if problem:
         raise DataPathError(f"dataset.{split}.{key}: {problem}")
-    return Path(str(ds[split][key]))
+    return storage.location(str(ds[split][key]))
 
 
 def _path_problem(value: Any, folder: bool) -> str | None:
-    path = Path(str(value)) if value else None
+    path = storage.location(str(value)) if value else None  # a folder, a file or a URL (s3://bucket/coco)
     if path is None or not path.exists():
         return f"{value!r} does not exist"
     if folder and not path.is_dir():
@@ -223,13 +224,14 @@ def auto_classes(ds: Any) -> tuple[list[str], list[tuple[str, int]]]:
     return found.classes, found.counts
 
 
-def data_roots(ds: Any, split: str) -> list[Path]:
+def data_roots(ds: Any, split: str) -> list[str | Path]:
     """The folders the files of ``split`` must lie in: the split's configured folders and ``dataset.root``."""
     fmt = FORMATS.get(str(ds.format))
     if fmt.roots is not None:
         return list(fmt.roots(ds, split))
-    roots = [Path(str(ds[split][k])) for k in fmt.split_keys if k in fmt.folder_keys and ds[split].get(k)]
-    return roots + ([Path(str(ds.root))] if ds.get("root") else [])
+    roots = [str(ds[split][k]) for k in fmt.split_keys if k in fmt.folder_keys and ds[split].get(k)]
+    roots += [str(ds.root)] if ds.get("root") else []
+    return [r if storage.is_remote(r) else Path(r) for r in roots]
 
 
 def load_split(ds: Any, split: str) -> tuple[Sequence[ImageRecord], SkipReport]:

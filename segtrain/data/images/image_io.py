@@ -44,8 +44,9 @@ import numpy as np
 
 from segtrain.data.images.image_header import ImageHeader, oriented_size, read_header
 from segtrain.errors import UserError
-from segtrain.fileio import UnsafeFileError, read_bytes
+from segtrain.fileio import UnsafeFileError
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS, OPENCV_LIMIT_VAR
+from segtrain.storage import read_bytes  # files, and URLs (s3://...)
 
 if TYPE_CHECKING:
     from pathlib import Path

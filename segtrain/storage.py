@@ -1,0 +1,255 @@
+"""Paths that may be URLs: local files, ``file://``, and object stores (``s3://``, ``gs://``) through fsspec.
+
+Every path segtrain reads or writes on a user's behalf (a data set's root, its annotation files and images,
+``model.pretrained``, ``ckpt=``, ``resume=``, the checkpoint folder) goes through :func:`location`: a plain
+path or ``file://`` URL stays a :class:`pathlib.Path` (every local guarantee as before), anything else becomes
+a ``UPath`` (universal-pathlib over fsspec), which has the same methods (``/``, ``name``, ``exists``,
+``iterdir``, ``read_bytes``). Object stores need the ``storage`` extra (s3fs, gcsfs); without it a URL is one
+line naming ``pip install 'segtrain[storage]'``, and local paths never import any of it.
+
+Credentials are the libraries' own (``AWS_ACCESS_KEY_ID``/``AWS_PROFILE``, ``GOOGLE_APPLICATION_CREDENTIALS``):
+none ever pass through a config, a log or a checkpoint. An S3-compatible store of a team's own (MinIO, Ceph) is
+named by the standard ``AWS_ENDPOINT_URL`` or the ``storage.endpoint_url`` config key (:func:`configure`).
+
+Reads are retried with backoff by the clients (botocore's ``standard`` retry mode: 5xx, throttling, dropped
+connections); a missing object or a denied request is one line naming the URL (:func:`storage_error`). Each
+process has its own client: fsspec keys its instance cache on the process id, so a loader worker forked from
+the main process never shares the parent's connections or event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from segtrain import fileio
+from segtrain.errors import UserError
+
+#: URL schemes that are local files (``file:///data/coco`` is ``/data/coco``).
+LOCAL_SCHEMES = ("file", "local")
+_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+#: The package each protocol needs, for the one-line message when it is absent.
+_NEEDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
+#: Client retries: botocore's standard mode retries 5xx, throttling and dropped connections with exponential backoff.
+_S3_OPTIONS: dict[str, Any] = {"config_kwargs": {"retries": {"max_attempts": 8, "mode": "standard"}}}
+INSTALL_HINT = "pip install 'segtrain[storage]'"
+
+
+class StorageError(UserError, OSError):
+    """A remote object is missing, denied, or its store unreachable; the message names the URL."""
+
+
+def scheme_of(path: str | os.PathLike) -> str | None:
+    """The URL scheme of ``path`` (``s3``, ``gs``, ``file``), or None for a plain path."""
+    found = _URL.match(os.fspath(path))
+    return found.group(1).lower() if found else None
+
+
+def is_remote(path: str | os.PathLike | None) -> bool:
+    """True for a URL that is not a local file (``s3://``, ``gs://``, ``memory://``...)."""
+    if path is None:
+        return False
+    scheme = scheme_of(path) if isinstance(path, str | os.PathLike) else None
+    if scheme is None:
+        return getattr(path, "protocol", "") not in ("", "file", "local") and hasattr(path, "fs")
+    return scheme not in LOCAL_SCHEMES
+
+
+def configure(endpoint_url: str | None = None) -> None:
+    """Apply the ``storage`` config group: ``endpoint_url`` becomes ``AWS_ENDPOINT_URL``, which botocore reads,
+    so loader workers and child processes use the same store without a client being handed to them."""
+    if endpoint_url:
+        os.environ["AWS_ENDPOINT_URL"] = str(endpoint_url)
+
+
+def _options(scheme: str) -> dict[str, Any]:
+    if scheme in ("s3", "s3a"):
+        return dict(_S3_OPTIONS)
+    return {}
+
+
+def location(path: str | os.PathLike) -> Any:
+    """``path`` as a :class:`Path` (plain paths, ``file://``) or a ``UPath`` (object stores).
+
+    Typed ``Any`` because a ``UPath`` is a ``PathBase``, not a ``Path``: callers use the methods both have."""
+    if not isinstance(path, str | os.PathLike) or hasattr(path, "fs"):
+        return path  # already a UPath
+    text = os.fspath(path)
+    scheme = scheme_of(text)
+    if scheme is None:
+        return Path(text)
+    if scheme in LOCAL_SCHEMES:
+        return Path(_URL.sub("", text, count=1) or "/")
+    try:
+        from upath import UPath
+
+        return UPath(text, **_options(scheme))
+    except ImportError as e:
+        needs = _NEEDS.get(scheme, "the fsspec implementation for it")
+        raise StorageError(
+            f"{text} is a {scheme}:// URL, which needs {needs} ({INSTALL_HINT}): {e.name or e} is not installed"
+        ) from None
+    except ValueError as e:  # fsspec: "Protocol not known"
+        raise StorageError(f"{text}: {e}") from None
+
+
+def join(base: Any, *parts: str) -> Any:
+    """``base / part / ...`` for a Path or a URL (a str URL becomes a UPath)."""
+    out = location(base)
+    for part in parts:
+        out = out / part
+    return out
+
+
+def describe(path: Any) -> str:
+    """The path as the user wrote it: ``s3://bucket/key`` for a remote one."""
+    return str(path)
+
+
+def storage_error(path: Any, err: BaseException, what: str = "object") -> StorageError:
+    """One line for a failed remote operation on ``path``: missing, denied, or (else) unreachable."""
+    name = describe(path)
+    text = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+    if isinstance(err, FileNotFoundError):
+        detail = "the bucket does not exist" if "bucket" in text.lower() else "no such object"
+        return StorageError(f"{what} {name} not found ({detail}): check the URL")
+    if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text or "403" in text:
+        return StorageError(
+            f"access to {name} denied ({text}): check the credentials the environment gives "
+            "(AWS_ACCESS_KEY_ID/AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS) and the bucket's policy"
+        )
+    return StorageError(f"cannot reach {what} {name}: {text} (retried; is AWS_ENDPOINT_URL/the network right?)")
+
+
+def read_bytes(path: Any, what: str = "object", max_bytes: int | None = None) -> bytes:
+    """The whole content of ``path``: a local file through :func:`segtrain.fileio.read_bytes` (never blocks,
+    bounded), a remote object in one GET (one line on failure, see :func:`storage_error`), served from the
+    read-ahead of :func:`prefetch` when it was asked for."""
+    if not is_remote(path):
+        return fileio.read_bytes(path, what, max_bytes)
+    ahead = _AHEAD.pop(str(path), None)
+    if ahead is not None:
+        return ahead.result()
+    return _read_remote(path, what, max_bytes)
+
+
+def _read_remote(path: Any, what: str, max_bytes: int | None) -> bytes:
+    loc = location(path)
+    try:
+        if max_bytes is not None:
+            size = int(loc.fs.size(loc.path) or 0)
+            if size > max_bytes:
+                raise StorageError(f"{what} {loc} is {size:,} bytes, more than the limit of {max_bytes:,}")
+        return bytes(loc.fs.cat_file(loc.path))
+    except StorageError:
+        raise
+    except (OSError, ValueError) as e:
+        raise storage_error(loc, e, what) from None
+
+
+def join_name(root: Any, name: str) -> str:
+    """``root/name`` as a string, for a folder or a URL (``os.path.join`` would be wrong for neither, but
+    ``Path`` turns ``s3://`` into ``s3:/``)."""
+    text = str(root)
+    if is_remote(text):
+        return text.rstrip("/") + "/" + name.lstrip("/")
+    return os.path.join(text, name)
+
+
+#: Reads in flight per process (one pool per process: a forked loader worker starts its own, see :func:`prefetch`).
+READ_AHEAD_THREADS = int(os.environ.get("SEGTRAIN_READ_AHEAD", "16"))
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_AHEAD: dict[str, Future[bytes]] = {}
+
+
+def prefetch(paths: Iterable[Any], what: str = "image file", max_bytes: int | None = None) -> int:
+    """Start reading the remote ones of ``paths`` now, in this process's thread pool: a store with 20-50 ms per
+    request then serves a whole batch in about one round trip, while the caller decodes the first images.
+    :func:`read_bytes` takes the result (or its error) when the path is read. Returns how many were started."""
+    global _POOL
+    started = 0
+    for path in paths:
+        if path is None or not is_remote(path) or str(path) in _AHEAD:
+            continue
+        if _POOL is None or _POOL[0] != os.getpid():  # a pool made before a fork has no threads here
+            _POOL = (os.getpid(), ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="segtrain-read"))
+            _AHEAD.clear()
+        _AHEAD[str(path)] = _POOL[1].submit(_read_remote, path, what, max_bytes)
+        started += 1
+    while len(_AHEAD) > 4 * READ_AHEAD_THREADS:  # read ahead and never used (a skipped item): forget the oldest
+        _AHEAD.pop(next(iter(_AHEAD)))
+    return started
+
+
+def write_bytes(path: Any, data: bytes) -> None:
+    """Replace the remote object at ``path`` with ``data``, all or nothing.
+
+    One PUT of the whole object (or, above the client's part size, a multipart upload that is completed last):
+    an object store never shows a partial object under its name, so a reader sees the old object or the new one,
+    also when the writer is killed mid-upload. Nothing is written beside it (no temporary name to leave behind)."""
+    loc = location(path)
+    try:
+        loc.fs.pipe_file(loc.path, bytes(data))
+    except (OSError, ValueError) as e:
+        raise storage_error(loc, e, "writing") from None
+    invalidate(loc)
+
+
+def remove(path: Any) -> None:
+    """Delete one remote object; a missing one is not an error."""
+    loc = location(path)
+    try:
+        loc.fs.rm_file(loc.path)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as e:
+        raise storage_error(loc, e, "deleting") from None
+    invalidate(loc)
+
+
+def invalidate(loc: Any) -> None:
+    """Forget the client's cached listing of ``loc``'s folder (it lists again after a write or delete)."""
+    fs = getattr(loc, "fs", None)
+    if fs is not None and hasattr(fs, "invalidate_cache"):
+        fs.invalidate_cache(loc.parent.path)
+
+
+def names_in(folder: Any) -> list[str]:
+    """The names of the objects directly under a remote folder (prefix); empty when there are none."""
+    loc = location(folder)
+    invalidate(loc / "x")
+    try:
+        entries = loc.fs.ls(loc.path, detail=False, refresh=True)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as e:
+        raise storage_error(loc, e, "listing") from None
+    return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+
+def info(path: Any) -> dict[str, Any] | None:
+    """The store's metadata of one object (size, ETag, version), None when it does not exist."""
+    loc = location(path)
+    try:
+        return dict(loc.fs.info(loc.path))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise storage_error(loc, e) from None
+
+
+def fingerprint(path: Any) -> tuple[str, int]:
+    """(version, size) identifying an object's content without reading it: its VersionId on a versioned bucket,
+    else its ETag (S3, MinIO, Ceph), generation (GCS) or modification time. Index caches key on it."""
+    meta = info(path)
+    if meta is None:
+        raise StorageError(f"{location(path)} not found (no such object): check the URL")
+    for key in ("VersionId", "version_id", "generation", "ETag", "etag", "md5Hash", "LastModified", "mtime"):
+        value = meta.get(key)
+        if value not in (None, "", "null"):
+            return f"{key}:{str(value).strip(chr(34))}", int(meta.get("size") or 0)
+    return "size", int(meta.get("size") or 0)

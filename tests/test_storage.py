@@ -1,0 +1,88 @@
+"""segtrain.storage against a real S3 API (moto's server on loopback): paths and URLs, whole-object writes,
+one-line errors for a missing key, a missing bucket and a denied bucket, content fingerprints."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from segtrain import storage
+
+
+def test_plain_paths_and_file_urls_stay_local_paths(tmp_path):
+    assert storage.location(str(tmp_path)) == tmp_path
+    assert storage.location(f"file://{tmp_path}/a.json") == tmp_path / "a.json"
+    assert isinstance(storage.location("relative/dir"), Path)
+    assert not storage.is_remote(tmp_path) and not storage.is_remote(f"file://{tmp_path}")
+    assert storage.is_remote("s3://bucket/key") and storage.is_remote("gs://bucket/key")
+
+
+def test_a_url_without_the_storage_extra_is_one_line_naming_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "upath", None)  # as if universal-pathlib/s3fs were not installed
+    with pytest.raises(storage.StorageError) as err:
+        storage.location("s3://bucket/coco")
+    message = str(err.value)
+    assert "\n" not in message and "s3://bucket/coco" in message and "pip install 'segtrain[storage]'" in message
+
+
+def test_write_read_list_remove_round_trip(bucket):
+    folder = storage.location(f"s3://{bucket}/runs/a")
+    storage.write_bytes(folder / "one.bin", b"1" * 10)
+    storage.write_bytes(folder / "two.bin", b"2" * 20)
+    assert storage.read_bytes(folder / "two.bin") == b"2" * 20
+    assert storage.names_in(folder) == ["one.bin", "two.bin"]
+    storage.write_bytes(folder / "two.bin", b"3")  # replaced whole
+    assert storage.read_bytes(folder / "two.bin") == b"3"
+    storage.remove(folder / "one.bin")
+    storage.remove(folder / "never-written.bin")  # missing: not an error
+    assert storage.names_in(folder) == ["two.bin"]
+    assert storage.names_in(f"s3://{bucket}/runs/none") == []
+
+
+def test_missing_key_and_missing_bucket_are_one_line_naming_the_url(bucket):
+    for url in (f"s3://{bucket}/no/such.json", "s3://no-such-bucket-anywhere/a.json"):
+        with pytest.raises(storage.StorageError) as err:
+            storage.read_bytes(url, what="annotation file")
+        message = str(err.value)
+        assert "\n" not in message and url in message and "not found" in message, message
+
+
+def test_a_denied_bucket_is_one_line_naming_the_url(s3_server, bucket, monkeypatch):
+    import s3fs
+    from s3_server import S3Proxy
+
+    proxy = S3Proxy(s3_server.endpoint, deny={bucket}).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        s3fs.S3FileSystem.clear_instance_cache()  # a client for the proxy's endpoint
+        url = f"s3://{bucket}/images/a.png"
+        with pytest.raises(storage.StorageError) as err:
+            storage.read_bytes(url, what="image")
+        message = str(err.value)
+        assert "\n" not in message and url in message and "denied" in message, message
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        proxy.stop()
+
+
+def test_fingerprint_changes_with_the_content_not_with_a_rewrite_of_the_same(bucket):
+    url = f"s3://{bucket}/ann.json"
+    storage.write_bytes(url, b'{"a": 1}')
+    first = storage.fingerprint(url)
+    assert first[1] == 8
+    storage.write_bytes(url, b'{"a": 1}')
+    assert storage.fingerprint(url) == first  # the ETag is the content's
+    storage.write_bytes(url, b'{"a": 2}')
+    assert storage.fingerprint(url) != first
+
+
+def test_configure_sets_the_endpoint_for_every_process(monkeypatch):
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    storage.configure(None)
+    import os
+
+    assert "AWS_ENDPOINT_URL" not in os.environ
+    storage.configure("http://127.0.0.1:9")
+    assert os.environ["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9"
