@@ -7,6 +7,7 @@ polygons than frozen random ones after the same steps."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -54,9 +55,14 @@ def test_the_file_is_the_imagenet_classifier(weights):
 
 def test_the_backbone_holds_the_files_tensors(weights, caplog):
     path, state = weights
-    with caplog.at_level("INFO"):
-        model = build_model({"name": "deeplabv3", "backbone": "timm:efficientnet_lite0", "num_classes": 2,
-                             "pretrained": str(path)})  # fmt: skip
+    segtrain_log = logging.getLogger("segtrain")  # earlier tests in this process may stop its propagation
+    segtrain_log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("INFO", logger="segtrain"):
+            model = build_model({"name": "deeplabv3", "backbone": "timm:efficientnet_lite0", "num_classes": 2,
+                                 "pretrained": str(path)})  # fmt: skip
+    finally:
+        segtrain_log.removeHandler(caplog.handler)
     own = model.backbone.model.state_dict()
     assert own and all(torch.equal(v, state[k]) for k, v in own.items())
     assert f"loaded {len(own)} tensors into the backbone" in caplog.text

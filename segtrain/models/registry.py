@@ -35,7 +35,7 @@ class ModelSpec:
     decoder_channels: int
     head_channels: int
     output_stride: int
-    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)  # model.kwargs: the builder's own arguments
+    kwargs: Any = dataclasses.field(default_factory=dict)  # model.kwargs: the builder's own arguments
 
 
 _MISSING = object()
