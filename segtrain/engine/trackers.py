@@ -13,6 +13,7 @@ TensorBoard itself is written by the Recorder; its registry entry builds no trac
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import math
@@ -39,27 +40,29 @@ log = logging.getLogger("segtrain.trackers")
 IDS_FILE = "trackers.json"
 
 
-class Tracker:
+class Tracker(abc.ABC):
     """One experiment tracker's run. Each method may raise; :class:`TrackerHook` turns that into one warning."""
 
     name = "tracker"
 
+    @abc.abstractmethod
     def start(self, run_id: str | None, run: RunInfo) -> str:
         """Open the run (``run_id``: continue that one); returns its id."""
-        raise NotImplementedError
+        ...
 
-    def log_scalars(self, values: Mapping[str, float], step: int) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def log_scalars(self, values: Mapping[str, float], step: int) -> None: ...
 
-    def log_images(self, tag: str, step: int, images: Sequence[np.ndarray]) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def log_images(self, tag: str, step: int, images: Sequence[np.ndarray]) -> None: ...
 
-    def log_checkpoint(self, path: Path) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def log_checkpoint(self, path: Path) -> None: ...
 
+    @abc.abstractmethod
     def finish(self, status: str) -> None:
         """``status``: FINISHED, KILLED (preempted: resume=auto continues the run) or FAILED."""
-        raise NotImplementedError
+        ...
 
 
 class RunInfo:
