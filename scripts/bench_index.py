@@ -33,6 +33,7 @@ scan, parse, columns, write_map.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -387,6 +388,11 @@ def _measure_workers(path: str, cache: str, kind: str, workers: int, batch: int)
     )
     me = psutil.Process()
     earlier = {c.pid for c in me.children()}  # other children (e.g. a test suite's) are not this loader's workers
+    # a collection in a worker writes to the GC header of every object the parent tracks and so copies their
+    # pages whatever the records are held in; freezing them (Python's advice before fork) isolates the
+    # mechanism compared here, the reference counts of the records themselves
+    gc.collect()
+    gc.freeze()
     it = iter(loader)
     next(it)
     procs = [c for c in me.children() if c.pid not in earlier]

@@ -55,14 +55,25 @@ def test_the_file_is_the_imagenet_classifier(weights):
 
 def test_the_backbone_holds_the_files_tensors(weights, caplog):
     path, state = weights
-    segtrain_log = logging.getLogger("segtrain")  # earlier tests in this process may stop its propagation
-    segtrain_log.addHandler(caplog.handler)
+    # segtrain's loggers as they are: earlier tests in this process (libraries configuring logging with
+    # disable_existing_loggers, a level set on "segtrain", propagation stopped) may have silenced them
+    top = logging.getLogger("segtrain")
+    ours = [top] + [lg for n, lg in logging.root.manager.loggerDict.items()
+                    if n.startswith("segtrain.") and isinstance(lg, logging.Logger)]  # fmt: skip
+    before = [(lg.disabled, lg.level) for lg in ours]
+    for lg in ours:
+        lg.disabled = False
+    top.setLevel(logging.INFO)
+    top.addHandler(caplog.handler)
+    caplog.handler.setLevel(logging.INFO)
     try:
-        with caplog.at_level("INFO", logger="segtrain"):
-            model = build_model({"name": "deeplabv3", "backbone": "timm:efficientnet_lite0", "num_classes": 2,
-                                 "pretrained": str(path)})  # fmt: skip
+        model = build_model({"name": "deeplabv3", "backbone": "timm:efficientnet_lite0", "num_classes": 2,
+                             "pretrained": str(path)})  # fmt: skip
     finally:
-        segtrain_log.removeHandler(caplog.handler)
+        top.removeHandler(caplog.handler)
+        for lg, (disabled, level) in zip(ours, before, strict=True):
+            lg.disabled = disabled
+            lg.setLevel(level)
     own = model.backbone.model.state_dict()
     assert own and all(torch.equal(v, state[k]) for k, v in own.items())
     assert f"loaded {len(own)} tensors into the backbone" in caplog.text
