@@ -196,7 +196,10 @@ def test_resume_on_another_world_size_says_what_changed(reference):
     proc = run_module(
         "segtrain.train", [*RESUMABLE, f"resume={src}", f"hydra.run.dir={run_dir}"], base, base / "cache", nproc=2
     )
-    assert "world_size=1 on world_size=2" in proc.stdout + proc.stderr + (run_dir / "train.log").read_text()
+    assert (
+        "resume on 2 process(es) of a run saved on 1: global batch"
+        in proc.stdout + proc.stderr + (run_dir / "train.log").read_text()
+    )
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 12
 
 

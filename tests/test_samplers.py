@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from segtrain.data.loaders import EpochSampler, ShardSampler, per_rank_batch
@@ -39,8 +41,90 @@ def test_skip_resumes_mid_epoch():
     s = EpochSampler(40, 1, 2, seed=3)
     s.set_epoch(2)
     full = indices(s)
-    s.set_epoch(2, skip=6)
+    s.set_epoch(2, skip=12)  # global samples: 6 of this rank's
     assert indices(s) == full[6:] and len(s) == len(full) - 6
+
+
+def global_batches(size: int, world: int, seed: int, batch: int, epoch: int, skip: int = 0) -> list[list[int]]:
+    """The global batches of an epoch as the ranks' loaders deal them (rank r: positions r, r+world, ...)."""
+    shards = []
+    for r in range(world):
+        s = EpochSampler(size, r, world, seed, batch)
+        s.set_epoch(epoch, skip=skip)
+        shards.append(indices(s))
+    per_rank = batch // world
+    steps = len(shards[0]) // per_rank
+    assert all(len(x) == len(shards[0]) for x in shards), "every rank does the same number of steps"
+    out = []
+    for k in range(steps):
+        parts = [x[k * per_rank : (k + 1) * per_rank] for x in shards]
+        out.append([parts[i % world][i // world] for i in range(batch)])  # strided: position i on rank i % world
+    return out
+
+
+@pytest.mark.parametrize("epoch", [0, 1, 5])
+def test_global_batches_do_not_depend_on_the_world_size(epoch):
+    """Every global batch, in order and within the batch, is a function of (seed, epoch) alone."""
+    size, batch = 29, 8  # 3 full global batches, 5 images left out (a different 5 each epoch)
+    one = global_batches(size, 1, 7, batch, epoch)
+    assert len(one) == 3 and len({i for b in one for i in b}) == 24
+    for world in (2, 4, 8):
+        assert global_batches(size, world, 7, batch, epoch) == one, f"world size {world}"
+    assert global_batches(size, 2, 7, batch, epoch + 1) != one, "each epoch has its own order"
+    assert global_batches(size, 2, 8, batch, epoch) != one, "the seed decides the order"
+
+
+def test_tail_left_out_differs_between_epochs():
+    left = [set(range(10)) - {i for b in global_batches(10, 2, 0, 4, e) for i in b} for e in range(6)]
+    assert all(len(x) == 2 for x in left)
+    assert len({frozenset(x) for x in left}) > 1, "not always the same images left out"
+
+
+def test_resume_on_another_world_size_visits_the_rest_exactly_once():
+    """An epoch stopped after k global batches on 2 processes and resumed on 1 (or 4) trains exactly the
+    batches the uninterrupted epoch had left, in the same order: none skipped, none twice."""
+    size, batch, seed, epoch = 37, 4, 11, 3
+    whole = global_batches(size, 2, seed, batch, epoch)
+    for done in range(len(whole) + 1):
+        for world in (1, 2, 4):
+            rest = global_batches(size, world, seed, batch, epoch, skip=done * batch)
+            assert whole[:done] + rest == whole, (done, world)
+    s = EpochSampler(size, 0, 2, seed, batch)
+    with pytest.raises(ValueError, match="skip=6 is not a whole number of global batches of 4"):
+        s.set_epoch(0, skip=6)
+    with pytest.raises(ValueError, match="global batch 6 does not divide by the world size 4"):
+        EpochSampler(size, 0, 4, seed, 6)
+
+
+def test_position_records_what_resume_checks():
+    s = EpochSampler(20, 1, 2, seed=4, global_batch=4)
+    s.fingerprint = "abc"
+    assert s.position(2, 8) == {
+        "seed": 4,
+        "epoch": 2,
+        "samples_in_epoch": 8,
+        "world_size": 2,
+        "global_batch": 4,
+        "size": 20,
+        "fingerprint": "abc",
+        "shuffle": True,
+    }
+
+
+def test_records_fingerprint_names_the_images_not_their_folder(tmp_path):
+    from segtrain.data.formats.index import RecordIndex
+    from segtrain.data.loaders import records_fingerprint
+    from segtrain.data.records import ImageRecord
+
+    def recs(folder: str, names: list[str]) -> list[ImageRecord]:
+        return [ImageRecord(n, "a.json", 4, 4, Path(folder) / f"{n}.png", None, []) for n in names]
+
+    base = records_fingerprint(recs("/data", ["a", "b", "c"]))
+    assert records_fingerprint(recs("/mnt/copy", ["a", "b", "c"])) == base, "a moved data set keeps its order"
+    assert records_fingerprint(recs("/data", ["a", "c", "b"])) != base
+    assert records_fingerprint(recs("/data", ["a", "b", "d"])) != base
+    index = RecordIndex.from_records(recs("/data", ["a", "b", "c"]))
+    assert records_fingerprint(index) == base, "an index answers from its columns, alike"
 
 
 def test_unshuffled_order():

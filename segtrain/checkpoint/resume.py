@@ -178,14 +178,63 @@ def _rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
-def restore_training_state(owner: Stateful, found: tuple[Path, Any], cfg: Any) -> Resumed:
+def check_data_order(blob: Any, cfg: Any, path: Path, now: dict[str, Any] | None) -> str | None:
+    """Whether the checkpoint's data order continues on this run's training set (``now``: the sampler's
+    ``position``): refused in one line when the set changed (another size or other images) unless
+    ``trainer.resume_reshuffle=true``; returns the warning to print in that case, else None."""
+    then = blob.get("data_order")
+    if not then or not now:
+        return None  # a checkpoint of an older version, or a trainer without a sampler: nothing to compare
+    what = []
+    if then.get("size") != now.get("size"):
+        what.append(f"{then.get('size')} training images in the checkpoint, {now.get('size')} now")
+    elif then.get("fingerprint") and now.get("fingerprint") and then["fingerprint"] != now["fingerprint"]:
+        what.append(
+            f"other images (data-order fingerprint {then['fingerprint']} in the checkpoint, {now['fingerprint']} now)"
+        )
+    if then.get("seed") != now.get("seed"):
+        what.append(f"trainer.seed={then.get('seed')} in the checkpoint, {now.get('seed')} now")
+    if not what:
+        return None
+    where = f"epoch {then.get('epoch')} after {then.get('samples_in_epoch')} of its samples"
+    if not cfg.trainer.resume_reshuffle:
+        raise ConfigError(
+            f"resume={path}: the training set's order cannot continue ({'; '.join(what)}), so the rest of {where} "
+            "would skip or repeat samples. Resume on the checkpoint's data set and seed, or set "
+            "trainer.resume_reshuffle=true to continue in the new order"
+        )
+    return f"resume: {'; '.join(what)}: {where} continues in the new order (trainer.resume_reshuffle=true)"
+
+
+def describe_resume(blob: Any, now: dict[str, Any] | None, world_size: int) -> str | None:
+    """The one line saying what changed between the checkpoint's run and this one (world size, per-rank batch),
+    and what stays (global batch, the position in the epoch's order, the schedule's step); None: nothing."""
+    then = blob.get("data_order") or {}
+    old_world = int(then.get("world_size") or blob.get("world_size") or world_size)
+    if old_world == world_size:
+        return None
+    g = int((now or {}).get("global_batch") or then.get("global_batch") or 0)
+    rng = f"; RNG states of ranks >= {old_world} start from rank 0's" if world_size > old_world else ""
+    batch = f"global batch {g} kept ({g // old_world} -> {g // world_size} per rank), " if g else ""
+    return (
+        f"resume on {world_size} process(es) of a run saved on {old_world}: {batch}epoch {blob.get('epoch', 0)} "
+        f"continues after its {then.get('samples_in_epoch', '?')} samples already trained on, in the same order, "
+        f"and the schedule from step {blob.get('step', 0)}{rng}"
+    )
+
+
+def restore_training_state(
+    owner: Stateful, found: tuple[Path, Any], cfg: Any, data_order: dict[str, Any] | None = None
+) -> Resumed:
     """The checkpoint's whole state into ``owner.load_state_dict`` (model, EMA, optimiser, scheduler, scaler,
     hooks, the TrainState), this process's RNG, exactly as saved; except, by policy: the stop reason (kept in
     the file for the record, a resumed run decides afresh) and the best so far when the checkpoint metric
     changed. Optimiser settings that changed are reported in :attr:`Resumed.optim_changed`: the caller
-    applies this run's (``engine.optim.apply_optimizer_settings``)."""
+    applies this run's (``engine.optim.apply_optimizer_settings``). ``data_order``: this run's training order
+    (``EpochSampler.position``), checked against the checkpoint's (:func:`check_data_order`)."""
     path, blob = found
     check_resumable(blob, cfg, path)
+    reshuffled = check_data_order(blob, cfg, path, data_order)
     check_finite_weights(blob["model"], f"resume={path}")
     if blob.get("ema"):
         check_finite_weights(blob["ema"], f"resume={path} (EMA weights)")
@@ -228,16 +277,11 @@ def restore_training_state(owner: Stateful, found: tuple[Path, Any], cfg: Any) -
     rngs = blob.get("rng") or []
     if rngs:
         restore_rng(rngs[rank] if rank < len(rngs) else rngs[0])
-    old_world = int(blob.get("world_size", world_size))
-    if old_world != world_size:
-        log.warning(
-            "resuming a run saved with world_size=%d on world_size=%d: the global batch stays %s, the per-rank "
-            "batch changes, and RNG states of ranks >= %d start from rank 0's",
-            old_world,
-            world_size,
-            cfg.trainer.batch_size,
-            old_world,
-        )
+    if reshuffled:
+        log.warning("%s", reshuffled)
+    changed_world = describe_resume(blob, data_order, world_size)
+    if changed_world:
+        log.warning("%s", changed_world)
     epoch, in_epoch = int(blob.get("epoch", 0)), int(blob.get("step_in_epoch", 0))
     log.info("resumed from %s: epoch %d, step %d (+%d in epoch)", path, epoch, step, in_epoch)
     return Resumed(optim_changed)

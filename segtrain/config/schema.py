@@ -303,6 +303,9 @@ class TrainerConfig:
     # A fresh run (no resume=) in a directory holding another run's checkpoints is an error unless
     # this is true: then that run's checkpoints, metrics and TensorBoard files are removed first.
     overwrite: bool = False
+    # resume= onto a training set other than the checkpoint's (other size or images): its data order cannot
+    # continue, so the resume is refused unless this is true (then the epoch continues in the new set's order).
+    resume_reshuffle: bool = False
     loss: LossConfig = field(default_factory=LossConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -7,8 +7,10 @@ memory (copied with ``non_blocking=True`` by the trainer) and prefetching.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import os
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -65,35 +67,78 @@ def fit_batch_to_data(trainer: Any, num_images: int, world_size: int, announce: 
     return fitted
 
 
-class EpochSampler(Sampler):
-    """Shuffled, rank-sharded indices tagged with the epoch: yields ``(epoch, index)``.
+def records_fingerprint(records: Any) -> str:
+    """A short hash of which image each index of the training set is (``image_id`` and file name, in order; not
+    the folder, so a data set moved to another machine keeps it): the data order of a run continues only on
+    the same one. A RecordIndex answers from its columns (no records
+    built); a list of records is read through."""
+    pairs = records.image_keys() if hasattr(records, "image_keys") else [(r.image_id, r.path) for r in records]
+    names = (f"{i}\t{None if p is None else os.fspath(p).replace(os.sep, '/').rsplit('/', 1)[-1]}" for i, p in pairs)
+    h = hashlib.blake2b(digest_size=8)
+    h.update("\n".join(names).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
 
-    Rank r takes every world_size-th element of one seeded permutation, so the union over ranks
-    of global step k is the same set of samples whatever the world size. ``skip`` drops the first
-    samples of the epoch on this rank (mid-epoch resume).
+
+class EpochSampler(Sampler):
+    """The training order, the same for every world size: yields this rank's ``(epoch, index)``.
+
+    Each epoch is one permutation of the data set drawn from a generator seeded by (seed, epoch) alone.
+    Global batch b is ``perm[b*G:(b+1)*G]`` (G = ``global_batch``); the tail that cannot fill a global batch
+    is left out of the epoch (a different tail each epoch, since the permutation changes), so every rank
+    does the same number of steps. Rank r takes positions r, r+world, r+2*world, ... of each global batch
+    (strided, the way ``trainer.accumulate`` splits a batch into micro-batches): 1 process x k micro-batches
+    and k processes see the same samples per micro-batch / rank. ``skip`` counts *global* samples of the
+    epoch already trained on (a whole number of global batches), so a mid-epoch resume on any world size
+    continues with exactly the samples not yet visited.
     """
 
-    def __init__(self, size: int, rank: int, world_size: int, seed: int, shuffle: bool = True) -> None:
+    def __init__(
+        self, size: int, rank: int, world_size: int, seed: int, global_batch: int | None = None, shuffle: bool = True
+    ) -> None:
         self.size, self.rank, self.world_size, self.seed, self.shuffle = size, rank, world_size, seed, shuffle
+        self.global_batch = int(global_batch or world_size)
+        if self.global_batch % world_size:
+            raise ValueError(f"global batch {self.global_batch} does not divide by the world size {world_size}")
         self.epoch = 0
         self.skip = 0
-        self.per_rank = size // world_size  # drop the tail: every rank does the same number of steps
+        self.fingerprint = ""  # the data set's (records_fingerprint), recorded with the position
+        self.used = size // self.global_batch * self.global_batch  # whole global batches only
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        self.epoch, self.skip = epoch, skip
+        """Start ``epoch`` after its first ``skip`` global samples (a multiple of the global batch)."""
+        if skip % self.global_batch:
+            raise ValueError(f"skip={skip} is not a whole number of global batches of {self.global_batch}")
+        self.epoch, self.skip = epoch, min(skip, self.used)
+
+    def order(self) -> list[int]:
+        """The epoch's global order: the first ``self.used`` entries are trained on, in this order."""
+        if not self.shuffle:
+            return list(range(self.size))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.size, generator=g).tolist()
+
+    def position(self, epoch: int, consumed: int) -> dict[str, Any]:
+        """What a checkpoint records to continue this order anywhere: the seed, the epoch, the global samples of
+        it already trained on, the world size and global batch they were trained with, and the data set's size
+        and ``fingerprint`` (a resume onto another data set cannot continue the order)."""
+        return {
+            "seed": self.seed,
+            "epoch": int(epoch),
+            "samples_in_epoch": int(consumed),
+            "world_size": self.world_size,
+            "global_batch": self.global_batch,
+            "size": self.size,
+            "fingerprint": self.fingerprint,
+            "shuffle": self.shuffle,
+        }
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.size, generator=g).tolist()
-        else:
-            order = list(range(self.size))
-        mine = order[self.rank : self.per_rank * self.world_size : self.world_size]
-        for i in mine[self.skip :]:
+        order = self.order()
+        for i in order[self.skip + self.rank : self.used : self.world_size]:
             yield (self.epoch, i)
 
     def __len__(self) -> int:
-        return self.per_rank - self.skip
+        return (self.used - self.skip) // self.world_size
 
 
 class ShardSampler(Sampler):
@@ -142,14 +187,16 @@ def build_loader(
         common["prefetch_factor"] = int(trainer.prefetch_factor)
     if train:
         bs = per_rank_batch(int(trainer.batch_size), dist.world_size)
-        sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed))
+        sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed), int(trainer.batch_size))
+        sampler.fingerprint = records_fingerprint(dataset.records)
         if len(sampler) < bs:
+            per_rank = len(dataset) // dist.world_size
             if len(dataset) < dist.world_size:  # not one image per process: no batch size can help
                 fix = f"use at most {len(dataset)} process(es) (--nproc_per_node), or add training images"
             else:
-                fix = f"lower trainer.batch_size to at most {len(sampler) * dist.world_size}"
+                fix = f"lower trainer.batch_size to at most {per_rank * dist.world_size}"
             raise ConfigError(
-                f"the training set has {len(dataset)} images: {len(sampler)} per rank on {dist.world_size} "
+                f"the training set has {len(dataset)} images: {per_rank} per rank on {dist.world_size} "
                 f"process(es), fewer than the per-rank batch {bs}; {fix}"
             )
         return DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **common)

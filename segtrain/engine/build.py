@@ -115,7 +115,7 @@ def _build(
     found = find_resume_checkpoint(cfg, root)
     if found is not None:
         fresh = optimizer_settings(optimizer)
-        if restore_training_state(trainer, found, cfg).optim_changed:
+        if restore_training_state(trainer, found, cfg, trainer.data_order()).optim_changed:
             apply_optimizer_settings(optimizer, trainer.scheduler, fresh)
     trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(data.panels), precision)
     return trainer, found

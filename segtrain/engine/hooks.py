@@ -31,6 +31,7 @@ from segtrain.config import POSTPROCESS, VALIDATION_METRICS, ConfigError, Profil
 from segtrain.console import progress_bar
 from segtrain.data import collate
 from segtrain.device import to_device
+from segtrain.distributed import all_reduce_, is_dist
 from segtrain.engine.profiling import DataWaitMeter, torch_profiler
 from segtrain.engine.recorder import FILE_ONLY
 from segtrain.engine.trainer import HookBase
@@ -81,7 +82,7 @@ class MetricsLogger(HookBase):
         self.bar.update(1)
         if t.state.step % self.log_every and t.state.step != t.total_steps:
             return
-        values = {f"loss/{k}": float(v) / max(self.meter.steps, 1) for k, v in self.sums.items()}
+        values = {f"loss/{k}": v / max(self.meter.steps, 1) for k, v in self.global_sums().items()}
         values["lr"] = t.optimizer.param_groups[0]["lr"]
         values.update(self.meter.lap())
         if t.state.nonfinite_skipped:
@@ -101,6 +102,20 @@ class MetricsLogger(HookBase):
                 100 * values["perf/data_wait_frac"],
             )
             log.log(logging.INFO if not self.show_bar else FILE_ONLY, line, *args)
+
+    def global_sums(self) -> dict[str, float]:
+        """The summed losses of every rank since the last log line, averaged over ranks: one all_reduce per
+        logged line, not per step. Each rank's loss is its numerator over the *global* denominator times the
+        world size (engine.losses), so the mean over ranks is exactly the loss of the global batch: 1 and N
+        processes log the same curve."""
+        if not self.sums:
+            return {}
+        keys = sorted(self.sums)
+        packed = torch.stack([torch.as_tensor(self.sums[k]).float() for k in keys])  # on the device (NCCL)
+        world = self.trainer.dist.world_size
+        if is_dist() and world > 1:
+            packed = all_reduce_(packed) / world
+        return dict(zip(keys, packed.tolist(), strict=True))
 
     def after_train(self) -> None:
         bar = getattr(self, "bar", None)

@@ -126,7 +126,7 @@ def _default_loss() -> Any:
 
 def split_batch(batch: dict[str, torch.Tensor], k: int) -> list[dict[str, torch.Tensor]]:
     """k micro-batches; micro-batch i takes samples i, i+k, ... so that 1 process x k micro-batches
-    sees exactly the per-rank batches of k processes (EpochSampler deals samples round-robin)."""
+    sees exactly the per-rank batches of k processes (EpochSampler deals each global batch round-robin)."""
     if k == 1:
         return [batch]
     return [{key: v[i::k] for key, v in batch.items()} for i in range(k)]
@@ -218,6 +218,18 @@ class Trainer:
         self.register_hooks(hooks)
 
     @property
+    def global_batch(self) -> int:
+        """Images per optimiser step over all ranks (the loader's per-rank batch x world size)."""
+        return int(getattr(self.loader, "batch_size", 0) or 0) * self.dist.world_size
+
+    def data_order(self) -> dict[str, Any] | None:
+        """What the checkpoint records of the data order (``EpochSampler.position``), or None without one."""
+        sampler: Any = getattr(self.loader, "sampler", None)
+        if not hasattr(sampler, "position"):
+            return None
+        return cast(dict[str, Any], sampler.position(self.state.epoch, self.state.step_in_epoch * self.global_batch))
+
+    @property
     def stop_reason(self) -> str | None:
         return self.state.stop_reason
 
@@ -247,6 +259,7 @@ class Trainer:
             **s.to_dict(),  # epoch, step, step_in_epoch, best_metric, best_at, stop_reason, non-finite counters
             "best_metric": None if s.best_metric is None else float(s.best_metric),
             "hooks": {type(h).__name__: h.state_dict() for h in self.hooks if h.state_dict()},
+            "data_order": self.data_order(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -374,8 +387,8 @@ class Trainer:
             self.call_hooks("before_train")
             while s.step < self.total_steps and s.stop_reason is None:
                 sampler: Any = getattr(self.loader, "sampler", None)
-                if hasattr(sampler, "set_epoch"):  # skip what a mid-epoch checkpoint already trained on
-                    sampler.set_epoch(s.epoch, skip=s.step_in_epoch * self.loader.batch_size)  # type: ignore[attr-defined]
+                if hasattr(sampler, "set_epoch"):  # skip the global samples a mid-epoch checkpoint trained on
+                    sampler.set_epoch(s.epoch, skip=s.step_in_epoch * self.global_batch)
                 self.events.epoch = EpochEvents()
                 self.call_hooks("before_epoch")
                 self.train_steps(self.loader)

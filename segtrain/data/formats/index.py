@@ -292,6 +292,15 @@ class RecordIndex(Sequence[ImageRecord]):
         """Position in the stored arrays of this view's image ``i``."""
         return int(self.order[i]) if self.order is not None else int(i)
 
+    def image_keys(self) -> list[tuple[Any, str | None]]:
+        """(``image_id``, stored path) of every image of this view, in order, without building records (what a
+        training checkpoint's data-order fingerprint hashes: see ``data.loaders.records_fingerprint``)."""
+        stored = self.order if self.order is not None else np.arange(len(self))
+        col = self._img_cols.get("image_id")
+        ids = [col.get(j) for j in stored.tolist()] if col is not None else [self.consts.get("image_id")] * len(stored)
+        paths = self.path_strings("path", stored)[0] if "path" in self._img_cols else [None] * len(stored)
+        return list(zip(ids, paths, strict=True))
+
     def __eq__(self, other: object) -> bool:
         """Equal to any sequence of the same records (polygons compared by value)."""
         if not isinstance(other, RecordIndex | list | tuple):
