@@ -26,16 +26,21 @@ EXACT = [
 ]
 
 
+# two epochs of 4 steps: the data order must match in every epoch, not only the first
+EPOCHS = ["trainer.max_steps=null", "trainer.epochs=2"]
+FAULTS = str(REPO / "tests" / "train_with_faults.py")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("dist")
     cache = base / "cache"
     single = base / "single"
-    run_module("segtrain.train", [*EXACT, f"hydra.run.dir={single}"], base, cache)
+    run_module("segtrain.train", [*EXACT, *EPOCHS, f"hydra.run.dir={single}"], base, cache)
     cwd2 = base / "two"  # default hydra.run.dir: outputs/${now:...}, resolved per process by Hydra
     cwd2.mkdir()
     t0 = time.perf_counter()
-    proc = run_module("segtrain.train", EXACT, cwd2, cache, nproc=2)
+    proc = run_module("segtrain.train", [*EXACT, *EPOCHS], cwd2, cache, nproc=2)
     seconds = time.perf_counter() - t0
     dirs = [p.parent for p in cwd2.glob("outputs/*/*/.hydra")]
     return {
@@ -58,30 +63,97 @@ def test_one_run_directory_written_once(runs):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = [(r["split"], r["step"]) for r in rows]
     assert len(keys) == len(set(keys)), f"duplicated metrics lines: {keys}"
-    assert [s for sp, s in keys if sp == "train"] == [1, 2, 3, 4]
+    assert [s for sp, s in keys if sp == "train"] == list(range(1, 9))
     log = (run_dir / "train.log").read_text()
     assert "world size 2, backend gloo" in log
     assert "2 per rank" in log
 
 
 def test_two_processes_train_like_one(runs):
+    """Over two epochs (the second in another order than the first): the same weights, and the same global loss
+    and learning rate logged at every step."""
     one = torch.load(runs["single"] / "checkpoints" / "last.pt", weights_only=True)
     two = torch.load(runs["dirs"][0] / "checkpoints" / "last.pt", weights_only=True)
-    assert one["step"] == two["step"] == 4
+    assert one["step"] == two["step"] == 8 and one["epoch"] == two["epoch"] == 2
     assert two["world_size"] == 2 and one["world_size"] == 1
-    assert one["model"].keys() == two["model"].keys()
+    assert_same_weights(one["model"], two["model"], "single - two-process")
+    rows1, rows2 = train_rows(runs["single"]), train_rows(runs["dirs"][0])
+    assert [r["step"] for r in rows1] == [r["step"] for r in rows2] == list(range(1, 9))
+    for a, b in zip(rows1, rows2, strict=True):
+        assert a["lr"] == pytest.approx(b["lr"], rel=1e-9), a["step"]
+        assert a["loss/total"] == pytest.approx(b["loss/total"], rel=1e-5), f"logged loss differs at step {a['step']}"
+    # The initial weights are random: the runs really trained to the same place.
+    first = next(k for k in one["model"] if k.endswith("weight"))
+    assert not torch.equal(one["model"][first], torch.zeros_like(one["model"][first]))
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["split"] == "train"]
+
+
+def assert_same_weights(one: dict, two: dict, what: str) -> None:
+    """Equal to float rounding (the global batch summed in another order); prints the largest difference."""
+    assert one.keys() == two.keys()
     worst = 0.0
-    for k, a in one["model"].items():
-        b = two["model"][k]
+    for k, a in one.items():
+        b = two[k]
         if a.is_floating_point():
             worst = max(worst, float((a - b).abs().max()))
             assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), f"{k} differs by {float((a - b).abs().max())}"
         else:
             assert torch.equal(a, b), k
-    print(f"max |single - two-process| parameter difference: {worst:.2e}")
-    # The initial weights are random: the runs really trained to the same place.
-    first = next(k for k in one["model"] if k.endswith("weight"))
-    assert not torch.equal(one["model"][first], torch.zeros_like(one["model"][first]))
+    print(f"max |{what}| weight difference: {worst:.2e}")
+
+
+def train_with_faults(args: list[str], cwd: Path, cache: Path, env: dict[str, str], nproc: int = 0):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    cmd = [*(launcher if nproc else [sys.executable]), FAULTS, *args]
+    return subprocess.run(cmd, cwd=cwd, env={**child_env(cache), **env}, capture_output=True, text=True, timeout=600)
+
+
+def test_resume_on_other_world_sizes_visits_every_sample_once(runs):
+    """2 processes stopped by SIGTERM inside epoch 0, resumed on 1 process and stopped inside epoch 1, resumed on
+    2: every image of each epoch trained on exactly once, in the uninterrupted run's steps, with its learning
+    rates, ending with its weights to float rounding."""
+    base, cache = runs["base"], runs["cache"]
+    run_dir, record = base / "chain", base / "chain_samples"
+    record.mkdir()
+    args = [*EXACT, *EPOCHS, f"hydra.run.dir={run_dir}"]
+    env = {"SEGTRAIN_TEST_RECORD": str(record)}
+    first = train_with_faults(args, base, cache, {**env, "SEGTRAIN_TEST_TERM_AT": "2"}, nproc=2)
+    assert first.returncode != 0 and "rerun with resume=auto" in first.stdout + first.stderr, first.stderr[-3000:]
+    resume = [*args, "resume=auto"]
+    second = train_with_faults(resume, base, cache, {**env, "SEGTRAIN_TEST_TERM_AT": "6"})
+    assert second.returncode == 75, second.stderr[-3000:]
+    said = [x for x in second.stderr.splitlines() if "resume on 1 process(es)" in x]
+    assert len(said) == 1 and (
+        "of a run saved on 2: global batch 4 kept (2 -> 4 per rank), epoch 0 continues after its 8 samples" in said[0]
+    ), second.stderr[-3000:]
+    third = train_with_faults(resume, base, cache, env, nproc=2)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "resume on 2 process(es) of a run saved on 1" in third.stdout + third.stderr
+
+    rows = [json.loads(x) for f in sorted(record.glob("*.jsonl")) for x in f.read_text().splitlines()]
+    by_step: dict[int, list[dict]] = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(r)
+    assert sorted(by_step) == list(range(1, 9)), "every step trained once"
+    worlds = {step: sorted(r["rank"] for r in rs) for step, rs in by_step.items()}
+    assert worlds == {1: [0, 1], 2: [0, 1], 3: [0], 4: [0], 5: [0], 6: [0], 7: [0, 1], 8: [0, 1]}
+    for epoch in (0, 1):
+        seen = sorted(i for r in rows if r["epoch"] == epoch for i in r["indices"])
+        assert seen == list(range(16)), f"epoch {epoch}: every image exactly once, got {seen}"
+
+    final = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    single = torch.load(runs["single"] / "checkpoints" / "last.pt", weights_only=True)
+    assert final["step"] == single["step"] == 8 and final["data_order"]["world_size"] == 2
+    assert_same_weights(single["model"], final["model"], "uninterrupted 1 process - 2/1/2 processes resumed")
+    ref, got = train_rows(runs["single"]), train_rows(run_dir)
+    assert [r["step"] for r in got] == list(range(1, 9))
+    for a, b in zip(ref, got, strict=True):
+        assert a["lr"] == pytest.approx(b["lr"], rel=1e-9), f"schedule differs at step {a['step']}"
+        assert a["loss/total"] == pytest.approx(b["loss/total"], rel=1e-5), f"loss differs at step {a['step']}"
 
 
 def test_distributed_evaluation_is_exact_on_odd_sized_val(runs):

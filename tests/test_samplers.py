@@ -142,3 +142,58 @@ def test_global_batch_must_divide():
     assert per_rank_batch(48, 16) == 3
     with pytest.raises(ValueError, match="trainer.batch_size=10.*world size 4"):
         per_rank_batch(10, 4)
+
+
+def saved_at(position: dict, world: int = 2, step: int = 6, epoch: int = 1) -> dict:
+    return {"data_order": position, "world_size": world, "step": step, "epoch": epoch, "step_in_epoch": 2}
+
+
+def test_resume_onto_another_training_set_is_refused_unless_reshuffled():
+    from segtrain.checkpoint.resume import check_data_order
+    from segtrain.config import ConfigError, compose
+
+    cfg = compose(["experiment=cpu_smoke"])
+    then = EpochSampler(16, 0, 2, seed=0, global_batch=4)
+    then.fingerprint = "aaaa"
+    blob = saved_at(then.position(1, 8))
+    same = EpochSampler(16, 0, 1, seed=0, global_batch=4)
+    same.fingerprint = "aaaa"
+    assert check_data_order(blob, cfg, Path("last.pt"), same.position(0, 0)) is None, "another world size is fine"
+    smaller = EpochSampler(12, 0, 1, seed=0, global_batch=4)
+    with pytest.raises(ConfigError) as e:
+        check_data_order(blob, cfg, Path("last.pt"), smaller.position(0, 0))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("resume=last.pt: the training set's order cannot continue (16 training images in the ")
+    assert "epoch 1 after 8 of its samples would skip or repeat samples" in msg
+    assert msg.endswith("or set trainer.resume_reshuffle=true to continue in the new order")
+    other = EpochSampler(16, 0, 1, seed=0, global_batch=4)
+    other.fingerprint = "bbbb"
+    with pytest.raises(ConfigError, match=r"other images \(data-order fingerprint aaaa in the checkpoint, bbbb now\)"):
+        check_data_order(blob, cfg, Path("last.pt"), other.position(0, 0))
+    reseeded = EpochSampler(16, 0, 1, seed=5, global_batch=4)
+    reseeded.fingerprint = "aaaa"
+    with pytest.raises(ConfigError, match=r"trainer.seed=0 in the checkpoint, 5 now"):
+        check_data_order(blob, cfg, Path("last.pt"), reseeded.position(0, 0))
+    cfg.trainer.resume_reshuffle = True
+    said = check_data_order(blob, cfg, Path("last.pt"), smaller.position(0, 0))
+    assert said is not None and "continues in the new order (trainer.resume_reshuffle=true)" in said
+    assert check_data_order({"step": 3}, cfg, Path("old.pt"), smaller.position(0, 0)) is None, "older checkpoints"
+
+
+def test_resume_on_another_world_size_is_one_line():
+    from segtrain.checkpoint.resume import describe_resume
+
+    then = EpochSampler(16, 0, 2, seed=0, global_batch=4).position(1, 8)
+    now = EpochSampler(16, 0, 1, seed=0, global_batch=4).position(0, 0)
+    assert describe_resume(saved_at(then), now, 2) is None
+    assert describe_resume(saved_at(then), now, 1) == (
+        "resume on 1 process(es) of a run saved on 2: global batch 4 kept (2 -> 4 per rank), epoch 1 continues "
+        "after its 8 samples already trained on, in the same order, and the schedule from step 6"
+    )
+    up = describe_resume(saved_at(EpochSampler(16, 0, 1, 0, 4).position(1, 8), world=1), now, 4)
+    assert up is not None and up.endswith(
+        "(4 -> 1 per rank), epoch 1 continues after its 8 samples already "
+        "trained on, in the same order, and the schedule from step 6; RNG states "
+        "of ranks >= 1 start from rank 0's"
+    )
