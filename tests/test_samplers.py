@@ -153,6 +153,8 @@ def test_resume_onto_another_training_set_is_refused_unless_reshuffled():
     from segtrain.config import ConfigError, compose
 
     cfg = compose(["experiment=cpu_smoke"])
+    with pytest.raises(ConfigError, match=r"^trainer.resume_reshuffle=maybe: must be true or false$"):
+        compose(["experiment=cpu_smoke", "trainer.resume_reshuffle=maybe"])
     then = EpochSampler(16, 0, 2, seed=0, global_batch=4)
     then.fingerprint = "aaaa"
     blob = saved_at(then.position(1, 8))
@@ -196,4 +198,11 @@ def test_resume_on_another_world_size_is_one_line():
         "(4 -> 1 per rank), epoch 1 continues after its 8 samples already "
         "trained on, in the same order, and the schedule from step 6; RNG states "
         "of ranks >= 1 start from rank 0's"
+    )
+    bigger = EpochSampler(16, 0, 1, seed=0, global_batch=8).position(0, 0)
+    changed = describe_resume(saved_at(then), bigger, 1)
+    assert changed is not None and "global batch 4 -> 8 (2 -> 8 per rank)" in changed
+    legacy = describe_resume({"world_size": 2, "step": 6, "epoch": 1, "step_in_epoch": 2}, now, 1)
+    assert (
+        legacy is not None and "global batch 4 kept (2 -> 4 per rank), epoch 1 continues after its 8 samples" in legacy
     )

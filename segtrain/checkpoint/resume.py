@@ -206,20 +206,26 @@ def check_data_order(blob: Any, cfg: Any, path: Path, now: dict[str, Any] | None
     return f"resume: {'; '.join(what)}: {where} continues in the new order (trainer.resume_reshuffle=true)"
 
 
-def describe_resume(blob: Any, now: dict[str, Any] | None, world_size: int) -> str | None:
+def describe_resume(blob: Any, now: dict[str, Any] | None, world_size: int, same_order: bool = True) -> str | None:
     """The one line saying what changed between the checkpoint's run and this one (world size, per-rank batch),
     and what stays (global batch, the position in the epoch's order, the schedule's step); None: nothing."""
     then = blob.get("data_order") or {}
     old_world = int(then.get("world_size") or blob.get("world_size") or world_size)
     if old_world == world_size:
         return None
-    g = int((now or {}).get("global_batch") or then.get("global_batch") or 0)
+    g_then = int(then.get("global_batch") or 0)
+    g = int((now or {}).get("global_batch") or g_then)
+    if g_then and g_then != g:  # changed at an epoch's end (check_resumable refuses it inside an epoch)
+        batch = f"global batch {g_then} -> {g} ({g_then // old_world} -> {g // world_size} per rank), "
+    else:
+        batch = f"global batch {g} kept ({g // old_world} -> {g // world_size} per rank), " if g else ""
+    done = then.get("samples_in_epoch", int(blob.get("step_in_epoch") or 0) * g)
+    order = "in the same order" if same_order else "in the new order"
     rng = f"; RNG states of ranks >= {old_world} start from rank 0's" if world_size > old_world else ""
-    batch = f"global batch {g} kept ({g // old_world} -> {g // world_size} per rank), " if g else ""
     return (
         f"resume on {world_size} process(es) of a run saved on {old_world}: {batch}epoch {blob.get('epoch', 0)} "
-        f"continues after its {then.get('samples_in_epoch', '?')} samples already trained on, in the same order, "
-        f"and the schedule from step {blob.get('step', 0)}{rng}"
+        f"continues after its {done} samples already trained on, {order}, and the schedule from step "
+        f"{blob.get('step', 0)}{rng}"
     )
 
 
@@ -279,7 +285,7 @@ def restore_training_state(
         restore_rng(rngs[rank] if rank < len(rngs) else rngs[0])
     if reshuffled:
         log.warning("%s", reshuffled)
-    changed_world = describe_resume(blob, data_order, world_size)
+    changed_world = describe_resume(blob, data_order, world_size, same_order=not reshuffled)
     if changed_world:
         log.warning("%s", changed_world)
     epoch, in_epoch = int(blob.get("epoch", 0)), int(blob.get("step_in_epoch", 0))

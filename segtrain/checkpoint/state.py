@@ -167,6 +167,8 @@ class Checkpointer:
         blob = dict(state)
         if epoch_done:
             blob.update(epoch=int(blob["epoch"]) + 1, step_in_epoch=0)
+            if blob.get("data_order"):  # the data order's position says the same: the next epoch, nothing of it done
+                blob["data_order"] = {**blob["data_order"], "epoch": blob["epoch"], "samples_in_epoch": 0}
         blob.update(rng=rng, world_size=len(rng), config=self.config, version=segtrain.__version__)
         return blob
 

@@ -24,13 +24,16 @@ class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         if not (self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return super().forward(x)
         dims = [0] + list(range(2, x.dim()))
-        count = torch.tensor([x.numel() / x.shape[1]], dtype=x.dtype, device=x.device)
-        stats = torch.cat([x.sum(dims), (x * x).sum(dims), count])
-        stats = differentiable_all_reduce(stats)
         c = x.shape[1]
+        shape = [1, c] + [1] * (x.dim() - 2)
+        count = torch.tensor([x.numel() / c], dtype=x.dtype, device=x.device)
+        stats = differentiable_all_reduce(torch.cat([x.sum(dims), count]))
         n = stats[-1]
         mean = stats[:c] / n
-        var = (stats[c : 2 * c] / n - mean * mean).clamp(min=0)
+        # Two passes, as one process's BatchNorm computes it: E[x^2] - E[x]^2 cancels catastrophically for a
+        # channel whose spread is small against its mean (a 1e-4 difference from one process in one step).
+        centred = x - mean.view(shape)
+        var = differentiable_all_reduce((centred * centred).sum(dims)) / n
         if self.track_running_stats:
             # track_running_stats: _NormBase registers the three buffers
             assert self.num_batches_tracked is not None
@@ -40,8 +43,7 @@ class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                 m = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
                 self.running_mean.mul_(1 - m).add_(mean.detach(), alpha=m)
                 self.running_var.mul_(1 - m).add_(var.detach() * (n / (n - 1).clamp(min=1)), alpha=m)
-        shape = [1, c] + [1] * (x.dim() - 2)
-        y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        y = centred * torch.rsqrt(var.view(shape) + self.eps)
         if self.affine:
             y = y * self.weight.view(shape) + self.bias.view(shape)
         return y
