@@ -140,8 +140,13 @@ def test_shards_cover_every_image_exactly_once():
 
 def test_global_batch_must_divide():
     assert per_rank_batch(48, 16) == 3
-    with pytest.raises(ValueError, match="trainer.batch_size=10.*world size 4"):
+    with pytest.raises(ValueError, match="trainer.batch_size=10.*world size 4") as e:
         per_rank_batch(10, 4)
+    assert "\n" not in str(e.value) and str(e.value).endswith(
+        "or a number of processes that divides 10 (what "
+        "resume=auto on another world size needs: the global "
+        "batch stays)"
+    )
 
 
 def saved_at(position: dict, world: int = 2, step: int = 6, epoch: int = 1) -> dict:

@@ -34,7 +34,8 @@ def per_rank_batch(global_batch: int, world_size: int, key: str = "trainer.batch
         raise ConfigError(
             f"{key}={global_batch} is the global batch and must divide by the world size {world_size} "
             f"(got {global_batch / world_size:.2f} per rank); "
-            f"use e.g. {key}={world_size * max(global_batch // world_size, 1)}"
+            f"use e.g. {key}={world_size * max(global_batch // world_size, 1)}, or a number of processes that "
+            f"divides {global_batch} (what resume=auto on another world size needs: the global batch stays)"
         )
     return global_batch // world_size
 
@@ -70,8 +71,7 @@ def fit_batch_to_data(trainer: Any, num_images: int, world_size: int, announce: 
 def records_fingerprint(records: Any) -> str:
     """A short hash of which image each index of the training set is (``image_id`` and file name, in order; not
     the folder, so a data set moved to another machine keeps it): the data order of a run continues only on
-    the same one. A RecordIndex answers from its columns (no records
-    built); a list of records is read through."""
+    the same one. A RecordIndex answers from its columns (no records built); a list of records is read through."""
     pairs = records.image_keys() if hasattr(records, "image_keys") else [(r.image_id, r.path) for r in records]
     names = (f"{i}\t{None if p is None else os.fspath(p).replace(os.sep, '/').rsplit('/', 1)[-1]}" for i, p in pairs)
     h = hashlib.blake2b(digest_size=8)
