@@ -24,6 +24,7 @@ from segtrain.config.resolve import (
 from segtrain.config.schema import (
     BACKGROUND_NAMES,
     CHECKPOINT_SECTIONS,
+    COMPILE_MODES,
     EXPORT_FORMATS,
     IGNORE_LABEL,
     INFERENCE_MODES,
@@ -60,6 +61,7 @@ __all__ = [
     "BOUNDS",
     "CHECKPOINT_SECTIONS",
     "DISCOVERED",
+    "COMPILE_MODES",
     "EXPORT_FORMATS",
     "IGNORE_LABEL",
     "INFERENCE_MODES",

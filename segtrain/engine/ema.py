@@ -54,8 +54,9 @@ class ModelEMA:
                 e.copy_(m)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The averaged weights: a model state dict (what ``best_weights.pt`` holds)."""
-        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+        """The averaged weights: a model state dict (what ``best_weights.pt`` holds), contiguous whatever the
+        model's memory format."""
+        return {k: v.detach().cpu().contiguous() for k, v in self.module.state_dict().items()}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], updates: int) -> None:
         self.module.load_state_dict(state)
