@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from segtrain.config import PRECISIONS  # noqa: F401 - the choices; auto resolves here
 from segtrain.placement import HOST_KEYS
 
 log = logging.getLogger(__name__)
@@ -25,10 +26,6 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
         return contextlib.nullcontext()
     dtype = torch.float16 if precision == "fp16" else torch.bfloat16
     return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-#: ``trainer.precision`` values; ``auto`` resolves to one of the others on the run's device (:func:`auto_precision`).
-PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 
 
 def auto_precision(device: torch.device) -> tuple[str, str]:

@@ -420,6 +420,9 @@ INFERENCE_MODES = ("fit", "pad", "sliding")  # segtrain.data.mappers.NativeMappe
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile(mode=)
 
 
+PRECISIONS = ("fp32", "fp16", "bf16", "auto")  # segtrain.device.effective_precision
+
+
 PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.targets.panoptic_gt
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from segtrain.checkpoint.state import canonical_key
 from segtrain.config import ConfigError
 from segtrain.distributed import unwrap
 
@@ -59,7 +60,9 @@ class ModelEMA:
         return {k: v.detach().cpu().contiguous() for k, v in self.module.state_dict().items()}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], updates: int) -> None:
-        self.module.load_state_dict(state)
+        """Averaged weights saved by segtrain, or by a tool that left DDP / torch.compile prefixes in the keys."""
+        own = self.module.state_dict()
+        self.module.load_state_dict({canonical_key(k, own): v for k, v in state.items()})
         self.updates = int(updates)
 
     def to(self, device: Any) -> ModelEMA:

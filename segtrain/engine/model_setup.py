@@ -118,10 +118,13 @@ def compile_failure(err: BaseException, setting: str) -> CompileError | None:
     setting = str(setting).lower()
     if setting == "false" or not isinstance(err, TorchDynamoException):
         return None
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    cause: BaseException = err
+    while isinstance(getattr(cause, "inner_exception", None), BaseException):  # the backend's (Inductor's) own error
+        cause = cause.inner_exception  # type: ignore[attr-defined]
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
     detail = lines[0][:300] if lines else ""
     return CompileError(
-        f"trainer.compile={setting}: torch.compile failed ({type(err).__name__}: {detail}); "
+        f"trainer.compile={setting}: torch.compile failed ({type(cause).__name__}: {detail}); "
         "set trainer.compile=false to train without compiling (SEGTRAIN_DEBUG=1 shows the traceback)"
     )
 
