@@ -223,7 +223,7 @@ def test_compile_failure_at_the_first_step_ends_in_one_line(tmp_path):
     """A real run whose compiler is missing (Inductor's C++ compiler, CXX): one line, exit 2, no traceback."""
     proc = run_module(
         "segtrain.train",
-        ["experiment=cpu_smoke", "model=tiny", "trainer.compile=true", f"hydra.run.dir={tmp_path / 'run'}"],
+        ["experiment=cpu_smoke", "trainer.compile=true", f"hydra.run.dir={tmp_path / 'run'}"],
         tmp_path,
         tmp_path / "c",
         check=False,
