@@ -24,6 +24,8 @@ from segtrain.models import build_model
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 NHWC = torch.channels_last
+#: Inductor compiles in the process itself: no pool of compile workers to start per rank on a 2-core machine
+ONE_COMPILE_THREAD = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
 # --------------------------------------------------------------------------- precision=auto
@@ -228,7 +230,12 @@ def test_compile_failure_at_the_first_step_ends_in_one_line(tmp_path):
         tmp_path / "c",
         check=False,
         timeout=600,
-        env=child_env(tmp_path / "c", CXX=str(tmp_path / "no-such-compiler"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path)),
+        env=child_env(
+            tmp_path / "c",
+            CXX=str(tmp_path / "no-such-compiler"),
+            TORCHINDUCTOR_CACHE_DIR=str(tmp_path),
+            **ONE_COMPILE_THREAD,
+        ),
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -256,7 +263,7 @@ def test_compiled_training_under_two_process_torchrun(tmp_path):
         tmp_path / "c",
         nproc=2,
         timeout=900,
-        env=child_env(tmp_path / "c", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")),
+        env=child_env(tmp_path / "c", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), **ONE_COMPILE_THREAD),
     )
     assert "find_unused_parameters" not in proc.stderr  # every trained parameter gets a gradient
     ck = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
