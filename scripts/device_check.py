@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One command that tells, in one run of under 8 minutes, whether segtrain's CUDA paths work on this machine.
+"""One command that tells, in one run of under 10 minutes, whether segtrain's CUDA paths work on this machine.
 
 On a machine with CUDA GPUs it runs, each stage under its own time limit inside one overall budget (a stuck
 stage is killed with its whole process tree and the next one starts):
@@ -12,11 +12,14 @@ stage is killed with its whole process tree and the next one starts):
    (goal < 5 %), peak GPU memory, finite losses, ``last.pt`` written; with an EMA, whose update count in last.pt
    gives the number of fp16 overflow steps the GradScaler skipped.
 4. ``resume``: the same run directory again with ``resume=auto`` and more steps: resumed from ``last.pt``.
-5. ``augment_cuda``: as 3 with ``augment.device=cuda``.
-6. ``decode_device``: as 5 with ``dataset.decode=device`` (JPEG decoding on the GPU); "option not available"
+5. ``bf16``, ``channels_last``, ``compile``: as 3 with one speed switch each (``trainer.precision=bf16``,
+   ``trainer.channels_last=true``, ``trainer.compile=true``); images/s and peak memory against 3 (the fp16,
+   contiguous, uncompiled baseline of the same run) as ratios, in each row and in the report's ``speed_switches``.
+6. ``augment_cuda``: as 3 with ``augment.device=cuda``.
+7. ``decode_device``: as 6 with ``dataset.decode=device`` (JPEG decoding on the GPU); "option not available"
    when this checkout's config has no such key.
-7. ``bench_loader``: the device rows of ``scripts/bench_loader.py``.
-8. ``bench_postprocess``: ``scripts/bench_postprocess.py`` at 1024x2048, CPU vs CUDA.
+8. ``bench_loader``: the device rows of ``scripts/bench_loader.py``.
+9. ``bench_postprocess``: ``scripts/bench_postprocess.py`` at 1024x2048, CPU vs CUDA.
 
 It writes ONE JSON report (default ``outputs/device_check/report.json``; a human summary beside it as
 ``report.txt``, also printed) and exits 0 when no stage failed. Run directories, logs and the data cache stay in
@@ -85,12 +88,22 @@ PRESET_GPUS = 8  # the preset's global batch is for 8 GPUs (configs/experiment/v
 DATA_WAIT_GOAL = 0.05
 MIN_STAGE_S = 15.0  # a stage is not started with less time than this left in the budget
 
+#: The speed-switch rows: stage -> the one override that differs from the ``train`` stage (the fp16 baseline).
+SWITCHES = {
+    "bf16": "trainer.precision=bf16",
+    "channels_last": "trainer.channels_last=true",
+    "compile": "trainer.compile=true",
+}
+
 # Time limits per stage (seconds): each stage gets min(cap, what is left of --budget-s).
 CAPS = {
     "data": 100,
     "pytest": 150,
     "train": 100,
     "resume": 70,
+    "bf16": 70,
+    "channels_last": 70,
+    "compile": 150,  # compiling the R50 (forward and backward) comes first
     "augment_cuda": 80,
     "decode_device": 80,
     "bench_loader": 60,
@@ -148,7 +161,7 @@ def launcher(nproc: int) -> list[str]:
 def train_overrides(s: Setup) -> list[str]:
     """The v100_bs48 shape on the synthetic set, scaled to a few steps (or cpu_smoke for --cpu-smoke)."""
     if s.cpu_smoke:
-        return ["experiment=cpu_smoke", "trainer.device=cpu", "trainer.log_every=1"]
+        return ["experiment=cpu_smoke", "trainer.device=cpu", "trainer.log_every=1", "trainer.channels_last=false"]
     per_gpu = 48 // PRESET_GPUS
     batch = per_gpu * s.nproc
     total = s.first_total[1]
@@ -175,6 +188,8 @@ def train_overrides(s: Setup) -> list[str]:
         # not in the preset: the EMA counts only real optimiser steps, so last.pt tells how many fp16 steps the
         # GradScaler skipped (typically the first few, while the scale comes down from 2^16)
         "trainer.ema.decay=0.999",
+        # the baseline the speed-switch rows are measured against: contiguous (auto would turn NHWC on with fp16)
+        "trainer.channels_last=false",
     ]
 
 
@@ -221,6 +236,7 @@ def plan(s: Setup) -> list[Stage]:
     stages += [
         train("train", [], first, "fp16, CPU augmentation, targets on the device"),
         train("resume", ["resume=auto"], total, "resume=auto in the same run directory", "train", first),
+        *(train(name, [override], first, f"as train with {override}") for name, override in SWITCHES.items()),
         train("augment_cuda", [aug], first, "augmentation and targets on the GPU"),
         train("decode_device", [aug, decode], first, "JPEG decoding on the GPU (nvjpeg)"),
     ]
@@ -513,6 +529,26 @@ def parse_bench_postprocess(_: Stage, stdout: str) -> dict[str, Any]:
     return out
 
 
+def against_baseline(row: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
+    """A speed-switch row's images/s and peak GPU memory beside the ``train`` stage's (the fp16 baseline of the
+    same run), and their ratios (speedup > 1: faster; peak_mem_ratio < 1: less memory); None where either is
+    missing (a failed stage, or no GPU memory figure on the CPU)."""
+    base = base or {}
+
+    def ratio(key: str) -> float | None:
+        a, b = row.get(key), base.get(key)
+        return round(a / b, 3) if a and b else None
+
+    return {
+        "images_per_s": row.get("images_per_s"),
+        "peak_mem_gib": row.get("peak_mem_gib"),
+        "baseline_images_per_s": base.get("images_per_s"),
+        "baseline_peak_mem_gib": base.get("peak_mem_gib"),
+        "speedup": ratio("images_per_s"),
+        "peak_mem_ratio": ratio("peak_mem_gib"),
+    }
+
+
 # ---------------------------------------------------------------------------------------------------- report
 TORCH_INFO = """
 import json, torch
@@ -577,8 +613,12 @@ def one_line(name: str, r: dict[str, Any]) -> str:
             f"loss {r['losses'][-1]:.3f}" + (" finite" if r.get("loss_finite") else " NOT finite"),
             f"last.pt step {r.get('checkpoint', {}).get('step')}",
         ]
-        if "fp16" in r:
+        if "fp16" in r and name not in SWITCHES:
             parts.append(f"fp16 overflow steps skipped {r['fp16']['overflow_steps_skipped']}")
+        vs = r.get("vs_fp16") or {}
+        if vs.get("speedup") is not None:
+            mem = f", {vs['peak_mem_ratio']:.2f}x its peak memory" if vs.get("peak_mem_ratio") is not None else ""
+            parts.append(f"{vs['speedup']:.2f}x the fp16 baseline's img/s{mem}")
         return f"  {name:18s} {status:13s} {', '.join(parts)} {secs}"
     if name == "bench_loader":
         rows = ", ".join(f"{k} {v.get('cpu')}x" for k, v in r.get("full_over_decode", {}).items())
@@ -608,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("outputs/device_check/report.json"), help="the JSON report")
     ap.add_argument("--work-dir", type=Path, default=Path("outputs/device_check"), help="runs, logs, data cache")
-    ap.add_argument("--budget-s", type=float, default=450.0, help="all stages together (default 450 s)")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="all stages together (default 540 s)")
     ap.add_argument("--steps", type=int, default=40, help="training steps of the first run (resume adds 1/4)")
     ap.add_argument("--image-size", type=int, nargs=2, default=[1024, 2048], metavar=("H", "W"))
     ap.add_argument("--gpus", type=int, default=None, help="processes to start (default: every visible GPU)")
@@ -699,6 +739,8 @@ def main(argv: list[str] | None = None) -> int:
             r: dict[str, Any] = {"what": st.what, "status": "skipped", "reason": "the train stage did not succeed"}
         else:
             r = run_stage(st, s, deadline - time.monotonic(), notes.get(st.name))
+        if st.name in SWITCHES and r.get("status") == "ok":
+            r["vs_fp16"] = against_baseline(r, report["stages"].get("train"))
         report["stages"][st.name] = r
         print(one_line(st.name, r), flush=True)
         write_report(args.out, report)  # partial reports survive a kill of the whole check
@@ -706,6 +748,12 @@ def main(argv: list[str] | None = None) -> int:
     waits = {k: v["data_wait_frac"] for k, v in report["stages"].items() if v.get("data_wait_frac") is not None}
     report["goals"] = {
         "data_wait_below_5pct": {k: w < DATA_WAIT_GOAL for k, w in waits.items()},
+    }
+    report["speed_switches"] = {
+        name: {"override": SWITCHES[name], "status": report["stages"][name].get("status")}
+        | against_baseline(report["stages"][name], report["stages"].get("train"))
+        for name in SWITCHES
+        if name in report["stages"]
     }
     report["elapsed_s"] = round(time.monotonic() - t0, 1)
     report["ok"] = not bad

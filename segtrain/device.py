@@ -1,4 +1,5 @@
-"""How computation runs on the device: precision (autocast, fp16 fallback), batch transfer, determinism.
+"""How computation runs on the device: precision (autocast, ``auto``, fp16 fallback), memory format
+(channels_last), batch transfer, determinism.
 
 The trainer, evaluation, inference and the tools share these, so each layer imports them from here.
 """
@@ -11,7 +12,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
+from segtrain.config import PRECISIONS  # noqa: F401 - the choices; auto resolves here
 from segtrain.placement import HOST_KEYS
 
 log = logging.getLogger(__name__)
@@ -25,12 +28,51 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def auto_precision(device: torch.device) -> tuple[str, str]:
+    """(precision, why) for ``trainer.precision=auto``: bf16 where the GPU computes it natively (Ampere and later:
+    the range of fp32, no GradScaler), fp16 with a GradScaler on older CUDA GPUs (emulated bf16 is slow), fp32 on
+    the CPU (autocast there rarely pays)."""
+    if device.type != "cuda":
+        return "fp32", f"no mixed precision on {device.type}"
+    if torch.cuda.is_bf16_supported(including_emulation=False):
+        return "bf16", f"{device} computes bf16 natively"
+    return "fp16", f"{device} has no native bf16; fp16 with a GradScaler"
+
+
 def effective_precision(requested: str, device: torch.device) -> str:
-    """fp16 needs CUDA (a GradScaler on CPU is pointless); fall back to fp32 with a warning."""
+    """``auto``: resolved on ``device`` and said in one line; fp16 needs CUDA (a GradScaler on CPU is pointless):
+    fall back to fp32 with a warning."""
+    if requested == "auto":
+        chosen, why = auto_precision(device)
+        log.info("trainer.precision=auto: %s (%s)", chosen, why)
+        return chosen
     if requested == "fp16" and device.type != "cuda":
         log.warning("trainer.precision=fp16 needs CUDA; running fp32 on %s", device)
         return "fp32"
     return requested
+
+
+def use_channels_last(setting: str, device: torch.device, precision: str, convolutional: bool) -> bool:
+    """``trainer.channels_last``: true/false as said; ``auto``: on for a convolutional model on CUDA in fp16/bf16,
+    where cuDNN's NHWC kernels (tensor cores) are faster, off otherwise (on the CPU or in fp32 it rarely pays)."""
+    if setting == "auto":
+        return convolutional and device.type == "cuda" and precision in ("fp16", "bf16")
+    return setting == "true"
+
+
+def to_channels_last(model: nn.Module) -> nn.Module:
+    """``model``'s 4-D parameters and buffers in ``torch.channels_last``, and every 4-D input converted on the way
+    in (a forward pre-hook: training, validation and the EMA's copy all see NHWC batches). Values are unchanged,
+    only strides: checkpoints are written contiguous (``checkpoint.state.model_state``) and load into any model."""
+    model.to(memory_format=torch.channels_last)
+    model.register_forward_pre_hook(_channels_last_input)
+    return model
+
+
+def _channels_last_input(_: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4:
+        return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
+    return None
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

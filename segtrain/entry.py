@@ -154,7 +154,7 @@ def _user_error(err: BaseException, debug: bool) -> None:
     if debug:
         traceback.print_exception(err)
     rank = env_rank()
-    if rank != 0 and not is_running() and not getattr(err, "rank_local", False):
+    if rank != 0 and (not is_running() or getattr(err, "every_rank", False)) and not getattr(err, "rank_local", False):
         time.sleep(RANK0_GRACE_S)
     prefix = f"[rank {rank}] " if rank else ""
     message = user_message(err)

@@ -65,8 +65,8 @@ def test_dry_run_checks_and_prints_the_plan(tmp_path):
     lines = proc.stdout.splitlines()
     assert lines[-1].startswith("device_check --dry-run: ok:"), lines[-1]
     names = [line.split("]")[0].lstrip("[") for line in lines[:-1]]
-    assert names == ["data", "pytest", "train", "resume", "augment_cuda", "decode_device", "bench_loader",
-                     "bench_postprocess"]  # fmt: skip
+    assert names == ["data", "pytest", "train", "resume", "bf16", "channels_last", "compile", "augment_cuda",
+                     "decode_device", "bench_loader", "bench_postprocess"]  # fmt: skip
     assert "--nproc_per_node=4 -m segtrain.train experiment=v100_bs48" in lines[2]
     assert not (tmp_path / "runs").exists()
 
@@ -79,7 +79,7 @@ def test_planned_trainings_compose_to_the_v100_bs48_shape(gpus, tmp_path):
     problems, notes = dc.static_checks(list(stages.values()))
     assert problems == []
     preset = compose(["experiment=v100_bs48", "dataset=synthetic"])  # the preset itself needs real data
-    for name in ("train", "resume", "augment_cuda", "decode_device"):
+    for name in ("train", "resume", "bf16", "channels_last", "compile", "augment_cuda", "decode_device"):
         st = stages[name]
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}"]
         assert st.argv[: len(launcher) + 2] == [*launcher, "-m", "segtrain.train"]
@@ -91,12 +91,20 @@ def test_planned_trainings_compose_to_the_v100_bs48_shape(gpus, tmp_path):
             assert notes[name].startswith("option not available: unknown config key 'dataset.decode'")
             continue
         assert cfg.model == preset.model and cfg.model.backbone == "resnet50"
-        assert cfg.trainer.precision == "fp16" and cfg.trainer.sync_bn and cfg.trainer.device == "cuda"
+        assert cfg.trainer.sync_bn and cfg.trainer.device == "cuda"
+        # the fp16 baseline, contiguous and uncompiled; each speed-switch row changes exactly one of the three
+        switch = {"bf16": "precision", "channels_last": "channels_last", "compile": "compile"}.get(name)
+        expected = {"precision": "fp16", "channels_last": "false", "compile": "false"}
+        if switch:
+            expected[switch] = {"precision": "bf16"}.get(switch, "true")
+            differs = [o for o in st.overrides if o not in stages["train"].overrides and not o.startswith("hydra.")]
+            assert differs == [dc.SWITCHES[name]] and st.run_dir != stages["train"].run_dir
+        assert {k: cfg.trainer[k] for k in expected} == expected, name
         assert list(cfg.dataset.input_size) == list(preset.dataset.input_size) == [512, 1024]
         assert cfg.trainer.batch_size // gpus == preset.trainer.batch_size // 8 == 6, "per-GPU batch of the preset"
         assert cfg.trainer.num_workers == min(8, 16 // gpus - 1)
         assert cfg.dataset.name == "synthetic" and cfg.dataset.targets.where == "auto"  # auto: on the GPU
-        assert cfg.augment.device == ("cpu" if name in ("train", "resume") else "cuda")
+        assert cfg.augment.device == ("cuda" if name in ("augment_cuda", "decode_device") else "cpu")
         assert cfg.trainer.max_steps == (50 if name == "resume" else 40)
         assert (cfg.resume == "auto") == (name == "resume")
     assert stages["resume"].run_dir == stages["train"].run_dir and stages["resume"].resumes_at == 40
@@ -165,23 +173,45 @@ def test_gpu_training_figures_are_read_from_the_run_directory(tmp_path):
     assert dc.parse_training(st, "")["problems"] == ["last.pt is at step 40, expected 41"]
 
 
+def test_speed_switch_rows_are_compared_with_the_fp16_baseline(tmp_path):
+    """Each speed-switch row carries its images/s and peak memory beside the train stage's, as ratios; a figure
+    missing on either side (a failed baseline, no GPU memory on the CPU) gives None, never a made-up ratio."""
+    dc = load_script()
+    base = {"status": "ok", "images_per_s": 100.0, "peak_mem_gib": 20.0}
+    row = {"status": "ok", "images_per_s": 130.0, "peak_mem_gib": 15.0}
+    vs = dc.against_baseline(row, base)
+    assert vs == {"images_per_s": 130.0, "peak_mem_gib": 15.0, "baseline_images_per_s": 100.0,
+                  "baseline_peak_mem_gib": 20.0, "speedup": 1.3, "peak_mem_ratio": 0.75}  # fmt: skip
+    assert dc.against_baseline(row, None)["speedup"] is None
+    assert dc.against_baseline({**row, "peak_mem_gib": None}, base)["peak_mem_ratio"] is None
+    line = dc.one_line("bf16", {**row, "seconds": 30, "losses": [1.0], "loss_finite": True, "vs_fp16": vs})
+    assert "1.30x the fp16 baseline's img/s, 0.75x its peak memory" in line
+
+
 @pytest.mark.slow
 def test_cpu_smoke_trains_resumes_and_reports(tmp_path):
     """The stages' real logic on the CPU: cpu_smoke under torchrun with 2 gloo processes, 2 steps, resume=auto to
     step 4, the decoding stage (run, or "option not available"), one JSON report and its summary."""
-    proc = run_script(["--cpu-smoke", "--only", "train,resume,decode_device"], tmp_path)
+    proc = run_script(["--cpu-smoke", "--only", "train,resume,channels_last,decode_device"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     st = report["stages"]
-    assert report["ok"] and report["mode"] == "cpu-smoke" and list(st) == ["train", "resume", "decode_device"]
+    assert report["ok"] and report["mode"] == "cpu-smoke"
+    assert list(st) == ["train", "resume", "channels_last", "decode_device"]
     assert st["train"]["status"] == "ok" and st["train"]["checkpoint"]["step"] == 2
     assert st["train"]["checkpoint"]["world_size"] == 2 and "backend gloo" in st["train"]["launch"]
     assert st["train"]["loss_finite"] and st["train"]["images_per_s"] > 0
     assert 0 <= st["train"]["data_wait_frac"] <= 1
     assert st["resume"]["status"] == "ok" and st["resume"]["checkpoint"]["step"] == 4
     assert "step 2" in st["resume"]["resumed"] and st["resume"]["logged_steps"] == [3, 4]
+    cl = st["channels_last"]  # a speed-switch row: its figures beside the baseline's (no GPU memory on the CPU)
+    assert cl["status"] == "ok" and cl["checkpoint"]["step"] == 2
+    assert cl["vs_fp16"]["baseline_images_per_s"] == st["train"]["images_per_s"] and cl["vs_fp16"]["speedup"] > 0
+    assert report["speed_switches"] == {"channels_last": {"override": "trainer.channels_last=true", "status": "ok",
+                                                          **cl["vs_fp16"]}}  # fmt: skip
+    assert "channels_last: model and input batches in NHWC" in (tmp_path / "runs/channels_last/train.log").read_text()
     decode = st["decode_device"]
     assert decode["status"] == "ok" or decode["reason"].startswith("option not available"), decode
     summary = (tmp_path / "report.txt").read_text().splitlines()
-    assert summary[0] == report["headline"] and len(summary) == 5
+    assert summary[0] == report["headline"] and len(summary) == 6
     assert proc.stdout.splitlines()[-1] == f"report: {tmp_path / 'report.json'}"

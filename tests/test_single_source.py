@@ -65,6 +65,7 @@ def test_no_second_copy_of_a_default_in_the_source():
 
 
 def test_schema_choices_are_the_modules_tuples():
+    from segtrain import device
     from segtrain.config.checks import _CHOICES as choices
     from segtrain.data import mappers, records
     from segtrain.data.formats import reading as loading
@@ -76,6 +77,7 @@ def test_schema_choices_are_the_modules_tuples():
     assert choices["inference.mode"] is mappers.NativeMapper.MODES
     assert choices["dataset.panoptic.background"] is panoptic_gt.PANOPTIC_BACKGROUNDS
     assert choices["export.format"] is export.EXPORT_FORMATS
+    assert choices["trainer.precision"] is device.PRECISIONS
     assert set(export.SUFFIXES) == set(export.EXPORT_FORMATS)
 
 

@@ -96,8 +96,9 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 
 
 def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The unwrapped model's state on the CPU: no ``module.`` / ``_orig_mod.`` prefixes, ever."""
-    return {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
+    """The unwrapped model's state on the CPU: no ``module.`` / ``_orig_mod.`` prefixes, ever, and contiguous
+    tensors (a ``trainer.channels_last`` model's strides are the run's business, not the file's)."""
+    return {k: v.detach().cpu().contiguous() for k, v in unwrap(model).state_dict().items()}
 
 
 def non_finite_tensors(state: Mapping[str, torch.Tensor]) -> list[str]:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from segtrain.config.schema import (
     BACKGROUND_NAMES,
+    COMPILE_MODES,
     EXPORT_FORMATS,
     IGNORE_LABEL,
     INFERENCE_MODES,
@@ -26,6 +27,7 @@ from segtrain.config.schema import (
     OUTPUT_STRIDES,
     PANOPTIC_BACKGROUNDS,
     PANOPTIC_EXPORTS,
+    PRECISIONS,
     UNLISTED,
     VALIDATION_METRICS,
     SegtrainConfig,
@@ -211,7 +213,9 @@ _CHOICES = {
     "dataset.targets.where": ("auto", "worker", "device"),
     "dataset.decode": ("auto", "cpu", "device"),
     "trainer.device": ("auto", "cpu", "cuda"),
-    "trainer.precision": ("fp32", "fp16", "bf16"),
+    "trainer.precision": PRECISIONS,
+    "trainer.channels_last": ("auto", "true", "false"),
+    "trainer.compile": ("false", "true", *COMPILE_MODES),
     "trainer.ddp.backend": ("auto", "nccl", "gloo"),
     "trainer.ddp.find_unused_parameters": ("auto", "true", "false"),
     "trainer.checkpoint.mode": ("max", "min"),

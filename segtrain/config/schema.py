@@ -279,7 +279,12 @@ class TrainerConfig:
     # torch intra-op threads of each training process on CPU; None: the cores left over by this
     # node's processes and their loader workers (oversubscribed OpenMP threads spin against each other)
     cpu_threads: int | None = None
-    precision: str = "fp32"  # fp32 | fp16 | bf16 (autocast; fp16 uses a GradScaler)
+    # fp32 | fp16 | bf16 (autocast; fp16 uses a GradScaler) | auto: bf16 on GPUs that compute it natively, fp16 on
+    # older CUDA GPUs, fp32 on the CPU (the run log says which)
+    precision: str = "fp32"
+    # Convolutional models (and their input batches) in torch.channels_last (NHWC): true | false | auto (on for CUDA
+    # with fp16/bf16, where tensor-core convolutions are faster; off on the CPU and in fp32). Values are unchanged.
+    channels_last: str = "auto"
     grad_clip: float = 0.0  # max global grad norm; 0 disables
     # Each rank's batch is split into this many micro-batches (gradients accumulated, DDP synchronises
     # on the last one); the global batch stays batch_size and the gradient that of one big batch.
@@ -289,7 +294,9 @@ class TrainerConfig:
     seed: int = 0
     deterministic: bool = False
     sync_bn: bool = False
-    compile: bool = False
+    # torch.compile the model: false | true (mode "default") | default | reduce-overhead | max-autotune |
+    # max-autotune-no-cudagraphs (torch.compile's modes); the first steps are slower while it compiles
+    compile: str = "false"
     log_every: int = 10  # steps between scalar logs
     val_every: int = 1  # epochs
     num_log_images: int = 4
@@ -411,6 +418,12 @@ UNLISTED = ("error", "drop", "ignore")  # segtrain.data.records.ClassMap
 
 
 INFERENCE_MODES = ("fit", "pad", "sliding")  # segtrain.data.mappers.NativeMapper
+
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile(mode=)
+
+
+PRECISIONS = ("fp32", "fp16", "bf16", "auto")  # segtrain.device.effective_precision
 
 
 PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.targets.panoptic_gt

@@ -26,7 +26,13 @@ from segtrain.device import configure_determinism, effective_precision
 from segtrain.distributed import DistInfo, broadcast_object
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.hooks import default_hooks
-from segtrain.engine.model_setup import prepare_model, probe_batch, wrap_model
+from segtrain.engine.model_setup import (
+    apply_memory_format,
+    compile_failure,
+    prepare_model,
+    probe_batch,
+    wrap_model,
+)
 from segtrain.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler, optimizer_settings
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.run_dir import RunDirLock, check_fresh
@@ -65,6 +71,7 @@ def _build(
     precision = effective_precision(tr.precision, dist.device)
     data = build_training_data(cfg, dist)
     model = prepare_model(cfg, dist, init_weights, classes)
+    apply_memory_format(model, tr.channels_last, dist, precision)  # before the EMA copies it
     check_metric_available(cfg, model)
     optimizer = build_optimizer(model, cfg.optim)
     total_steps = len(data.train_loader) * int(tr.epochs)
@@ -138,7 +145,13 @@ def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwa
                     log.warning("wrote %s again from %s: the save that wrote it was interrupted", name, found[0].name)
         trainer.recorder.start(trainer.state.step)
         log_start(cfg, trainer)
-        trainer.train()
+        try:
+            trainer.train()
+        except Exception as e:  # torch.compile fails at the first step, where it compiles: one line, not a traceback
+            failure = compile_failure(e, cfg.trainer.compile)
+            if failure is None:
+                raise
+            raise failure from e
     finally:
         if dist.is_main:
             copy_logs(run_dir, checkpoint_root(cfg, run_dir))
@@ -291,8 +304,9 @@ def step_trainer(cfg: Any, dist: DistInfo, batch_step: Any = None, total_steps: 
     """A trainer for measuring the step (doctor, benchmarks): the configured model, optimiser and
     schedule on this rank's device, no data, no files, no hooks."""
     model = prepare_model(cfg, dist)
-    optimizer = build_optimizer(model, cfg.optim)
     precision = effective_precision(cfg.trainer.precision, dist.device)
+    apply_memory_format(model, cfg.trainer.channels_last, dist, precision)
+    optimizer = build_optimizer(model, cfg.optim)
     return Trainer(
         model.train(),
         optimizer,

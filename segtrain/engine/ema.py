@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from segtrain.checkpoint.state import canonical_key
 from segtrain.config import ConfigError
 from segtrain.distributed import unwrap
 
@@ -54,11 +55,14 @@ class ModelEMA:
                 e.copy_(m)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The averaged weights: a model state dict (what ``best_weights.pt`` holds)."""
-        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+        """The averaged weights: a model state dict (what ``best_weights.pt`` holds), contiguous whatever the
+        model's memory format."""
+        return {k: v.detach().cpu().contiguous() for k, v in self.module.state_dict().items()}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], updates: int) -> None:
-        self.module.load_state_dict(state)
+        """Averaged weights saved by segtrain, or by a tool that left DDP / torch.compile prefixes in the keys."""
+        own = self.module.state_dict()
+        self.module.load_state_dict({canonical_key(k, own): v for k, v in state.items()})
         self.updates = int(updates)
 
     def to(self, device: Any) -> ModelEMA:

@@ -17,11 +17,12 @@ from torch import nn
 from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.config import Config, LossConfig
 from segtrain.data import collate
-from segtrain.device import autocast, to_device
+from segtrain.device import autocast, to_channels_last, to_device, use_channels_last
 from segtrain.distributed import DistInfo, all_reduce_
 from segtrain.engine.freeze import apply_freeze, freeze_report
 from segtrain.engine.losses import compute_losses
 from segtrain.engine.sync_bn import convert_sync_batchnorm
+from segtrain.errors import UserError
 from segtrain.models import build_model
 
 log = logging.getLogger("segtrain.model")
@@ -75,14 +76,70 @@ def find_unused_parameters(
     return [n for n, p in probe.named_parameters() if p.requires_grad and p.grad is None]
 
 
+def is_convolutional(model: nn.Module) -> bool:
+    """What ``trainer.channels_last=auto`` asks of a model: its ``convolutional`` attribute when it has one (a
+    transformer with a convolutional stem says False), else whether it holds any 2-D convolution."""
+    said = getattr(model, "convolutional", None)
+    if said is not None:
+        return bool(said)
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+def apply_memory_format(model: nn.Module, setting: str, dist: DistInfo, precision: str) -> bool:
+    """``trainer.channels_last`` on the unwrapped model (before the EMA copy and DDP, so both share the format);
+    returns whether it is on, said in one line when it is."""
+    setting = str(setting).lower()
+    on = use_channels_last(setting, dist.device, precision, is_convolutional(model))
+    if on:
+        to_channels_last(model)
+        if dist.is_main:
+            log.info("channels_last: model and input batches in NHWC (trainer.channels_last=%s)", setting)
+    return on
+
+
+def compile_mode(setting: str) -> str | None:
+    """``trainer.compile`` -> torch.compile's ``mode`` (None: its default); only called when compiling is on."""
+    setting = str(setting).lower()
+    return None if setting in ("true", "default") else setting
+
+
+class CompileError(UserError, RuntimeError):
+    """torch.compile failed (TorchDynamo / Inductor): said in one line naming ``trainer.compile=false``. Every rank
+    meets it at the same step, so rank 0 alone says it."""
+
+    every_rank = True
+
+
+def compile_failure(err: BaseException, setting: str) -> CompileError | None:
+    """``err`` as a :class:`CompileError` when compiling is on and it is TorchDynamo's or Inductor's (a missing C++
+    compiler, an unsupported operation, a failed graph); None for anything else, which keeps its traceback."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    setting = str(setting).lower()
+    if setting == "false" or not isinstance(err, TorchDynamoException):
+        return None
+    cause: BaseException = err
+    while isinstance(getattr(cause, "inner_exception", None), BaseException):  # the backend's (Inductor's) own error
+        cause = cause.inner_exception  # type: ignore[attr-defined]
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    detail = lines[0][:300] if lines else ""
+    return CompileError(
+        f"trainer.compile={setting}: torch.compile failed ({type(cause).__name__}: {detail}); "
+        "set trainer.compile=false to train without compiling (SEGTRAIN_DEBUG=1 shows the traceback)"
+    )
+
+
 def wrap_model(
     model: nn.Module, dist: DistInfo, cfg: Config, probe: Callable[[], dict[str, torch.Tensor]], precision: str
 ) -> nn.Module:
-    """DDP (when world_size > 1) with find_unused_parameters decided from evidence, then compile."""
+    """Compile (``trainer.compile``), then DDP (when world_size > 1) with find_unused_parameters decided from
+    evidence. ``unwrap`` reaches the plain module under both wrappers: validation and the EMA run it uncompiled,
+    checkpoints carry no ``module.`` / ``_orig_mod.`` keys."""
     tr = cfg.trainer
+    setting = str(tr.compile).lower()
+    find_unused = False
     if dist.distributed:
-        setting = str(tr.ddp.find_unused_parameters).lower()
-        if setting == "auto":
+        if str(tr.ddp.find_unused_parameters).lower() == "auto":
             unused = find_unused_parameters(model, probe(), tr.loss, precision)
             flags = torch.tensor([len(unused)], device=dist.device)
             all_reduce_(flags)
@@ -95,7 +152,18 @@ def wrap_model(
                     ", ".join(unused[:8]) or "on another rank",
                 )
         else:
-            find_unused = setting == "true"
+            find_unused = str(tr.ddp.find_unused_parameters).lower() == "true"
+    if setting != "false":
+        # The order PyTorch documents for DDP: compile the inner module, then wrap it ("Where to apply
+        # torch.compile?", https://docs.pytorch.org/docs/stable/compile/programming_model.where_to_apply_compile.html:
+        # "torch.compile specifically doesn't handle distributed wrapper modules like DDP or FSDP very well, so
+        # consider applying torch.compile to the inner module passed to the wrapper"). torch.compile(model) rather
+        # than model.compile(): the plain module stays reachable (unwrap), so validation does not recompile it.
+        try:
+            model = torch.compile(model, mode=compile_mode(setting))  # type: ignore[assignment]  # an OptimizedModule
+        except RuntimeError as e:  # e.g. a Python version torch.compile does not support yet
+            raise CompileError(f"trainer.compile={setting}: {e}; set trainer.compile=false") from e
+    if dist.distributed:
         device_ids = [dist.local_rank] if dist.device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(
             model,
@@ -104,8 +172,6 @@ def wrap_model(
             find_unused_parameters=find_unused,
             static_graph=bool(tr.ddp.static_graph),
         )
-    if tr.compile:
-        model = torch.compile(model)  # type: ignore[assignment]  # a module compiles to an OptimizedModule (nn.Module)
     return model
 
 

@@ -276,7 +276,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         if state.get("scheduler") is not None and self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
-        if state.get("scaler") is not None:
+        if state.get("scaler"):  # empty: saved by a disabled scaler (fp32/bf16, e.g. precision=auto on another GPU)
             self.scaler.load_state_dict(state["scaler"])
         self.state.load(state)
         saved = state.get("hooks") or {}

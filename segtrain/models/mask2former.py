@@ -163,6 +163,7 @@ class Mask2Former(nn.Module):
     """transformers' ``Mask2FormerForUniversalSegmentation`` behind segtrain's model contract (module doc)."""
 
     instance_aware = True
+    convolutional = False  # a transformer decoder: trainer.channels_last=auto leaves it contiguous
     query_outputs = True  # per-query class/mask logits, not centre/offset maps (predict, sliding windows)
     loss_terms = ("masks",)
     pixel_mean: Tensor
