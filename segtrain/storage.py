@@ -35,7 +35,13 @@ _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 #: The package each protocol needs, for the one-line message when it is absent.
 _NEEDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
 #: Client retries: botocore's standard mode retries 5xx, throttling and dropped connections with exponential backoff.
-_S3_OPTIONS: dict[str, Any] = {"config_kwargs": {"retries": {"max_attempts": 8, "mode": "standard"}}}
+#: Connections: one per read-ahead thread (botocore's default pool of 10 would queue the rest).
+_S3_OPTIONS: dict[str, Any] = {
+    "config_kwargs": {
+        "retries": {"max_attempts": 8, "mode": "standard"},
+        "max_pool_connections": int(os.environ.get("SEGTRAIN_READ_AHEAD", "16")) + 4,
+    }
+}
 INSTALL_HINT = "pip install 'segtrain[storage]'"
 
 
@@ -138,13 +144,21 @@ def read_bytes(path: Any, what: str = "object", max_bytes: int | None = None) ->
 
 
 def _read_remote(path: Any, what: str, max_bytes: int | None) -> bytes:
+    """One GET: a ranged one (``bytes=0-max_bytes``) when there is a limit, so that neither the limit nor the
+    client's own size check costs a HEAD, a second round trip to the store per image."""
     loc = location(path)
     try:
-        if max_bytes is not None:
-            size = int(loc.fs.size(loc.path) or 0)
-            if size > max_bytes:
-                raise StorageError(f"{what} {loc} is {size:,} bytes, more than the limit of {max_bytes:,}")
-        return bytes(loc.fs.cat_file(loc.path))
+        if max_bytes is None:
+            return bytes(loc.fs.cat_file(loc.path))
+        try:
+            data = bytes(loc.fs.cat_file(loc.path, start=0, end=max_bytes + 1))
+        except OSError as e:
+            if "range" not in str(e).lower():  # an empty object has no byte 0 to start a range at
+                raise
+            data = bytes(loc.fs.cat_file(loc.path))
+        if len(data) > max_bytes:
+            raise StorageError(f"{what} {loc} is more than the limit of {max_bytes:,} bytes")
+        return data
     except StorageError:
         raise
     except (OSError, ValueError) as e:

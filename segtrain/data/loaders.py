@@ -18,8 +18,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from segtrain import storage
 from segtrain.config import ConfigError
 from segtrain.data.dataset import PolygonDataset, collate
+from segtrain.data.read_ahead import keys_with_ahead, stride
 from segtrain.data.targets.allocator import keep_freed_memory
 from segtrain.distributed import DistInfo, env_rank
 from segtrain.preemption import ignore_in_workers
@@ -70,13 +72,15 @@ class EpochSampler(Sampler):
 
     Rank r takes every world_size-th element of one seeded permutation, so the union over ranks
     of global step k is the same set of samples whatever the world size. ``skip`` drops the first
-    samples of the epoch on this rank (mid-epoch resume).
+    samples of the epoch on this rank (mid-epoch resume). ``read_ahead`` > 0 (images on an object store): each key
+    also names the index its loader process maps ``read_ahead`` keys later (:mod:`segtrain.data.read_ahead`).
     """
 
     def __init__(self, size: int, rank: int, world_size: int, seed: int, shuffle: bool = True) -> None:
         self.size, self.rank, self.world_size, self.seed, self.shuffle = size, rank, world_size, seed, shuffle
         self.epoch = 0
         self.skip = 0
+        self.read_ahead = 0
         self.per_rank = size // world_size  # drop the tail: every rank does the same number of steps
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
@@ -88,8 +92,11 @@ class EpochSampler(Sampler):
             order = torch.randperm(self.size, generator=g).tolist()
         else:
             order = list(range(self.size))
-        mine = order[self.rank : self.per_rank * self.world_size : self.world_size]
-        for i in mine[self.skip :]:
+        mine = order[self.rank : self.per_rank * self.world_size : self.world_size][self.skip :]
+        if self.read_ahead:
+            yield from keys_with_ahead(self.epoch, mine, self.read_ahead)
+            return
+        for i in mine:
             yield (self.epoch, i)
 
     def __len__(self) -> int:
@@ -101,8 +108,11 @@ class ShardSampler(Sampler):
 
     def __init__(self, size: int, rank: int, world_size: int) -> None:
         self.indices = list(range(rank, size, world_size))
+        self.read_ahead = 0  # as EpochSampler's
 
     def __iter__(self) -> Iterator[int]:
+        if self.read_ahead:
+            return iter(keys_with_ahead(None, self.indices, self.read_ahead))
         return iter(self.indices)
 
     def __len__(self) -> int:
@@ -140,6 +150,8 @@ def build_loader(
     }
     if workers > 0:
         common["prefetch_factor"] = int(trainer.prefetch_factor)
+    # images on an object store: each process requests its next batch while it decodes this one
+    remote = len(dataset) > 0 and storage.is_remote(dataset.records[0].path)
     if train:
         bs = per_rank_batch(int(trainer.batch_size), dist.world_size)
         sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed))
@@ -152,13 +164,16 @@ def build_loader(
                 f"the training set has {len(dataset)} images: {len(sampler)} per rank on {dist.world_size} "
                 f"process(es), fewer than the per-rank batch {bs}; {fix}"
             )
+        sampler.read_ahead = stride(bs, workers) if remote else 0
         return DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **common)
     vbs = int(trainer.val_batch_size or trainer.batch_size)
     bs = batch_size or max(math.ceil(vbs / dist.world_size), 1)
+    shard = ShardSampler(len(dataset), dist.rank, dist.world_size)
+    shard.read_ahead = stride(bs, workers) if remote else 0
     return DataLoader(
         dataset,
         batch_size=bs,
-        sampler=ShardSampler(len(dataset), dist.rank, dist.world_size),
+        sampler=shard,
         drop_last=False,
         **common,
     )
