@@ -87,7 +87,8 @@ class PolygonDataset(Dataset):
         n = len(self.records)
         if n and storage.is_remote(self.records[0].path):
             now = [k[1] if isinstance(k, tuple) else int(k) for k in keys]
-            storage.prefetch(self.records[i % n].path for i in now + ahead_of(keys))
+            records = [self.records[i % n] for i in now + ahead_of(keys)]
+            storage.prefetch(p for r in records for p in (r.path, getattr(r, "panoptic_png", None)))
         return [self[k] for k in keys]
 
     def __getitem__(self, key: int | tuple[int, int]) -> dict[str, torch.Tensor]:

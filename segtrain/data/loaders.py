@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Sampler
 from segtrain import storage
 from segtrain.config import ConfigError
 from segtrain.data.dataset import PolygonDataset, collate
-from segtrain.data.read_ahead import keys_with_ahead, stride
+from segtrain.data.read_ahead import epoch_keys, shard_keys, stride
 from segtrain.data.targets.allocator import keep_freed_memory
 from segtrain.distributed import DistInfo, env_rank
 from segtrain.preemption import ignore_in_workers
@@ -94,7 +94,7 @@ class EpochSampler(Sampler):
             order = list(range(self.size))
         mine = order[self.rank : self.per_rank * self.world_size : self.world_size][self.skip :]
         if self.read_ahead:
-            yield from keys_with_ahead(self.epoch, mine, self.read_ahead)
+            yield from epoch_keys(self.epoch, mine, self.read_ahead)
             return
         for i in mine:
             yield (self.epoch, i)
@@ -112,7 +112,7 @@ class ShardSampler(Sampler):
 
     def __iter__(self) -> Iterator[int]:
         if self.read_ahead:
-            return iter(keys_with_ahead(None, self.indices, self.read_ahead))
+            return shard_keys(self.indices, self.read_ahead)
         return iter(self.indices)
 
     def __len__(self) -> int:

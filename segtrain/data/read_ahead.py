@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 
-class AheadKey(tuple):
+class AheadKey(tuple[int, int]):
     """``(epoch, index)``, as :class:`~segtrain.data.loaders.EpochSampler` yields, plus ``ahead``: the index the
     same process maps one batch later (None near the end of the epoch). Equal to the plain tuple."""
 
@@ -49,13 +49,18 @@ def stride(batch_size: int, num_workers: int) -> int:
     return int(batch_size) * max(int(num_workers), 1)
 
 
-def keys_with_ahead(epoch: int | None, order: Sequence[int], step: int) -> Iterator[AheadKey | AheadIndex]:
-    """``order``'s indices as keys (``(epoch, index)``, or a bare index when ``epoch`` is None), each naming the
-    index ``step`` positions further on."""
+def epoch_keys(epoch: int, order: Sequence[int], step: int) -> Iterator[AheadKey]:
+    """``(epoch, index)`` of each of ``order``'s indices, naming the index ``step`` positions further on."""
     n = len(order)
     for p, index in enumerate(order):
-        ahead = order[p + step] if p + step < n else None
-        yield AheadIndex(index, ahead) if epoch is None else AheadKey(epoch, index, ahead)
+        yield AheadKey(epoch, index, order[p + step] if p + step < n else None)
+
+
+def shard_keys(order: Sequence[int], step: int) -> Iterator[AheadIndex]:
+    """``order``'s indices, each naming the index ``step`` positions further on."""
+    n = len(order)
+    for p, index in enumerate(order):
+        yield AheadIndex(index, order[p + step] if p + step < n else None)
 
 
 def ahead_of(keys: Sequence[Any]) -> list[int]:
