@@ -85,3 +85,42 @@ def test_a_cityscapes_folder_on_s3_gives_the_items_it_gives_from_disk(s3_server,
     with pytest.raises(Exception, match=r"image not found: s3://.*city_000001_000019_leftImg8bit\.png") as err:
         build(config(url), "val")
     assert "\n" not in str(err.value)
+
+
+def test_a_labelme_folder_on_s3_gives_the_items_it_gives_from_disk_and_its_index_follows_edits(
+    s3_server, bucket, test_data, tmp_path, caplog
+):
+    import json
+    import logging
+
+    from segtrain import storage
+
+    local = tmp_path / "labelme"
+    sample = test_data / "labelme2coco_nuts"
+    for split in ("train", "val"):
+        (local / split).mkdir(parents=True)
+        for name in ("0.jpg", "0.json"):
+            (local / split / name).write_bytes((sample / name).read_bytes())
+        fewer = json.loads((sample / "0.json").read_text())
+        fewer["shapes"] = fewer["shapes"][:3]
+        (local / split / "1.json").write_text(json.dumps(fewer))  # a second image: the same file, 3 shapes
+    url = upload_tree(s3_server.endpoint, bucket, local, "labelme")
+
+    def config(root: str) -> list[str]:
+        return ["dataset=labelme", f"dataset.root={root}", f"dataset.cache_dir={tmp_path / 'cache'}",
+                "dataset.input_size=[120,160]"]  # fmt: skip
+
+    with caplog.at_level(logging.INFO, logger="segtrain.data.formats.index_cache"):
+        remote = build(config(url))
+        assert [str(r.path) for r in remote.records] == [f"{url}/train/0.jpg"] * 2
+        assert [len(r.instances) for r in remote.records] == [12, 3]
+        same_items(remote, build(config(str(local))))
+        built = sum("cached the index" in r.getMessage() for r in caplog.records)
+        build(config(url))
+        assert sum("cached the index" in r.getMessage() for r in caplog.records) == built, "unchanged: mapped"
+        fewer["shapes"] = fewer["shapes"][:1]
+        s3_client(s3_server.endpoint).put_object(Bucket=bucket, Key="labelme/train/1.json", Body=json.dumps(fewer))
+        storage.invalidate(storage.location(f"{url}/train/1.json"))
+        changed = build(config(url))
+    assert [len(r.instances) for r in changed.records] == [12, 1], "an edited JSON (new ETag) rebuilds the index"
+    assert sum("cached the index" in r.getMessage() for r in caplog.records) == built + 1
