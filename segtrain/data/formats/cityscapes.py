@@ -321,7 +321,7 @@ def load_cityscapes(
             "expected gtFine/<split> holding one folder per city"
         )
     found = [gt_root / n for n in gt_names] if remote else gt_root.glob("*/*_polygons.json")
-    files = sorted((p for p in found if _SUFFIX.search(p.name)), key=str)
+    files = sorted((p for p in found if _SUFFIX.search(p.name)), key=lambda p: p.parts)  # as Paths sort
     if not files:
         raise AnnotationError(
             f"{gt_root}: no <city>/*_gtFine_polygons.json files; is this gtFine/<split> of a Cityscapes download?"
