@@ -1,12 +1,16 @@
-"""Samplers: every rank's share of a global step, exact resume skips, unpadded evaluation shards."""
+"""Samplers: every rank's share of a global step, exact resume skips, unpadded evaluation shards, and the
+read-ahead each key carries for its loader worker."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
+import torch
 
 from segtrain.data.loaders import EpochSampler, ShardSampler, per_rank_batch
+from segtrain.data.read_ahead import ahead_of, stride
 
 
 def indices(sampler) -> list[int]:
@@ -211,3 +215,49 @@ def test_resume_on_another_world_size_is_one_line():
     assert (
         legacy is not None and "global batch 4 kept (2 -> 4 per rank), epoch 1 continues after its 8 samples" in legacy
     )
+
+
+class KeysSeen(torch.utils.data.Dataset):
+    """Records, per batch, the loader worker that mapped it and the keys (with their read-ahead) it got."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitems__(self, keys):
+        info = torch.utils.data.get_worker_info()
+        return [{"worker": info.id if info else -1, "index": k[1], "ahead": ahead_of([k])} for k in keys]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on a 2-core machine: fine here
+def test_each_key_names_what_the_same_loader_worker_maps_one_batch_later():
+    """The read-ahead rests on the DataLoader giving batches to workers in turn, from worker 0 each epoch: check
+    it on a real loader with 3 workers and persistent workers over two epochs."""
+    bs, workers = 4, 3
+    sampler = EpochSampler(len(KeysSeen()), 0, 1, seed=2)
+    sampler.read_ahead = stride(bs, workers)
+    loader = torch.utils.data.DataLoader(
+        KeysSeen(), batch_size=bs, sampler=sampler, num_workers=workers, persistent_workers=True, collate_fn=list
+    )
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        batches = list(loader)
+        assert len(batches) == 10
+        for k, batch in enumerate(batches):
+            later = k + workers
+            if later >= len(batches):
+                assert all(not item["ahead"] for item in batch), "nothing ahead past the epoch's end"
+                continue
+            assert batches[later][0]["worker"] == batch[0]["worker"], "the same worker maps the batch read ahead"
+            assert [a for item in batch for a in item["ahead"]] == [item["index"] for item in batches[later]]
+
+
+def test_read_ahead_keys_equal_plain_keys_and_survive_pickling():
+    sampler = EpochSampler(12, 1, 2, seed=4)
+    plain = list(sampler)
+    sampler.read_ahead = 2
+    keyed = list(sampler)
+    assert keyed == plain and [k.ahead for k in keyed] == [i for _, i in plain[2:]] + [None, None]
+    assert [pickle.loads(pickle.dumps(k)).ahead for k in keyed] == [k.ahead for k in keyed]
+    shard = ShardSampler(7, 0, 1)
+    shard.read_ahead = 3
+    assert list(shard) == list(range(7)) and [k.ahead for k in shard] == [3, 4, 5, 6, None, None, None]

@@ -86,3 +86,28 @@ def test_configure_sets_the_endpoint_for_every_process(monkeypatch):
     assert "AWS_ENDPOINT_URL" not in os.environ
     storage.configure("http://127.0.0.1:9")
     assert os.environ["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9"
+
+
+def test_a_bounded_read_is_one_request_and_a_larger_object_one_line(s3_server, bucket, monkeypatch):
+    """An image is one GET (a ranged one carrying the size limit), never a HEAD first: with 20-50 ms per request
+    a second round trip per image would double what the loader waits for."""
+    import s3fs
+    from s3_server import S3Proxy
+
+    url = f"s3://{bucket}/images/a.jpg"
+    storage.write_bytes(url, b"x" * 1000)
+    storage.write_bytes(f"s3://{bucket}/images/empty.jpg", b"")
+    proxy = S3Proxy(s3_server.endpoint).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        s3fs.S3FileSystem.clear_instance_cache()
+        assert storage.read_bytes(url, "image file", max_bytes=1000) == b"x" * 1000
+        assert proxy.requests == 1
+        with pytest.raises(storage.StorageError) as err:
+            storage.read_bytes(url, "image file", max_bytes=999)
+        message = str(err.value)
+        assert "\n" not in message and url in message and "more than the limit of 999 bytes" in message, message
+        assert storage.read_bytes(f"s3://{bucket}/images/empty.jpg", "image file", max_bytes=10) == b""
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        proxy.stop()

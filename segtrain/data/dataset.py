@@ -28,6 +28,7 @@ from segtrain.data.mappers import (
     inference_size,
 )
 from segtrain.data.pipeline import build_mapper
+from segtrain.data.read_ahead import ahead_of
 from segtrain.data.records import AnnotationError, ImageRecord
 from segtrain.data.seeding import item_seed
 from segtrain.data.targets.mask_targets import collate_lists
@@ -81,10 +82,13 @@ class PolygonDataset(Dataset):
 
     def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
         """A batch (the loader's fetcher calls this): the images on an object store are requested together first,
-        in this process's read-ahead pool, so the batch waits about one round trip, not one per image."""
+        in this process's read-ahead pool, then those of this process's next batch (the keys' ``ahead``, see
+        :mod:`segtrain.data.read_ahead`), so their round trips overlap with this batch's decoding."""
         n = len(self.records)
         if n and storage.is_remote(self.records[0].path):
-            storage.prefetch(self.records[(k[1] if isinstance(k, tuple) else k) % n].path for k in keys)
+            now = [k[1] if isinstance(k, tuple) else int(k) for k in keys]
+            records = [self.records[i % n] for i in now + ahead_of(keys)]
+            storage.prefetch(p for r in records for p in (r.path, getattr(r, "panoptic_png", None)))
         return [self[k] for k in keys]
 
     def __getitem__(self, key: int | tuple[int, int]) -> dict[str, torch.Tensor]:

@@ -20,8 +20,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from segtrain import storage
 from segtrain.config import ConfigError
 from segtrain.data.dataset import PolygonDataset, collate
+from segtrain.data.read_ahead import epoch_keys, shard_keys, stride
 from segtrain.data.targets.allocator import keep_freed_memory
 from segtrain.distributed import DistInfo, env_rank
 from segtrain.preemption import ignore_in_workers
@@ -90,6 +92,8 @@ class EpochSampler(Sampler):
     and k processes see the same samples per micro-batch / rank. ``skip`` counts *global* samples of the
     epoch already trained on (a whole number of global batches), so a mid-epoch resume on any world size
     continues with exactly the samples not yet visited.
+    ``read_ahead`` > 0 (images on an object store): each key also names the index its loader process maps
+    ``read_ahead`` keys later (:mod:`segtrain.data.read_ahead`).
     """
 
     def __init__(
@@ -103,6 +107,7 @@ class EpochSampler(Sampler):
         self.skip = 0
         self.fingerprint = ""  # the data set's (records_fingerprint), recorded with the position
         self.used = size // self.global_batch * self.global_batch  # whole global batches only
+        self.read_ahead = 0
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         """Start ``epoch`` after its first ``skip`` global samples (a multiple of the global batch)."""
@@ -133,8 +138,11 @@ class EpochSampler(Sampler):
         }
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        order = self.order()
-        for i in order[self.skip + self.rank : self.used : self.world_size]:
+        mine = self.order()[self.skip + self.rank : self.used : self.world_size]
+        if self.read_ahead:
+            yield from epoch_keys(self.epoch, mine, self.read_ahead)
+            return
+        for i in mine:
             yield (self.epoch, i)
 
     def __len__(self) -> int:
@@ -146,8 +154,11 @@ class ShardSampler(Sampler):
 
     def __init__(self, size: int, rank: int, world_size: int) -> None:
         self.indices = list(range(rank, size, world_size))
+        self.read_ahead = 0  # as EpochSampler's
 
     def __iter__(self) -> Iterator[int]:
+        if self.read_ahead:
+            return shard_keys(self.indices, self.read_ahead)
         return iter(self.indices)
 
     def __len__(self) -> int:
@@ -170,6 +181,14 @@ def worker_init(worker_id: int) -> None:
     torch.manual_seed(seed)
 
 
+def epoch_sample_keys(dataset: PolygonDataset, epoch: int, order: list[int], batch_size: int, workers: int) -> list:
+    """``(epoch, index)`` keys of ``order`` as :func:`build_loader`'s sampler yields them: each naming the index its
+    loader process reads ahead when the images are on an object store (the doctor measures the same loader)."""
+    if len(dataset) and storage.is_remote(dataset.records[0].path):
+        return list(epoch_keys(epoch, order, stride(batch_size, workers)))
+    return [(epoch, i) for i in order]
+
+
 def build_loader(
     dataset: PolygonDataset, dist: DistInfo, trainer: Any, train: bool, batch_size: int | None = None
 ) -> DataLoader:
@@ -185,6 +204,8 @@ def build_loader(
     }
     if workers > 0:
         common["prefetch_factor"] = int(trainer.prefetch_factor)
+    # images on an object store: each process requests its next batch while it decodes this one
+    remote = len(dataset) > 0 and storage.is_remote(dataset.records[0].path)
     if train:
         bs = per_rank_batch(int(trainer.batch_size), dist.world_size)
         sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed), int(trainer.batch_size))
@@ -199,13 +220,16 @@ def build_loader(
                 f"the training set has {len(dataset)} images: {per_rank} per rank on {dist.world_size} "
                 f"process(es), fewer than the per-rank batch {bs}; {fix}"
             )
+        sampler.read_ahead = stride(bs, workers) if remote else 0
         return DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **common)
     vbs = int(trainer.val_batch_size or trainer.batch_size)
     bs = batch_size or max(math.ceil(vbs / dist.world_size), 1)
+    shard = ShardSampler(len(dataset), dist.rank, dist.world_size)
+    shard.read_ahead = stride(bs, workers) if remote else 0
     return DataLoader(
         dataset,
         batch_size=bs,
-        sampler=ShardSampler(len(dataset), dist.rank, dist.world_size),
+        sampler=shard,
         drop_last=False,
         **common,
     )

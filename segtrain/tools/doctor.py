@@ -28,6 +28,7 @@ from segtrain.data import (
     StageTimer,
     build_dataset,
     collate,
+    epoch_sample_keys,
     per_rank_batch,
     plan_pipeline,
     rasterise,
@@ -151,7 +152,8 @@ def loader_throughput(
 
 
 def _throughput(dataset: PolygonDataset, batch_size: int, workers: int, batches: int, pin: bool) -> dict[str, Any]:
-    sampler = [(0, i % len(dataset)) for i in range(batch_size * (batches + 1))]
+    order = [i % len(dataset) for i in range(batch_size * (batches + 1))]
+    sampler = epoch_sample_keys(dataset, 0, order, batch_size, workers)  # read ahead as training does
     loader = DataLoader(
         dataset,
         batch_size=batch_size,

@@ -61,6 +61,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from segtrain import storage
 from segtrain.config import IGNORE_LABEL
 from segtrain.data.formats.reading import parse_json, read_annotation_file
 from segtrain.data.records import (
@@ -306,20 +307,35 @@ def load_cityscapes(
     (by default the 19 trainId names, :data:`TRAIN_CLASSES`); labels Cityscapes does not train on
     become ignore regions unless mapped. Polygons are converted with :func:`pil_polygons`.
     """
-    gt_root, img_root = Path(gt_dir), Path(images_dir)
+    gt_root, img_root = storage.location(gt_dir), storage.location(images_dir)  # folders, or URLs (s3://...)
     col = Collector(on_error)
-    if not gt_root.is_dir():
+    remote = storage.is_remote(gt_root)
+    gt_names: list[str] = []
+    image_names: set[str] | None = None
+    if remote:  # one listing of each folder tree, not a request per city folder and per image
+        gt_names = [n for n in storage.files_under(gt_root) if n.count("/") == 1 and n.endswith("_polygons.json")]
+        image_names = set(storage.files_under(img_root)) if storage.is_remote(img_root) else None
+    if not (gt_names if remote else gt_root.is_dir()):
         raise AnnotationError(
             f"{gt_root}: Cityscapes annotation folder does not exist; "
             "expected gtFine/<split> holding one folder per city"
         )
-    files = sorted(p for p in gt_root.glob("*/*_polygons.json") if _SUFFIX.search(p.name))
+    found = [gt_root / n for n in gt_names] if remote else gt_root.glob("*/*_polygons.json")
+    files = sorted((p for p in found if _SUFFIX.search(p.name)), key=lambda p: p.parts)  # as Paths sort
     if not files:
         raise AnnotationError(
             f"{gt_root}: no <city>/*_gtFine_polygons.json files; is this gtFine/<split> of a Cityscapes download?"
         )
+
+    def image_exists(path: Any) -> bool:
+        if storage.is_remote(path):
+            if image_names is None:
+                return bool(path.is_file())
+            return f"{path.parent.name}/{path.name}" in image_names
+        return is_regular_file(path)
+
     records: list[ImageRecord] = []
-    for js in files:
+    for js in storage.reading_ahead(files, "Cityscapes annotation file", _MAX_JSON_BYTES):
         src = str(js)
         stem = _SUFFIX.sub("", js.name)
         try:
@@ -338,7 +354,7 @@ def load_cityscapes(
             )
             continue
         path = img_root / js.parent.name / f"{stem}_leftImg8bit.png"
-        if not is_regular_file(path):
+        if not image_exists(path):
             col.image(
                 f"{src}: image not found: {path}. Fix: check dataset.<split>.images (= {img_root}, holding one "
                 "folder per city with <stem>_leftImg8bit.png), or set dataset.on_error=skip to leave it out"

@@ -50,6 +50,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from segtrain import storage
 from segtrain.config import IGNORE_LABEL
 from segtrain.data.formats.index_cache import cache_file, file_fingerprint, glob_escape
 from segtrain.data.formats.reading import parse_json, read_annotation_file
@@ -66,8 +67,9 @@ from segtrain.data.records import (
     crowd_classes,
 )
 from segtrain.data.targets.panoptic_gt import panoptic_ground_truth
-from segtrain.fileio import is_regular_file, read_bytes
+from segtrain.fileio import is_regular_file
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
+from segtrain.storage import read_bytes  # files, and URLs (s3://...)
 
 __all__ = [
     "MAX_SEGMENT_ID",
@@ -212,7 +214,8 @@ def load_coco_panoptic(
     """
     if unlabeled not in UNLABELED:
         raise ValueError(f"unlabeled must be one of {UNLABELED}, got {unlabeled!r}")
-    ann_path, img_root, png_root = Path(annotations), Path(images), Path(panoptic)
+    # folders and files, or URLs (s3://bucket/panoptic): storage.location keeps a plain path a Path
+    ann_path, img_root, png_root = (storage.location(p) for p in (annotations, images, panoptic))
     col = Collector(on_error)
     src = str(ann_path)
     data, anns, categories = _read_panoptic_json(ann_path)
@@ -303,7 +306,7 @@ def load_coco_panoptic(
         for im_id, rec in list(records.items()):
             for what, path in (("image", rec.path), ("panoptic PNG", rec.panoptic_png)):
                 assert path is not None  # both are set above for every record
-                if not is_regular_file(path):
+                if not (storage.location(path).is_file() if storage.is_remote(path) else is_regular_file(path)):
                     del records[im_id]
                     col.image(f"{src}: image id {im_id}: {what} file not found: {path}; restore it, {_FIX_SKIP}")
                     break
@@ -413,7 +416,7 @@ def discover_classes_coco_panoptic(
     message); no PNG is opened. There is no record index to share with loading, so the result (a few KB) is
     cached in ``<cache_dir>/index`` under the file's fingerprint: only the first run parses the file twice.
     """
-    ann_path = Path(annotations)
+    ann_path = storage.location(annotations)
     if not cache_dir:
         return _discover(ann_path)
     try:

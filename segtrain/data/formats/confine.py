@@ -127,7 +127,7 @@ def _list_paths(records: Sequence[ImageRecord]) -> list[tuple[str, list[str | No
     out = []
     for name, what in (("path", "image"), ("panoptic_png", "panoptic PNG")):
         values = [getattr(r, name) for r in records]
-        full = [None if v is None else os.fspath(v) for v in values]
+        full = [None if v is None else str(v) if storage.is_remote(v) else os.fspath(v) for v in values]
         out.append((what, full, full))
     return out
 

@@ -419,7 +419,7 @@ class RecordIndex(Sequence[ImageRecord]):
         col = self._img_cols[name]
         if col.codec != "path":  # e.g. a column of only None (stored as int with nulls)
             values = [col.get(j) for j in stored.tolist()]
-            out = [None if v is None else os.fspath(v) for v in values]
+            out = [None if v is None else str(v) if storage.is_remote(v) else os.fspath(v) for v in values]
             return out, list(out)
         raw, off = col.data.tobytes(), col.off
         starts, stops = off[stored].tolist(), off[stored + 1].tolist()

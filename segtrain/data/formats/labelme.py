@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from segtrain import storage
 from segtrain.data.formats.confine import display
 from segtrain.data.formats.index import RecordIndex
 from segtrain.data.formats.index_cache import cached_index, content_hash
@@ -76,9 +77,10 @@ def load_labelme(
     file to check it is an image (as the data set's ``dataset.check_files=true``); otherwise one
     directory listing decides between the image file and the embedded data.
     ``max_image_pixels``: images declared larger are errors (``dataset.max_image_pixels``)."""
-    root = Path(folder)
+    root = storage.location(folder)  # a folder, or a URL (s3://bucket/labelme)
     index = _index(root, cache_dir, max_image_pixels)
-    index = index.with_roots(path=root, path_alt=root, source=root)
+    base = str(root) if storage.is_remote(root) else root  # a URL's columns join as text (see index.py)
+    index = index.with_roots(path=base, path_alt=base, source=base)
     index, report = finish(index, class_map, on_error, _describe)
     return _resolve_images(index, root, on_error, report, check_files), report
 
@@ -91,21 +93,30 @@ def discover_classes_labelme(
 ) -> list[tuple[str, int]]:
     """(label, instance count) of every label of an area shape in the folder, sorted by name,
     ``__ignore__`` excluded (grouped shapes count once). Uses the cached index of :func:`load_labelme`."""
-    index = _index(Path(folder), cache_dir, max_image_pixels)
+    index = _index(storage.location(folder), cache_dir, max_image_pixels)
     counts = index.instance_label_counts(crowd=True)
     return [(lab, int(n)) for lab, n in zip(index.meta["labels"], counts.tolist(), strict=True) if lab != IGNORE and n]
 
 
-def _index(root: Path, cache_dir: Any, max_image_pixels: int) -> RecordIndex:
-    if not root.is_dir():
-        raise AnnotationError(f"{root}: LabelMe folder does not exist")
-    files = sorted(root.glob("*.json"))
+def _index(root: Any, cache_dir: Any, max_image_pixels: int) -> RecordIndex:
+    if storage.is_remote(root):  # one listing gives the names and what the store says of each (ETag, size)
+        listed = storage.files_under(root)
+        if not listed:
+            raise AnnotationError(f"{root}: LabelMe folder does not exist (nothing under this URL)")
+        names = sorted(n for n in listed if "/" not in n and n.endswith(".json"))
+        files = [root / n for n in names]
+        fingerprint = lambda: _remote_fingerprint({n: listed[n] for n in names})  # noqa: E731
+    else:
+        if not root.is_dir():
+            raise AnnotationError(f"{root}: LabelMe folder does not exist")
+        files = sorted(root.glob("*.json"))
+        fingerprint = lambda: _folder_fingerprint(files)  # noqa: E731
     if not files:
         raise AnnotationError(f"{root}: no LabelMe *.json files in this folder")
     return cached_index(
         "labelme",
         root,
-        lambda: {**_folder_fingerprint(files), "max_image_pixels": int(max_image_pixels)},
+        lambda: {**fingerprint(), "max_image_pixels": int(max_image_pixels)},
         lambda: build_labelme(root, files, max_image_pixels),
         cache_dir,
     )
@@ -122,6 +133,16 @@ def _folder_fingerprint(files: list[Path]) -> dict[str, Any]:
             size, digest = None, ""
         h.update(os.fsencode(js.name) + f"\0{size}\0{digest}\0".encode())
     return {"files": len(files), "blake2b": h.hexdigest()}
+
+
+def _remote_fingerprint(listed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Name, size and version (VersionId, else ETag) of every JSON of a remote folder, from its listing: the store
+    changes them with the content, so nothing is read to tell whether the cached index still holds."""
+    h = hashlib.blake2b(digest_size=32)
+    for name, meta in listed.items():
+        version = next((meta[k] for k in ("VersionId", "ETag", "etag", "generation", "md5Hash") if meta.get(k)), "")
+        h.update(f"{name}\0{meta.get('size')}\0{str(version).strip(chr(34))}\0".encode())
+    return {"files": len(listed), "versions": h.hexdigest()}
 
 
 def _describe(index: RecordIndex, j: int, t: int) -> str:
@@ -152,12 +173,13 @@ class _Listing:
     def __init__(self) -> None:
         self.dirs: dict[str, frozenset[str]] = {}
 
-    def __call__(self, path: Path) -> bool:
-        parent = os.path.dirname(os.path.abspath(path))
+    def __call__(self, path: Any) -> bool:
+        remote = storage.is_remote(path)
+        parent = str(path.parent) if remote else os.path.dirname(os.path.abspath(path))
         names = self.dirs.get(parent)
         if names is None:
             try:
-                names = frozenset(os.listdir(parent))
+                names = frozenset(storage.names_in(parent) if remote else os.listdir(parent))
             except OSError:
                 names = frozenset()
             self.dirs[parent] = names
@@ -167,18 +189,19 @@ class _Listing:
 def _resolve_images(index: RecordIndex, root: Path, on_error: str, report: SkipReport, check_files: bool):
     """Per image: the file at imagePath, the file of that name beside the JSON, or the embedded
     data; images with none of these are errors (or skipped)."""
-    exists = _is_image_file if check_files else _Listing()
+    # a remote folder: its listing (opening each object to check its first bytes would be a request per image)
+    exists = _is_image_file if check_files and not storage.is_remote(root) else _Listing()
     n_stored = len(index.arrays["img/inst_off"]) - 1
     choice = np.zeros(n_stored, np.uint8)
     keep, problems = [], []
     emb = index.arrays["img/embedded"]
     for i in range(len(index)):
         j = index.stored_position(i)
-        js = Path(index.image_column("source", j))
+        js = storage.location(index.image_column("source", j))
         found = -1
         for k, name in enumerate(("path", "path_alt")):
             p = index.image_column(name, j)
-            if p is not None and os.path.abspath(p) != os.path.abspath(js) and exists(p):
+            if p is not None and _where(p) != _where(js) and exists(p):
                 found = k
                 break
         if found < 0 and emb[j] == _EMB_OK:
@@ -200,6 +223,11 @@ def _resolve_images(index: RecordIndex, root: Path, on_error: str, report: SkipR
     return index
 
 
+def _where(path: Any) -> str:
+    """A path as one string to compare: a URL as written, a local path made absolute."""
+    return str(path) if storage.is_remote(path) else os.path.abspath(path)
+
+
 def _missing_image_problem(index: RecordIndex, j: int, js: Path) -> str:
     rel = index.meta["image_paths"][j]
     if index.arrays["img/embedded"][j] == _EMB_BAD:
@@ -217,7 +245,7 @@ def _missing_image_problem(index: RecordIndex, j: int, js: Path) -> str:
 def fetch_embedded(index: RecordIndex, j: int) -> bytes | None:
     """The imageData of stored image ``j``, read from its JSON now (the index keeps embedded
     images only when no image file existed when it was built)."""
-    js = Path(index.image_column("source", j))
+    js = storage.location(index.image_column("source", j))
     try:
         data = parse_json(read_annotation_file(js, "LabelMe file", MAX_LABELME_BYTES), js)
         return base64.b64decode(data["imageData"], validate=False)
@@ -226,7 +254,7 @@ def fetch_embedded(index: RecordIndex, j: int) -> bytes | None:
 
 
 # --------------------------------------------------------------------------- build
-def build_labelme(root: Path, files: list[Path], max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> RecordIndex:
+def build_labelme(root: Any, files: list[Any], max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> RecordIndex:
     """The class-independent index of a LabelMe folder; problems recorded in ``meta["errors"]``."""
     problems = Problems()
     records: list[ImageRecord] = []
@@ -236,7 +264,7 @@ def build_labelme(root: Path, files: list[Path], max_image_pixels: int = DEFAULT
     rels: list[str | None] = []
     labels: set[str] = set()
     listing = _Listing()
-    for js in files:
+    for js in storage.reading_ahead(files, "LabelMe file", MAX_LABELME_BYTES):  # a remote folder: many in flight
         src = str(js)
         if not is_utf8(js.name):  # bytes that are not UTF-8 (os.fsdecode's surrogates): cannot be stored or shown
             problems.image(
