@@ -1,10 +1,16 @@
-"""Shared fixtures: paths of the real annotated samples; the ``cuda`` marker's skip."""
+"""Shared fixtures: paths of the real annotated samples; the ``cuda`` marker's skip; the training runs that
+many tests read (made once per test session, shared by pytest-xdist's workers)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from proc_utils import REFERENCE_RUN_ARGS, SMOKE_RUN_ARGS
 
 TEST_DATA = Path(__file__).resolve().parent / "data"
 # Samples that may not be copied into the repository (GPL-3.0 / unclear provenance) live beside it.
@@ -87,3 +93,101 @@ def bucket(s3_server, request):
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") or "bucket"
     s3_client(s3_server.endpoint).create_bucket(Bucket=name)
     return name
+
+
+# --------------------------------------------------------------------------- runs trained once per session
+@dataclass(frozen=True)
+class SharedRun:
+    """A finished ``segtrain.train`` run that several test files read. It is shared by every test of the
+    session (and every xdist worker): read it, or :meth:`copy` it first to change anything."""
+
+    run_dir: Path
+    cache: Path  # the SEGTRAIN_CACHE it trained with: holds its synthetic data set
+    cwd: Path  # the (empty) working directory it ran in
+    stdout: str
+    stderr: str
+
+    @property
+    def last(self) -> Path:
+        return self.run_dir / "checkpoints" / "last.pt"
+
+    @property
+    def best(self) -> Path:
+        return self.run_dir / "checkpoints" / "best.pt"
+
+    def synthetic(self) -> Path:
+        """The synthetic data set folder the run trained on (in :attr:`cache`)."""
+        return next(p for p in self.cache.glob("synthetic-*") if (p / "done").is_file())
+
+    def copy(self, dst: Path) -> Path:
+        """A private copy of the run directory at ``dst`` (its own lock, logs and checkpoints), returned."""
+        shutil.copytree(self.run_dir, dst)
+        return dst
+
+
+def _shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder common to every xdist worker of this test run (the parent of the workers' base temp
+    directories), or the session's base temp directory without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _once(root: Path, name: str, make: Callable[[Path], None]) -> Path:
+    """``root/name``, made by ``make`` by the first process to ask (under a file lock); the others wait for it.
+    A failure is recorded, so the other workers report it at once instead of training again."""
+    from filelock import FileLock
+
+    folder = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        failed = root / f"{name}.failed"
+        if failed.is_file():
+            pytest.fail(f"the shared {name} run failed in another worker:\n{failed.read_text()}", pytrace=False)
+        if not (folder / "done").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            try:
+                make(folder)
+            except BaseException as e:
+                failed.write_text(str(e))
+                raise
+            (folder / "done").write_text("ok\n")
+    return folder
+
+
+def _train(args: list[str]) -> Callable[[Path], None]:
+    def make(folder: Path) -> None:
+        from proc_utils import run_module
+
+        (folder / "cwd").mkdir()  # not the repository: the configs must come from the package
+        proc = run_module(
+            "segtrain.train", [*args, f"hydra.run.dir={folder / 'run'}"], folder / "cwd", folder / "cache", timeout=900
+        )
+        (folder / "stdout.txt").write_text(proc.stdout)
+        (folder / "stderr.txt").write_text(proc.stderr)
+
+    return make
+
+
+def _shared_run(folder: Path) -> SharedRun:
+    return SharedRun(
+        run_dir=folder / "run",
+        cache=folder / "cache",
+        cwd=folder / "cwd",
+        stdout=(folder / "stdout.txt").read_text(),
+        stderr=(folder / "stderr.txt").read_text(),
+    )
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> SharedRun:
+    """``python -m segtrain.train experiment=cpu_smoke trainer.deterministic=true`` in a fresh process, from an
+    empty working directory: trained once per test session. Never change it; :meth:`SharedRun.copy` it."""
+    return _shared_run(_once(_shared_folder(tmp_path_factory), "smoke", _train(SMOKE_RUN_ARGS)))
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory: pytest.TempPathFactory) -> SharedRun:
+    """The deterministic 12-step run of :data:`REFERENCE_RUN_ARGS`, uninterrupted: trained once per session."""
+    return _shared_run(_once(_shared_folder(tmp_path_factory), "reference", _train(REFERENCE_RUN_ARGS)))

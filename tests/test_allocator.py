@@ -33,6 +33,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_plain_process_reuses_freed_output_memory() -> None:
     proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300)

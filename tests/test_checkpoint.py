@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from proc_utils import child_env, run_module
+from proc_utils import REFERENCE_RUN_ARGS, SMOKE_RUN_ARGS, child_env, run_module
 
 from segtrain.checkpoint.io import CheckpointError, atomic_save, read_checkpoint
 from segtrain.checkpoint.state import load_checkpoint_weights, load_weights
@@ -23,10 +23,10 @@ from segtrain.config import compose
 from segtrain.engine.freeze import apply_freeze, freeze_report
 from segtrain.models import build_model
 
-SMOKE = ["experiment=cpu_smoke", "trainer.deterministic=true"]
-# 3 epochs of 4 steps, a mid-epoch checkpoint every 3 steps: a kill can land anywhere.
+SMOKE = SMOKE_RUN_ARGS
+# 3 epochs of 4 steps, a mid-epoch checkpoint every 3 steps: a kill can land anywhere (the session's reference run).
 FAULTS = Path(__file__).parent / "train_with_faults.py"
-RESUMABLE = [*SMOKE, "trainer.max_steps=null", "trainer.epochs=3", "trainer.checkpoint.every_steps=3"]
+RESUMABLE = REFERENCE_RUN_ARGS
 
 
 def tiny_model():
@@ -150,16 +150,16 @@ def test_freeze_patterns_and_frozen_batchnorm():
 
 # --------------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """An uninterrupted deterministic run: the target a killed and resumed run must hit exactly."""
-    base = tmp_path_factory.mktemp("ckpt")
-    run_module("segtrain.train", [*RESUMABLE, f"hydra.run.dir={base / 'ref'}"], base, base / "cache")
-    return base
+def reference(tmp_path_factory, reference_run):
+    """(this file's folder with its own cache, the run directory of an uninterrupted deterministic RESUMABLE
+    run: the target a killed and resumed run must hit exactly). The run is trained once per test session
+    (tests/conftest.py ``reference_run``): read it, never write into it."""
+    return tmp_path_factory.mktemp("ckpt"), reference_run.run_dir
 
 
 @pytest.mark.slow
 def test_sigkill_then_resume_is_exact(reference):
-    base = reference
+    base, ref = reference
     run_dir = base / "killed"
     # the real segtrain.train, held before step 8 (step 6's mid-epoch last.pt written, step 7 done) and
     # killed there: mid-epoch, however fast or slow the machine
@@ -180,18 +180,18 @@ def test_sigkill_then_resume_is_exact(reference):
     assert killed_at == 6
     proc = run_module("segtrain.train", [*RESUMABLE, "resume=auto", f"hydra.run.dir={run_dir}"], base, base / "cache")
     assert f"resumed from {last}" in proc.stderr
-    ref = torch.load(base / "ref" / "checkpoints" / "last.pt", weights_only=True)
+    want = torch.load(ref / "checkpoints" / "last.pt", weights_only=True)
     got = torch.load(last, weights_only=True)
-    assert got["step"] == ref["step"] == 12 and got["epoch"] == ref["epoch"] == 3
-    assert not states_equal(ref["model"], got["model"]), f"weights differ after resuming from step {killed_at}"
-    assert got["best_metric"] == ref["best_metric"]
+    assert got["step"] == want["step"] == 12 and got["epoch"] == want["epoch"] == 3
+    assert not states_equal(want["model"], got["model"]), f"weights differ after resuming from step {killed_at}"
+    assert got["best_metric"] == want["best_metric"]
 
 
 @pytest.mark.slow
 def test_resume_on_another_world_size_says_what_changed(reference):
-    base = reference
+    base, ref = reference
     run_dir = base / "rescaled"
-    src = base / "ref" / "checkpoints" / "step_00000006.pt"
+    src = ref / "checkpoints" / "step_00000006.pt"
     assert src.exists(), sorted(p.name for p in src.parent.iterdir())
     proc = run_module(
         "segtrain.train", [*RESUMABLE, f"resume={src}", f"hydra.run.dir={run_dir}"], base, base / "cache", nproc=2
@@ -207,8 +207,8 @@ def test_resume_on_another_world_size_says_what_changed(reference):
 def test_finetune_ddp_checkpoint_with_frozen_backbone(reference, tmp_path):
     import torch.distributed as dist
 
-    base = reference
-    src_ck = torch.load(base / "ref" / "checkpoints" / "last.pt", weights_only=True)
+    base, ref = reference
+    src_ck = torch.load(ref / "checkpoints" / "last.pt", weights_only=True)
     model = tiny_model()
     model.load_state_dict(src_ck["model"])
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
@@ -240,8 +240,8 @@ def test_finetune_ddp_checkpoint_with_frozen_backbone(reference, tmp_path):
 
 @pytest.mark.slow
 def test_finetune_from_training_checkpoint_uses_its_config(reference, tmp_path):
-    base = reference
-    ck = base / "ref" / "checkpoints" / "best.pt"
+    base, ref = reference
+    ck = ref / "checkpoints" / "best.pt"
     # No experiment given: the model (width 8 etc.) must come from the checkpoint's stored config.
     run_dir = tmp_path / "ft2"
     run_module(
@@ -272,12 +272,12 @@ def test_finetune_from_training_checkpoint_uses_its_config(reference, tmp_path):
 
 @pytest.mark.slow
 def test_evaluate_reproduces_training_miou(reference, tmp_path):
-    base = reference
-    rows = [json.loads(x) for x in (base / "ref" / "metrics.jsonl").read_text().splitlines()]
+    base, ref = reference
+    rows = [json.loads(x) for x in (ref / "metrics.jsonl").read_text().splitlines()]
     recorded = [r for r in rows if r["split"] == "val"][-1]["miou"]
     proc = run_module(
         "segtrain.evaluate",
-        [*SMOKE, f"ckpt={base / 'ref' / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={tmp_path / 'ev'}"],
+        [*SMOKE, f"ckpt={ref / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={tmp_path / 'ev'}"],
         tmp_path,
         base / "cache",
     )
@@ -287,14 +287,14 @@ def test_evaluate_reproduces_training_miou(reference, tmp_path):
 
 
 @pytest.mark.slow
-def test_predict_writes_overlays(reference, tmp_path):
-    base = reference
-    images = next(base.joinpath("cache").glob("synthetic-*")) / "val"
+def test_predict_writes_overlays(reference, reference_run, tmp_path):
+    base, ref = reference
+    images = reference_run.synthetic() / "val"
     out = tmp_path / "pred"
     run_module(
         "segtrain.predict",
         [
-            f"ckpt={base / 'ref' / 'checkpoints' / 'best.pt'}",
+            f"ckpt={ref / 'checkpoints' / 'best.pt'}",
             f"input={images}",
             f"output={out}",
             f"hydra.run.dir={tmp_path / 'p'}",
@@ -311,8 +311,8 @@ def test_predict_writes_overlays(reference, tmp_path):
 def test_finetune_onto_another_class_set_in_one_command(reference, tmp_path, test_data):
     """A 4-class checkpoint fine-tuned on a 2-class COCO folder: backbone and decoders load, the
     class-dependent head layers start afresh and the table says so; no ckpt_strict=false."""
-    base = reference
-    ck = base / "ref" / "checkpoints" / "best.pt"
+    base, ref = reference
+    ck = ref / "checkpoints" / "best.pt"
     coco = test_data / "mmpose_coco_person"
     run_dir = tmp_path / "ft_classes"
     proc = run_module(

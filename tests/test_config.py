@@ -171,6 +171,7 @@ def test_declared_registry_names_equal_the_registered_ones():
 TEST_REGISTERED = ("count_steps",)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override, says",
     [

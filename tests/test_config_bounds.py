@@ -83,6 +83,7 @@ def test_bounds_admit_the_shipped_presets():
     compose([*SMOKE, "inference.mode=sliding", "inference.overlap=0.75"], config_name="evaluate")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
@@ -158,6 +159,7 @@ def test_stored_config_size_is_bounded_before_it_is_parsed(shape):
         config_from_checkpoint(compose(SMOKE, "evaluate"), stored, [], "ckpt=x.pt")
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_a_checkpoint_asking_for_a_huge_network(tmp_path: Path):
     """A real checkpoint file whose stored config says model.width=200000: one line, exit 2, nothing built."""
     from segtrain.models import build_model

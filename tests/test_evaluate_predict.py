@@ -18,10 +18,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    base = tmp_path_factory.mktemp("evalpred")
-    run_module("segtrain.train", ["experiment=cpu_smoke", f"hydra.run.dir={base / 'run'}"], base, base / "cache")
-    return base, base / "run" / "checkpoints" / "best.pt"
+def trained(tmp_path_factory, smoke_run):
+    """(this file's folder, with its own cache, and best.pt of the session's cpu_smoke run)."""
+    return tmp_path_factory.mktemp("evalpred"), smoke_run.best
 
 
 def test_evaluate_scores_at_native_resolution_with_a_table(trained):
@@ -79,9 +78,9 @@ def test_coco_panoptic_export_rescores_to_the_same_pq(trained):
     assert again == pytest.approx(result["pq"], abs=1e-12)
 
 
-def test_predict_files_names_and_single_input(trained, tmp_path):
+def test_predict_files_names_and_single_input(trained, tmp_path, smoke_run):
     base, ckpt = trained
-    images = next((base / "cache").glob("synthetic-*")) / "val"
+    images = smoke_run.synthetic() / "val"
     src = tmp_path / "in"
     (src / "nested").mkdir(parents=True)
     first = sorted(images.glob("*.jpg"))[:2]
@@ -124,18 +123,16 @@ def test_predict_files_names_and_single_input(trained, tmp_path):
     assert (single / "a_panoptic.png").is_file()
 
 
-def test_predict_semantic_only_model(tmp_path, trained):
+def test_predict_semantic_only_model(tmp_path, trained, smoke_run, monkeypatch):
     base, _ = trained
-    import os
-
     from segtrain.config import compose
     from segtrain.models import build_model
 
-    os.environ["SEGTRAIN_CACHE"] = str(base / "cache")
+    monkeypatch.setenv("SEGTRAIN_CACHE", str(base / "cache"))
     cfg = compose(["experiment=cpu_smoke", "model=lraspp"])
     ckpt = tmp_path / "lraspp.pt"
     torch.save(build_model(cfg.model).state_dict(), ckpt)
-    images = next((base / "cache").glob("synthetic-*")) / "val"
+    images = smoke_run.synthetic() / "val"
     out = tmp_path / "out"
     run_module(
         "segtrain.predict",

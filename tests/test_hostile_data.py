@@ -177,6 +177,7 @@ def test_a_checkpoint_cannot_allow_outside_paths():
     assert cfg.dataset.allow_outside_paths is False
 
 
+@pytest.mark.slow
 def test_train_refuses_outside_file_with_one_line(tmp_path: Path):
     """The user's path: ``python -m segtrain.train`` exits with status 2 and one error line."""
     _jpeg(tmp_path / "d" / "outside.jpg")
@@ -190,6 +191,7 @@ def test_train_refuses_outside_file_with_one_line(tmp_path: Path):
 
 
 # --------------------------------------------------------------------------- index cache keyed on content
+@pytest.mark.slow
 def test_index_cache_sees_an_edit_whose_size_and_mtime_were_restored(tmp_path: Path):
     """An edit in the middle of a 3 MB file (beyond any prefix/suffix sample), put in place by ``cp -p``
     with the original's mtime: the cached index is rebuilt, not served stale."""
@@ -267,6 +269,7 @@ print(refused, peak_kb() - before)
 """
 
 
+@pytest.mark.slow
 def test_jpeg_frame_hidden_behind_thousands_of_segments_is_refused_before_allocation(tmp_path: Path):
     """8 such files: every one refused from its header; the reading process's peak RSS grows by a few MB
     (it grew by ~0.8 GB per file when the header walk gave up after 4096 segments and OpenCV decoded)."""
@@ -403,6 +406,7 @@ def test_labelme_file_name_that_is_not_utf8(tmp_path: Path, cache: bool):
     assert [r.image_id for r in records] == ["a"] and report.num_skipped_images == 1
 
 
+@pytest.mark.slow
 def test_every_training_image_unreadable_is_one_line_with_the_right_count(tmp_path: Path):
     root = tmp_path / "d"
     _coco(root, ["0.jpg", "1.jpg", "2.jpg", "3.jpg"])
@@ -440,6 +444,7 @@ def test_data_values_that_cannot_be_right(override: str, names: list[str]):
         assert name in msg, (name, msg)
 
 
+@pytest.mark.slow
 def test_huge_input_size_is_refused_before_any_work(tmp_path: Path):
     """The user's path, and a checkpoint's stored config goes through the same check."""
     from segtrain.config import ConfigError, config_from_checkpoint, to_container

@@ -225,6 +225,7 @@ def _forge_size(name: str, data: bytes) -> bytes:
     return bytes(b)
 
 
+@pytest.mark.slow
 def test_opencv_limit_bounds_formats_without_a_header(tmp_path):
     """OPENCV_IO_MAX_IMAGE_PIXELS is set before cv2 loads; a forged Radiance HDR (no header parser)
     claiming 30000 x 30000 is refused by OpenCV before it allocates. Fresh process: cv2 reads it once."""
@@ -272,6 +273,7 @@ _RSS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="peak memory is read from /proc (Linux)")
 @pytest.mark.parametrize("rows", [0, 10], ids=["header-only", "with-10-rows-of-data"])
 def test_huge_png_refused_without_allocating(tmp_path, rows):

@@ -196,6 +196,7 @@ def test_paint_follows_the_given_order():
     assert out[:, 1].tolist() == [1, 1, 1, 2] and not out[:, [0, 2]].any()
 
 
+@pytest.mark.slow
 def test_without_numba_the_numpy_path_runs_and_says_so(tmp_path):
     """numba missing (or built for another NumPy): rasterise still works, identically, with one warning."""
     import subprocess

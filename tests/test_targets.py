@@ -583,6 +583,7 @@ def test_bad_inputs(kwargs, match, impl):
 
 
 # ------------------------------------------------------------------------------------------- benchmark
+@pytest.mark.slow
 def test_bench_quick_reports_identical_outputs():
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "bench_targets.py"), "--quick"],

@@ -13,28 +13,22 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    base = tmp_path_factory.mktemp("e2e")
-    run_dir = base / "run"
-    elsewhere = base / "cwd"  # not the repository: configs must come from the package
-    elsewhere.mkdir()
-    proc = run_module("segtrain.train", ["experiment=cpu_smoke", f"hydra.run.dir={run_dir}"], elsewhere, base / "cache")
-    return run_dir, proc, base
+# smoke_run (tests/conftest.py): `python -m segtrain.train experiment=cpu_smoke` from an empty working
+# directory, trained once per test session
 
 
 def test_run_directory_layout(smoke_run):
-    run_dir, _, base = smoke_run
+    run_dir = smoke_run.run_dir
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert (run_dir / "train.log").stat().st_size > 0
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     assert (run_dir / "checkpoints" / "best.pt").is_file()
-    assert not any((base / "cwd").iterdir()), "nothing may be written into the working directory"
+    assert not any(smoke_run.cwd.iterdir()), "nothing may be written into the working directory"
     assert "val miou" in (run_dir / "train.log").read_text()
 
 
 def test_metrics_jsonl(smoke_run):
-    run_dir, _, _ = smoke_run
+    run_dir = smoke_run.run_dir
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train"]
     val = [r for r in rows if r["split"] == "val"]
@@ -60,7 +54,7 @@ def test_metrics_jsonl(smoke_run):
 
 
 def test_tensorboard_events(smoke_run):
-    run_dir, _, _ = smoke_run
+    run_dir = smoke_run.run_dir
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0, "scalars": 0})
     acc.Reload()
     tags = acc.Tags()
@@ -82,7 +76,7 @@ def test_tensorboard_events(smoke_run):
 
 
 def test_checkpoint_is_safe_and_unwrapped(smoke_run):
-    run_dir, _, _ = smoke_run
+    run_dir = smoke_run.run_dir
     ck = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     for key in (
         "model",

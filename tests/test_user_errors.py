@@ -143,6 +143,7 @@ def test_consecutive_unreadable_images(tmp_path: Path, monkeypatch: pytest.Monke
     assert any(str(p) in msg for p in broken), msg  # the last failure names its file
 
 
+@pytest.mark.slow
 def test_entry_point_prints_one_error_line(smoke_cache, tmp_path: Path):
     """``python -m segtrain.evaluate`` with a config mistake met after the model is built: exit status 2,
     one ``error:`` line on stderr (the rest is the run's log), no traceback."""
