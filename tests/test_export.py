@@ -1,5 +1,6 @@
-"""Export (ONNX / torch.export .pt2 / legacy TorchScript): the exported files reproduce the PyTorch model (EMA weights) on input sizes
-other than the export size, carry their metadata, and their outputs feed ``panoptic_segmentation``.
+"""Export (ONNX / torch.export .pt2 / legacy TorchScript): the exported files reproduce the PyTorch model (EMA
+weights) on input sizes other than the export size, carry their metadata, and their outputs feed
+``panoptic_segmentation``.
 
 Parity figures: ``pytest -s tests/test_export.py`` prints the max |exported - PyTorch| per output."""
 
@@ -197,7 +198,8 @@ def test_torch_export_program_round_trips(smoke_ckpt, tmp_path, caplog):
 
 def test_torchscript_says_it_is_legacy(smoke_ckpt, tmp_path, caplog):
     path = smoke_ckpt[0]
-    cfg = compose([*SMOKE, f"ckpt={path}", "export.format=torchscript", f"output={tmp_path / 'm.pt'}"], config_name="export")
+    args = [*SMOKE, f"ckpt={path}", "export.format=torchscript", f"output={tmp_path / 'm.pt'}"]
+    cfg = compose(args, config_name="export")
     with caplog.at_level("WARNING", logger="segtrain.export"):
         export_checkpoint(cfg, read_checkpoint(path))
     lines = [r.getMessage() for r in caplog.records if "legacy" in r.getMessage()]
