@@ -129,6 +129,7 @@ def test_onnx_export_runs_in_onnxruntime(smoke_ckpt, tmp_path):
             assert agree >= 0.999
 
 
+@pytest.mark.filterwarnings("ignore:`torch\\.jit\\.load` is deprecated:FutureWarning")  # the legacy format's loader
 def test_torchscript_export(smoke_ckpt, tmp_path):
     path, _, ema, _ = smoke_ckpt
     out = tmp_path / "sub" / "model.ts"
