@@ -118,3 +118,22 @@ def test_torchvision_fallback_does_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         TorchvisionJpeg()(_encoded()[:1], CPU)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+def test_nvimgcodec_and_torchvision_agree_on_cuda():
+    """Both GPU decoders on the real JPEGs: same shapes, pixels within a few grey levels (nvjpeg's and
+    nvImageCodec's IDCT and chroma upsampling may differ); prints the figures (scripts/device_check.py runs it)."""
+    module = jpeg_decoders.nvimgcodec_module()
+    if module is None:
+        pytest.skip("nvImageCodec is not installed (pip install 'segtrain[nvimgcodec-cu13]' or '-cu12')")
+    cuda = torch.device("cuda")
+    encoded = _encoded()
+    got = NvImageCodecJpeg(module, cuda)(encoded, cuda)
+    ref = TorchvisionJpeg()(encoded, cuda)
+    for path, g, r in zip(PHOTOS, got, ref, strict=True):
+        assert g.device.type == "cuda" and g.dtype == torch.uint8 and g.shape == r.shape, path.name
+        diff = (g.int() - r.int()).abs().float()
+        print(f"{path.name}: nvImageCodec vs torchvision |diff| mean {diff.mean():.3f}, max {diff.max():.0f}")
+        assert float(diff.mean()) < 2, path.name
