@@ -87,7 +87,7 @@ def nvimgcodec_module() -> ModuleType | None:
 
 @functools.lru_cache(maxsize=8)
 def _decoder_for(kind: str, index: int | None) -> JpegDecoder:
-    device = torch.device(kind, index)
+    device = torch.device(kind) if index is None else torch.device(kind, index)
     module = nvimgcodec_module() if kind == "cuda" else None
     if module is not None:
         try:
