@@ -1,6 +1,6 @@
-"""``python -m segtrain.export ckpt=PATH format=onnx|torchscript [output=FILE]``: the checkpoint's network
-(EMA weights when it has them) as an ONNX or TorchScript file, post-processing left out (see
-:mod:`segtrain.tools.export` and docs/export.md).
+"""``python -m segtrain.export ckpt=PATH format=onnx|torch_export|torchscript [output=FILE]``: the checkpoint's
+network (EMA weights when it has them) as an ONNX, .pt2 (torch.export) or legacy TorchScript file, post-processing
+left out (see :mod:`segtrain.tools.export` and docs/export.md).
 
 ``format=`` is short for ``export.format=``; every other ``export.*`` key (``opset``, ``dynamic``,
 ``verify``) is set as usual. The written file's path is printed last, alone on its line.

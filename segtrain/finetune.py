@@ -3,7 +3,9 @@
 Rebuilds the model from the checkpoint's stored config, loads its weights (not its optimiser
 state), freezes the named parameter groups before any DDP wrap, and trains as `segtrain.train`.
 With another data set (``dataset=coco dataset.root=...``) whose class count differs, the
-class-dependent head layers are re-initialised and everything else loads.
+class-dependent head layers are re-initialised and everything else loads; the network keeps the input size it
+was trained at unless ``dataset.input_size`` is given. One line says what came from the checkpoint and what
+from the command line.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from segtrain.config import Config
+from segtrain.config import Config, checkpoint_sources
 from segtrain.entry import checkpoint_config, run_entry
 
 log = logging.getLogger("segtrain.finetune")
@@ -25,7 +28,11 @@ def job(cfg: DictConfig, output_dir: str) -> None:
     from segtrain.engine.session import session
 
     cfg, blob = checkpoint_config(cfg, "finetune")
+    stored = blob.get("config") if isinstance(blob, dict) else None
     with session(cfg, output_dir, "train.log", owned=True) as (dist, run_dir):
+        if dist.is_main:
+            overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith(("hydra.", "ckpt="))]
+            log.info("fine-tuning %s", checkpoint_sources(cfg, stored, overrides))
         fit(cfg, run_dir, dist, init_weights=blob, classes=class_change(blob, cfg))
 
 

@@ -21,7 +21,7 @@ from segtrain.evaluation import banded, visualize
 from segtrain.evaluation.evaluator import PanopticSpec
 from segtrain.evaluation.inference import predict_image
 from segtrain.evaluation.panoptic_export import encode_ids, with_boxes
-from segtrain.evaluation.visualize import overlay_heatmap, overlay_panoptic
+from segtrain.evaluation.visualize import heatmap_picture, overlay_panoptic
 from segtrain.models.postprocess import find_instance_centers
 
 CLASSES = ["background", "circle", "square", "triangle"]
@@ -104,7 +104,7 @@ def one_shot(model, rgb, cfg, spec):
     files["_panoptic.png"] = overlay_panoptic(rgb, pan, CLASSES, divisor, thing_ids=spec.thing_ids, skip_classes=skip)
     id_map, segments = spec.prediction(panoptic)
     files["_panoptic_ids.png"] = encode_ids(id_map)
-    files["_center.png"] = overlay_heatmap(rgb, out["center"][0, 0].numpy())
+    files["_center.png"] = heatmap_picture(rgb, out["center"][0, 0].numpy(), spec.threshold)
     doc = describe(segments, id_map, pan, instances, logits, spec)
     assert with_boxes(id_map, segments)  # the scene has segments
     return files, (doc, pan, instances)

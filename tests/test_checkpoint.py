@@ -324,7 +324,8 @@ def test_finetune_onto_another_class_set_in_one_command(reference, tmp_path, tes
             f"dataset.train.annotations={coco / 'test_coco.json'}",
             f"dataset.val.images={coco}",
             f"dataset.val.annotations={coco / 'test_coco.json'}",
-            "dataset.input_size=[64,64]",  # classes: auto (the preset's): background + person
+            # classes: auto (the preset's): background + person; the input size stays the checkpoint's 64x64
+            # (the coco preset's 512x512 only with dataset.input_size=[512,512])
             "freeze=backbone",
             "trainer.batch_size=2",
             "trainer.max_steps=2",
@@ -346,3 +347,32 @@ def test_finetune_onto_another_class_set_in_one_command(reference, tmp_path, tes
         if k.startswith("backbone."):
             assert torch.equal(before[k], after["model"][k]), k
     assert after["config"]["dataset"]["classes"] == ["background", "person"]
+    assert after["config"]["dataset"]["input_size"] == [64, 64]
+    said = [line for line in log.splitlines() if "from the checkpoint:" in line]
+    assert len(said) == 1 and "input size 64x64; from the command line: dataset=coco" in said[0], said
+
+
+def test_another_data_set_keeps_the_checkpoints_input_size(test_data):
+    """finetune/evaluate/predict with dataset=<preset>: the network keeps the size it was trained at unless
+    dataset.input_size is on the command line; one line says where each came from."""
+    from segtrain.config import checkpoint_sources, config_from_checkpoint, to_container
+
+    stored = to_container(compose([*SMOKE, "dataset.input_size=[96,128]"]))
+    coco = test_data / "mmpose_coco_person"
+    given = ["dataset=coco", f"dataset.train.images={coco}", f"dataset.train.annotations={coco / 'test_coco.json'}"]
+    given += [f"dataset.val.images={coco}", f"dataset.val.annotations={coco / 'test_coco.json'}"]
+    assert list(compose(given).dataset.input_size) == [512, 512]  # the preset's
+    cfg = config_from_checkpoint(compose(given), stored, given)
+    assert list(cfg.dataset.input_size) == [96, 128] and cfg.dataset.name == "coco"
+    line = checkpoint_sources(cfg, stored, given)
+    assert line.startswith("from the checkpoint: model tiny_panoptic, input size 96x128; from the command line: ")
+    assert "dataset=coco" in line and "\n" not in line
+    sized = [*given, "dataset.input_size=[64,80]"]
+    cfg = config_from_checkpoint(compose(sized), stored, sized)
+    assert list(cfg.dataset.input_size) == [64, 80]
+    assert "input size" not in checkpoint_sources(cfg, stored, sized).split(";")[0]
+    same = config_from_checkpoint(compose(["trainer.max_steps=3"]), stored, ["trainer.max_steps=3"])
+    assert list(same.dataset.input_size) == [96, 128]
+    assert checkpoint_sources(same, stored, ["trainer.max_steps=3"]).startswith(
+        "from the checkpoint: model tiny_panoptic, data set synthetic, input size 96x128"
+    )

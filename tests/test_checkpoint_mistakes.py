@@ -8,6 +8,7 @@ import importlib.util
 import json
 import logging
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,9 @@ class Tiny(torch.nn.Module):
 def write_torchscript(path: Path, source: str | None = None) -> Path:
     """A real ``torch.jit.save`` archive; with ``source``, the metadata segtrain.export writes beside it."""
     extra = {"segtrain.json": json.dumps({"checkpoint": source})} if source else {}
-    torch.jit.save(torch.jit.script(Tiny()), str(path), _extra_files=extra)
+    with warnings.catch_warnings():  # torch.jit is deprecated upstream; a TorchScript file is what is tested
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=FutureWarning)
+        torch.jit.save(torch.jit.script(Tiny()), str(path), _extra_files=extra)
     return path
 
 

@@ -7,6 +7,7 @@ import re
 import time
 
 import pytest
+import torch
 from proc_utils import run_module
 
 from segtrain.config import compose
@@ -198,9 +199,61 @@ def test_doctor_advice_on_cpu_names_no_gpu_remedy(unpinned, dominant, loader_ips
     text = "\n".join([v["summary"], *v["advice"]])
     assert not GPU_REMEDY.search(text), text
     if v["bound"] == "compute-bound":
-        assert "trainer.cpu_threads" in v["summary"] and "smaller model" in v["summary"], text
+        assert "smaller model" in v["summary"], text
+        assert "trainer.cpu_threads" not in text, "advised without a measurement"
     elif dominant == "augment":
         assert "augment=none" in text and "dataset.input_size" in text, text
+
+
+@pytest.mark.parametrize("loader_ips,model_ips", [(10.0, 1000.0), (1000.0, 10.0)], ids=["input", "compute"])
+def test_doctor_advises_cpu_threads_only_as_measured(unpinned, loader_ips, model_ips):
+    """trainer.cpu_threads=N with the A/B's figures when N measured faster; nothing once N is the current count
+    (applied), nor when the difference is within the margin."""
+    report = declared_report("cpu", "augment", loader_ips, model_ips)
+    report["per_rank_batch"] = 6
+    report["cpu_threads_trial"] = {"threads": 2, "images_per_s": {"1": 10.4, "2": 2.1}}
+    advice = verdict(report, 0, unpinned)["advice"]
+    threads = [a for a in advice if "trainer.cpu_threads" in a]
+    assert threads == [
+        "trainer.cpu_threads=1: the model step measured 10.4 img/s with 1 thread(s) against 2.1 img/s with 2 (batch 6)"
+    ], advice
+    for trial in (
+        {"threads": 1, "images_per_s": {"1": 10.4, "2": 2.1}},
+        {"threads": 2, "images_per_s": {"1": 2.2, "2": 2.1}},
+    ):
+        report["cpu_threads_trial"] = trial
+        v = verdict(report, 0, unpinned)
+        assert not any("cpu_threads" in a for a in [v["summary"], *v["advice"]]), v
+
+
+def test_doctor_measures_the_batch_training_uses(monkeypatch):
+    """A preset's batch the data cannot fill is lowered as training lowers it (fit_batch_to_data), and the
+    model step and the thread A/B run on that batch; the report says so."""
+    import segtrain.config
+    import segtrain.tools.doctor as doctor
+
+    monkeypatch.setattr(segtrain.config, "given_on_command_line", lambda key: False)  # the batch from a preset
+    calls = []
+
+    def model_step(cfg, batch, dist, steps, transform=None, budget_s=15.0):
+        calls.append((batch["image"].shape[0], torch.get_num_threads()))
+        return {"step_s": 1.0, "images_per_s": 1.0 + torch.get_num_threads()}
+
+    monkeypatch.setattr(doctor, "model_throughput", model_step)
+    monkeypatch.setattr(doctor, "thread_candidates", lambda current, cores: [current + 1])
+    cfg = compose(["experiment=cpu_smoke", "trainer.batch_size=64", "doctor.workers=[0]", "doctor.num_images=4"])
+    threads = torch.get_num_threads()
+    report = diagnose(cfg, DIST)
+    assert report["per_rank_batch"] == 16 and report["batch_lowered_from"] == 64  # 16 training images
+    assert calls == [(16, threads), (16, threads + 1)] and torch.get_num_threads() == threads
+    assert report["cpu_threads_trial"] == {
+        "threads": threads,
+        "images_per_s": {str(threads): 1.0 + threads, str(threads + 1): 2.0 + threads},
+    }
+    assert f"trainer.cpu_threads={threads + 1}: the model step measured" in report["advice"][0]
+    text = format_report(report)
+    assert "batch 16 per rank (trainer.batch_size=64 lowered to fit the data, as training does)" in text
+    assert f"torch threads (trainer.cpu_threads; now {threads})" in text
 
 
 def test_doctor_advice_on_cuda_keeps_gpu_remedies(unpinned):

@@ -1,5 +1,6 @@
-"""Export (ONNX / TorchScript): the exported files reproduce the PyTorch model (EMA weights) on input sizes
-other than the export size, carry their metadata, and their outputs feed ``panoptic_segmentation``.
+"""Export (ONNX / torch.export .pt2 / legacy TorchScript): the exported files reproduce the PyTorch model (EMA
+weights) on input sizes other than the export size, carry their metadata, and their outputs feed
+``panoptic_segmentation``.
 
 Parity figures: ``pytest -s tests/test_export.py`` prints the max |exported - PyTorch| per output."""
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 from proc_utils import REPO, child_env, run_module
 
-from segtrain.checkpoint.io import read_checkpoint
+from segtrain.checkpoint.io import exported_model_kind, read_checkpoint
 from segtrain.config import ConfigError, compose, to_container
 from segtrain.export import expand_aliases
 from segtrain.models import build_model
@@ -21,6 +22,7 @@ from segtrain.models.postprocess import panoptic_segmentation
 from segtrain.tools.export import (
     ExportDependencyError,
     check_onnx_dependencies,
+    check_output,
     default_output,
     export_checkpoint,
     export_model,
@@ -127,6 +129,7 @@ def test_onnx_export_runs_in_onnxruntime(smoke_ckpt, tmp_path):
             assert agree >= 0.999
 
 
+@pytest.mark.filterwarnings("ignore:`torch\\.jit\\.load` is deprecated:FutureWarning")  # the legacy format's loader
 def test_torchscript_export(smoke_ckpt, tmp_path):
     path, _, ema, _ = smoke_ckpt
     out = tmp_path / "sub" / "model.ts"
@@ -147,8 +150,65 @@ def test_torchscript_export(smoke_ckpt, tmp_path):
         assert max(diffs.values()) <= TOLERANCE, diffs
 
 
+def test_torch_export_program_round_trips(smoke_ckpt, tmp_path, caplog):
+    """format=torch_export: a .pt2 ExportedProgram that torch.export.load reads back, dynamic in batch, height and
+    width, within 1e-5 of PyTorch, with the metadata predict's settings come from."""
+    path, cfg, ema, raw = smoke_ckpt
+    cfg = compose(
+        [
+            *SMOKE,
+            f"ckpt={path}",
+            "export.format=torch_export",
+            "dataset.panoptic.threshold=0.2",
+            "dataset.panoptic.nms_kernel=5",
+            "dataset.panoptic.top_k=50",
+            "dataset.panoptic.stuff_area=99",
+            "inference.mode=pad",
+            "inference.pad_multiple=16",
+        ],
+        config_name="export",
+    )
+    assert default_output(path, "torch_export") == path.with_name("smoke.pt2")
+    with caplog.at_level("INFO", logger="segtrain.export"):
+        result = export_checkpoint(cfg, read_checkpoint(path))
+    out = result.path
+    assert out == path.with_name("smoke.pt2") and result.max_abs_diff and max(result.max_abs_diff.values()) <= 1e-5
+    assert "legacy" not in caplog.text and "tolerance 1e-05" in caplog.text
+    extra = {"segtrain.json": ""}
+    program = torch.export.load(str(out), extra_files=extra)
+    meta = json.loads(extra["segtrain.json"])
+    assert meta["format"] == "torch_export" and meta["weights"] == "ema" and meta["checkpoint"] == str(path)
+    assert meta["dynamic"]["image"] == ["batch", "height", "width"] and meta["input_size"] == [64, 64]
+    assert meta["inference"] == {"mode": "pad", "input_size": [64, 64], "pad_multiple": 16, "overlap": 0.25}
+    post = meta["postprocess"]
+    assert (post["threshold"], post["nms_kernel"], post["top_k"], post["stuff_area"]) == (0.2, 5, 50, 99)
+    assert (post["label_divisor"], post["background"], post["background_class"]) == (1000, "void", 0)
+    module = program.module()
+    for x in [*_inputs(), torch.rand(3, 3, 40, 57)]:
+        with torch.no_grad():
+            got, ref, plain = module(x), ema(x), raw(x)
+        diffs = _max_diff(got, ref)
+        print(f"torch.export {tuple(x.shape)}: max |program - PyTorch| {diffs}")
+        assert max(diffs.values()) <= 1e-5, diffs
+        assert max(_max_diff(got, plain).values()) > 1e-3  # the EMA weights were exported
+    # recognised by content as an export of this checkpoint: a second export replaces it without overwrite=true
+    with open(out, "rb") as f:
+        assert exported_model_kind(f) == ("pt2", str(path))
+    check_output(out, path, overwrite=False)
+
+
+def test_torchscript_says_it_is_legacy(smoke_ckpt, tmp_path, caplog):
+    path = smoke_ckpt[0]
+    args = [*SMOKE, f"ckpt={path}", "export.format=torchscript", f"output={tmp_path / 'm.pt'}"]
+    cfg = compose(args, config_name="export")
+    with caplog.at_level("WARNING", logger="segtrain.export"):
+        export_checkpoint(cfg, read_checkpoint(path))
+    lines = [r.getMessage() for r in caplog.records if "legacy" in r.getMessage()]
+    assert len(lines) == 1 and "format=torch_export" in lines[0], lines
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx", "torch_export"])
 def test_panoptic_deeplab_exports(fmt, tmp_path):
     if fmt == "onnx":
         pytest.importorskip("onnxruntime")
@@ -240,3 +300,5 @@ def test_config_and_aliases():
         "output=f",
     ]
     assert default_output(Path("/r/checkpoints/best.pt"), "torchscript") == Path("/r/checkpoints/best.torchscript.pt")
+    assert default_output(Path("/r/checkpoints/best.pt"), "torch_export") == Path("/r/checkpoints/best.pt2")
+    assert compose(["export.format=torch_export"], config_name="export").export.format == "torch_export"

@@ -55,3 +55,57 @@ def test_overlay_panoptic_validation_and_old_overlays():
         overlay_panoptic(img, pan[:10], ["a"])
     sem = (pan // 1000).clip(min=0)
     assert overlay_semantic(img, sem).shape == img.shape
+
+
+def _swatch_count(picture: np.ndarray, region: np.ndarray) -> int:
+    """Chromatic filled squares in ``region`` (legend swatches; its text is white on a dark box)."""
+    import cv2
+
+    a = picture.astype(np.int64)
+    chromatic = ((a.max(-1) - a.min(-1)) > 20) & region
+    n, _, stats, _ = cv2.connectedComponentsWithStats(chromatic.astype(np.uint8), connectivity=4)
+    return int(sum(1 for s in stats[1:] if s[cv2.CC_STAT_AREA] >= 9))
+
+
+@pytest.mark.parametrize("count", [8, 21])
+def test_legend_has_one_swatch_per_named_segment(count):
+    """ "date x8" shows eight swatches (it showed four); past a line's worth they continue below the name."""
+    h, w = 160, 520
+    pan = np.zeros((h, w), np.int64)
+    for k in range(count):
+        y, x = 8 + (k // 7) * 40, 8 + (k % 7) * 30
+        pan[y : y + 24, x : x + 22] = 1000 + k + 1
+    pic = overlay_panoptic(np.full((h, w, 3), 128, np.uint8), pan, ["bg", "date"], thing_ids=[1], skip_classes=[0])
+    legend = np.zeros(pic.shape[:2], bool)
+    legend[:, 240:] = True  # the segments lie left of x = 240; the legend goes to an empty corner or below
+    legend[h:] = True
+    assert _swatch_count(pic, legend) == count
+
+
+def test_center_picture_is_a_heatmap_with_a_colour_bar(test_data):
+    """Not almost the photo: the heat's colour scale dominates it, and a colour bar under it maps colours to
+    values (0 dark ... 1 bright), the centre threshold marked."""
+    import cv2
+
+    from segtrain.evaluation.visualize import colour_bar, heat_colours, heatmap_picture
+
+    photo = cv2.cvtColor(cv2.imread(str(test_data / "mmpose_coco_person" / "000000000785.jpg")), cv2.COLOR_BGR2RGB)
+    h, w = photo.shape[:2]
+    yy, xx = np.mgrid[:h, :w]
+    heat = np.exp(-((yy - h / 2) ** 2 + (xx - w / 3) ** 2) / (2 * 30.0**2)).astype(np.float32)
+    pic = heatmap_picture(photo, heat, threshold=0.1)
+    bar = colour_bar(w, 0.1)
+    assert pic.shape == (h + bar.shape[0], w, 3) and np.array_equal(pic[h:], bar)
+    over = pic[:h].astype(np.int64)
+    assert np.abs(over - photo).mean() > 40, "the picture is almost the photo"
+    peak, cold = over[int(h / 2), int(w / 3)], over[5, w - 5]
+    assert np.abs(peak - cold).max() > 120 and peak.sum() > cold.sum() + 200  # hot: bright; cold: dark
+    # the bar: a row running through the scale's colours from 0 (left) to 1 (right)
+    row = next(r for r in range(bar.shape[0]) if np.abs(bar[r, w // 2].astype(int) - heat_colours(0.5)).max() <= 3)
+    assert np.abs(bar[row, 8].astype(int) - heat_colours(0.0)).max() <= 6
+    assert np.abs(bar[row, w - 8].astype(int) - heat_colours(1.0)).max() <= 6
+    white = np.flatnonzero((bar[row] == 255).all(-1))
+    assert white.size and np.abs(white / w - 0.1).max() < 0.02, "the threshold's mark"
+    scale = heat_colours(np.linspace(0, 1, 256)).astype(int)
+    values = [int(np.argmin(np.abs(scale - c).sum(-1))) for c in bar[row, 6 : w - 6] if not (c == 255).all()]
+    assert values == sorted(values) and values[0] < 10 and values[-1] > 245

@@ -355,7 +355,8 @@ def _exported_zip_kind(f: IO[bytes]) -> tuple[str, str | None] | None:
                 extra = next((n for n in names if n.endswith(f"/extra/{_EXPORT_METADATA}.json")), None)
                 return "torchscript", _recorded_source(z.read(extra)) if extra else None
             if "archive_format" in inner and "data.pkl" not in inner:
-                return "pt2", None
+                extra = next((n for n in names if n.endswith(f"/extra/{_EXPORT_METADATA}.json")), None)
+                return "pt2", _recorded_source(z.read(extra)) if extra else None
     except (zipfile.BadZipFile, OSError, EOFError, ValueError):
         pass  # a torn torch.save zip: torch.load says what is wrong with it
     return None
@@ -395,7 +396,10 @@ def _recorded_source(raw: bytes) -> str | None:
 _EXPORTED = {
     "torchscript": ("a TorchScript archive (torch.jit.save / segtrain.export format=torchscript)", "torch.jit.load"),
     "onnx": ("an ONNX model (segtrain.export format=onnx / torch.onnx.export)", "onnxruntime"),
-    "pt2": ("a torch.export program (torch.export.save, .pt2)", "torch.export.load"),
+    "pt2": (
+        "a torch.export program (torch.export.save / segtrain.export format=torch_export, .pt2)",
+        "torch.export.load",
+    ),
 }
 
 

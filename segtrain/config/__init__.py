@@ -15,6 +15,7 @@ from segtrain.config.checks import (
 from segtrain.config.resolve import (
     DISCOVERED,
     chdir_note,
+    checkpoint_sources,
     compose,
     config_from_checkpoint,
     expand_path,
@@ -95,6 +96,7 @@ __all__ = [
     "check_overrides",
     "compose",
     "config_dir",
+    "checkpoint_sources",
     "config_from_checkpoint",
     "expand_path",
     "finalize",

@@ -189,6 +189,25 @@ def config_from_checkpoint(
         raise ConfigError(f"{origin}: its stored config (model, dataset) does not fit the schema: {first}") from e
 
 
+def checkpoint_sources(cfg: DictConfig, stored: dict | None, overrides: list[str]) -> str:
+    """One line: what a tool rebuilding a checkpoint took from it (model, data set or its input size) and what
+    from the command line (the overrides as given)."""
+    if not stored:
+        return f"no stored config in the checkpoint (a state dict): all from the command line {overrides}"
+    groups = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    h, w = (int(v) for v in cfg.dataset.input_size)
+    taken = []
+    if "model" in stored and "model" not in groups:
+        taken.append(f"model {cfg.model.name}")
+    if "dataset" in stored and "dataset" not in groups:
+        taken.append(f"data set {cfg.dataset.name}")
+    if "dataset.input_size" not in keys and "dataset" in stored:
+        taken.append(f"input size {h}x{w}")
+    given = ", ".join(overrides[:10]) + (f", ... ({len(overrides)} in all)" if len(overrides) > 10 else "")
+    return f"from the checkpoint: {', '.join(taken) or 'nothing'}; from the command line: {given or 'nothing'}"
+
+
 def _config_from_checkpoint(cli_cfg: DictConfig, stored: dict, overrides: list[str]) -> DictConfig:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -212,6 +231,11 @@ def _config_from_checkpoint(cli_cfg: DictConfig, stored: dict, overrides: list[s
         if key.split(".")[0] in CHECKPOINT_SECTIONS and "." in key and not o.is_delete():
             OmegaConf.update(cfg, key, o.value(), merge=True)
     keys = {o.key_or_group for o in parsed}
+    stored_size = (stored.get("dataset") or {}).get("input_size") if isinstance(stored.get("dataset"), dict) else None
+    if "dataset" in groups and "dataset.input_size" not in keys and stored_size is not None:
+        # another data set (dataset=coco ...) for the same network: it keeps the size it was trained at, not
+        # the preset's (512 for coco/labelme), unless dataset.input_size is given
+        cfg.dataset.input_size = list(stored_size)
     if "model.pretrained" not in keys:
         cfg.model.pretrained = None  # the checkpoint carries the weights
     if "model.num_classes" not in keys:

@@ -361,8 +361,8 @@ class DoctorConfig:
 
 @dataclass
 class ExportConfig:
-    format: str = "onnx"  # onnx | torchscript (`python -m segtrain.export format=...` sets this)
-    output: str | None = None  # file; None: next to the checkpoint, <stem>.onnx / <stem>.torchscript.pt
+    format: str = "onnx"  # onnx | torch_export (.pt2) | torchscript (legacy); set by `segtrain.export format=...`
+    output: str | None = None  # file; None: next to the checkpoint, <stem>.onnx / .pt2 / .torchscript.pt
     opset: int = 18  # ONNX opset (18: the dynamo exporter's own; onnxruntime >= 1.14)
     dynamic: bool = True  # batch, height and width dynamic; false: fixed at (1, 3, *dataset.input_size)
     verify: bool = True  # run the written file on another input size and compare with PyTorch
@@ -429,7 +429,8 @@ PRECISIONS = ("fp32", "fp16", "bf16", "auto")  # segtrain.device.effective_preci
 PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.targets.panoptic_gt
 
 
-EXPORT_FORMATS = ("onnx", "torchscript")  # segtrain.tools.export
+# segtrain.tools.export; torchscript: legacy (torch.jit is deprecated upstream)
+EXPORT_FORMATS = ("onnx", "torch_export", "torchscript")
 
 
 OUTPUT_STRIDES = (8, 16, 32)  # segtrain.models.backbones

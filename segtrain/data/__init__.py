@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from segtrain.data.images.image_io import read_image_file as read_image_file
     from segtrain.data.loaders import build_loader as build_loader
     from segtrain.data.loaders import epoch_sample_keys as epoch_sample_keys
+    from segtrain.data.loaders import fit_batch_to_data as fit_batch_to_data
     from segtrain.data.loaders import per_rank_batch as per_rank_batch
     from segtrain.data.loaders import worker_init as worker_init
     from segtrain.data.mappers import CpuMapper as CpuMapper
@@ -56,6 +57,7 @@ _HOMES = {
     "load_records": "segtrain.data.dataset",
     "build_loader": "segtrain.data.loaders",
     "epoch_sample_keys": "segtrain.data.loaders",
+    "fit_batch_to_data": "segtrain.data.loaders",
     "per_rank_batch": "segtrain.data.loaders",
     "worker_init": "segtrain.data.loaders",
     "CpuMapper": "segtrain.data.mappers",

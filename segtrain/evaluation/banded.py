@@ -40,7 +40,7 @@ from segtrain.device import autocast
 from segtrain.evaluation.evaluator import PanopticSpec, ids_at_size
 from segtrain.evaluation.inference import Outputs, run_network
 from segtrain.evaluation.panoptic_export import encode_ids
-from segtrain.evaluation.visualize import band_rows, overlay_heatmap, overlay_segments
+from segtrain.evaluation.visualize import band_rows, colour_bar, overlay_heatmap, overlay_segments
 from segtrain.models.postprocess import _nearest_center, find_instance_centers, panoptic_table
 
 #: Native pixels per band (at least 64 rows): a band's float32 copies of C + 3 output planes are ~1 MB each.
@@ -362,10 +362,13 @@ def pictures(
             picture[y0:y1] = encode_ids(ids[index[y0:y1]])
         return picture
 
-    def center() -> np.ndarray:
-        picture = np.empty_like(rgb)
-        for y0, y1 in _bands(rgb.shape[0], step):
+    def center() -> np.ndarray:  # visualize.heatmap_picture, band by band
+        h, w = rgb.shape[:2]
+        bar = colour_bar(w, spec.threshold)
+        picture = np.empty((h + bar.shape[0], w, 3), np.uint8)
+        for y0, y1 in _bands(h, step):
             picture[y0:y1] = overlay_heatmap(rgb[y0:y1], out.rows("center", y0, y1)[0].cpu().numpy())
+        picture[h:] = bar
         return picture
 
     made.update({"_panoptic.png": panoptic, "_panoptic_ids.png": id_png})

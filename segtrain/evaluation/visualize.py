@@ -38,13 +38,57 @@ def overlay_semantic(image: np.ndarray, labels: np.ndarray, alpha: float = 0.5) 
     return out.clip(0, 255).astype(np.uint8)
 
 
-def overlay_heatmap(image: np.ndarray, heat: np.ndarray, alpha: float = 0.6) -> np.ndarray:
-    """heat (H,W) in ~[0,1] drawn in red over a dimmed image."""
-    h = np.clip(heat, 0.0, 1.0)[..., None]
-    red = np.zeros_like(image, dtype=np.float32)
-    red[..., 0] = 255.0
-    out = image.astype(np.float32) * (1 - alpha * h) + red * (alpha * h)
+#: The centre heatmap's colour scale (dark: 0, bright yellow: 1), drawn over a greyed, dimmed photo so that
+#: the heat, not the photo, is what the picture shows; its colour bar says which colour is which value.
+HEAT_COLORMAP = cv2.COLORMAP_INFERNO
+HEAT_ALPHA = 0.75
+
+
+def heat_colours(heat: np.ndarray) -> np.ndarray:
+    """(..., 3) uint8 RGB of heat values (clipped to [0, 1]) on the colour scale."""
+    level = np.rint(np.clip(heat, 0.0, 1.0) * 255).astype(np.uint8)
+    flat = cv2.applyColorMap(level.reshape(-1, 1), HEAT_COLORMAP).reshape(-1, 3)[:, ::-1]  # BGR -> RGB
+    return np.ascontiguousarray(flat.reshape(*level.shape, 3))
+
+
+def overlay_heatmap(image: np.ndarray, heat: np.ndarray, alpha: float = HEAT_ALPHA) -> np.ndarray:
+    """heat (H,W) in [0,1] on the colour scale over the image in grey (per pixel: any band gives the same)."""
+    grey = image.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    out = (1 - alpha) * grey[..., None] + alpha * heat_colours(heat).astype(np.float32)
     return out.clip(0, 255).astype(np.uint8)
+
+
+def colour_bar(width: int, threshold: float | None = None, title: str = "centre heatmap") -> np.ndarray:
+    """A strip to put under a heatmap picture: the colour scale from 0 to 1 (the colours of
+    :func:`heat_colours`) with ticks at 0, 0.5 and 1, the centre ``threshold`` marked when given."""
+    scale = float(np.clip(width / 700.0, 0.3, 0.6))
+    thick = max(1, round(scale * 2))
+    text_h = cv2.getTextSize("0.5", cv2.FONT_HERSHEY_SIMPLEX, scale, thick)[0][1]
+    bar_h = max(6, text_h)
+    pad = 4
+    height = pad + text_h + pad + bar_h + pad + text_h + pad
+    out = np.full((height, width, 3), 40, np.uint8)
+    caption = title + (f" (centre threshold {threshold:g})" if threshold is not None else "")
+    _text(out, caption, (pad, pad + text_h), scale)
+    x0, x1 = pad + 2, max(pad + 3, width - pad - 2)
+    y0 = pad + text_h + pad
+    values = (np.arange(x1 - x0, dtype=np.float32) + 0.5) / (x1 - x0)
+    out[y0 : y0 + bar_h, x0:x1] = heat_colours(values)[None]
+    for v in (0.0, 0.5, 1.0):
+        x = int(round(x0 + v * (x1 - x0 - 1)))
+        label = f"{v:g}"
+        tw = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, scale, thick)[0][0]
+        out[y0 + bar_h : y0 + bar_h + 3, x] = 255
+        _text(out, label, (int(np.clip(x - tw // 2, 0, max(0, width - tw))), height - pad), scale)
+    if threshold is not None and 0.0 <= threshold <= 1.0:
+        x = int(round(x0 + threshold * (x1 - x0 - 1)))
+        out[y0 - 2 : y0 + bar_h + 2, max(0, x - 1) : x + 1] = 255
+    return out
+
+
+def heatmap_picture(image: np.ndarray, heat: np.ndarray, threshold: float | None = None) -> np.ndarray:
+    """:func:`overlay_heatmap` with its :func:`colour_bar` below (predict's ``*_center.png``)."""
+    return np.concatenate([overlay_heatmap(image, heat), colour_bar(image.shape[1], threshold)])
 
 
 def to_uint8_image(t: torch.Tensor) -> np.ndarray:
@@ -241,17 +285,26 @@ def overlay_segments(
     return out
 
 
+#: Legend swatches per line; a class with more instances continues on the lines below its name.
+SWATCHES_PER_LINE = 16
+
+
 def _legend_rows(cls, is_thing, is_void, name) -> list[tuple[str, np.ndarray]]:
-    """(text, segment indices of its swatches) per class present: thing classes with their instance count."""
+    """(text, segment indices of its swatches) per class present: thing classes with their instance count and
+    one swatch per instance ("date x8": eight swatches), a stuff class with its one segment's."""
     rows = []
     for c in np.unique(cls[~is_void]).tolist():
         sel = np.flatnonzero((cls == c) & ~is_void)
         inst = sel[is_thing[sel]]
         if inst.size:
-            rows.append((f"{name(c)} x{inst.size}", inst[:4]))
+            rows.append((f"{name(c)} x{inst.size}", inst))
         else:
             rows.append((name(c), sel[:1]))
     return rows
+
+
+def _row_lines(segments: np.ndarray) -> int:
+    return max(1, -(-len(segments) // SWATCHES_PER_LINE))
 
 
 def _legend_place(rows, scale, h, w, mode, hidden_in) -> tuple[bool, int, int, int, int, int, int] | None:
@@ -263,12 +316,16 @@ def _legend_place(rows, scale, h, w, mode, hidden_in) -> tuple[bool, int, int, i
     thick = max(1, round(scale * 2))
     line = int(cv2.getTextSize("Ag", cv2.FONT_HERSHEY_SIMPLEX, scale, thick)[0][1] * 1.9) + 2
     sw = max(4, line - 4)
-    widths = [cv2.getTextSize(t, cv2.FONT_HERSHEY_SIMPLEX, scale, thick)[0][0] + len(c) * (sw + 1) for t, c in rows]
-    bw, bh = min(w, max(widths) + sw + 10), min(h, line * len(rows) + 6)
+    widths = [
+        cv2.getTextSize(t, cv2.FONT_HERSHEY_SIMPLEX, scale, thick)[0][0] + min(len(c), SWATCHES_PER_LINE) * (sw + 1)
+        for t, c in rows
+    ]
+    lines = sum(_row_lines(c) for _, c in rows)
+    bw, bh = min(w, max(widths) + sw + 10), min(h, line * lines + 6)
     corners = [(0, 0), (0, w - bw), (h - bh, 0), (h - bh, w - bw)]
     hidden = [hidden_in(y, x, bh, bw) for y, x in corners]
     if mode == "strip" or (mode != "corner" and min(hidden) > 0):
-        return True, h, 0, bw, line * len(rows) + 6, line, sw  # below: hides nothing
+        return True, h, 0, bw, line * lines + 6, line, sw  # below: hides nothing
     y0, x0 = corners[int(np.argmin(hidden))]
     return False, y0, x0, bw, bh, line, sw
 
@@ -282,13 +339,15 @@ def _draw_legend(out: np.ndarray, rows, colours: np.ndarray, place, scale: float
     else:
         box = out[y0 : y0 + bh, x0 : x0 + bw].astype(np.float32)
         out[y0 : y0 + bh, x0 : x0 + bw] = (box * 0.35).astype(np.uint8)  # darkened box: white text readable
-    for r, (text, segments) in enumerate(rows):
-        y = y0 + 3 + r * line
-        x = x0 + 4
-        for col in colours[segments]:
+    r = 0
+    for text, segments in rows:
+        text_x = x0 + 4 + min(len(segments), SWATCHES_PER_LINE) * (sw + 1)
+        _text(out, text, (text_x + 3, y0 + 3 + r * line + sw), scale)
+        for k, col in enumerate(colours[segments]):
+            y = y0 + 3 + (r + k // SWATCHES_PER_LINE) * line
+            x = x0 + 4 + (k % SWATCHES_PER_LINE) * (sw + 1)
             cv2.rectangle(out, (x, y + 2), (x + sw - 1, y + sw + 1), tuple(int(v) for v in col), -1)
-            x += sw + 1
-        _text(out, text, (x + 3, y + sw), scale)
+        r += _row_lines(segments)
 
 
 #: The tiles of a validation panel, left to right (instance-free models: the first three).

@@ -29,6 +29,7 @@ from segtrain.data import (
     build_dataset,
     collate,
     epoch_sample_keys,
+    fit_batch_to_data,
     per_rank_batch,
     plan_pipeline,
     rasterise,
@@ -211,6 +212,54 @@ def model_throughput(
     return {"step_s": dt, "images_per_s": batch["image"].shape[0] / dt}
 
 
+#: A setting is advised only when its measured figure beats the current one by this factor.
+ADVICE_MARGIN = 1.1
+#: The A/B of trainer.cpu_threads: timed steps per candidate, and its time budget.
+THREAD_TRIAL_STEPS = 3
+THREAD_TRIAL_BUDGET_S = 8.0
+
+
+def thread_candidates(current: int, cores: int) -> list[int]:
+    """torch thread counts to try against ``current``: one thread (oversubscribed cores cost the most) and all
+    the cores this process may use."""
+    return sorted({1, max(1, cores)} - {current})
+
+
+def thread_trial(
+    cfg: Any, batch: dict[str, torch.Tensor], dist: DistInfo, transform: Any, current_ips: float
+) -> dict[str, Any]:
+    """The model step's img/s with other ``trainer.cpu_threads`` values (a CPU run's A/B, on the batch training
+    uses), beside the current thread count's figure ``current_ips``; the thread count is restored after."""
+    current = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    measured = {current: current_ips}
+    for n in thread_candidates(current, cores):
+        torch.set_num_threads(n)
+        try:
+            step = model_throughput(cfg, batch, dist, THREAD_TRIAL_STEPS, transform, budget_s=THREAD_TRIAL_BUDGET_S)
+        finally:
+            torch.set_num_threads(current)
+        measured[n] = step["images_per_s"]
+    return {"threads": current, "images_per_s": {str(k): v for k, v in sorted(measured.items())}}
+
+
+def threads_advice(report: dict[str, Any]) -> str | None:
+    """``trainer.cpu_threads=N`` with the figures, when the A/B measured N faster than the current threads by
+    ``ADVICE_MARGIN``; None otherwise (also once N is applied: it is then the current count)."""
+    trial = report.get("cpu_threads_trial")
+    if not trial:
+        return None
+    current = int(trial["threads"])
+    figures = {int(k): float(v) for k, v in trial["images_per_s"].items()}
+    best = max(figures, key=figures.__getitem__)
+    if best == current or figures[best] <= figures[current] * ADVICE_MARGIN:
+        return None
+    return (
+        f"trainer.cpu_threads={best}: the model step measured {figures[best]:.1f} img/s with {best} thread(s) "
+        f"against {figures[current]:.1f} img/s with {current} (batch {report['per_rank_batch']})"
+    )
+
+
 # Per dominant stage, for CUDA runs. On a CPU run there is no device to move work to (and workers and the
 # model share the cores): the stages in CPU_ADVICE, whose ADVICE names GPU remedies, get CPU ones instead.
 ADVICE = {
@@ -260,6 +309,10 @@ def diagnose(cfg: Config, dist: DistInfo, dataset: Any = None) -> dict[str, Any]
     """Measure and decide: input-bound or compute-bound, by how much, which stage, and what to try."""
     tr = cfg.trainer
     dataset = dataset if dataset is not None else build_dataset(cfg, "train", device=dist.device, timer=StageTimer())
+    configured = int(tr.batch_size)
+    # measured on the batch training will use: a preset's batch the data set cannot fill is lowered as training
+    # lowers it (the same function)
+    lowered = fit_batch_to_data(tr, len(dataset), dist.world_size, announce=False)
     bs = per_rank_batch(int(tr.batch_size), dist.world_size)
     n_img = cfg.doctor.num_images
     report: dict[str, Any] = {
@@ -271,6 +324,8 @@ def diagnose(cfg: Config, dist: DistInfo, dataset: Any = None) -> dict[str, Any]
         "per_rank_batch": bs,
         "cpu_count": os.cpu_count(),
     }
+    if lowered is not None:
+        report["batch_lowered_from"] = configured
     stages = stage_times(dataset, n_img)  # after WARMUP_ITEMS untimed images: one-time costs excluded
     if len(dataset) and storage.is_remote(dataset.records[0].path):  # reading is requests to an object store
         stages[STORAGE_LATENCY] = stages.pop("read", 0.0)
@@ -288,6 +343,8 @@ def diagnose(cfg: Config, dist: DistInfo, dataset: Any = None) -> dict[str, Any]
     for stage in ("decode", "augment", "targets"):
         report[f"{stage}_device"] = str(dist.device) if getattr(plan, stage) == DEVICE else "cpu (loader workers)"
     report["model_step"] = model_throughput(cfg, sample, dist, cfg.doctor.steps, transform)
+    if dist.device.type == "cpu":
+        report["cpu_threads_trial"] = thread_trial(cfg, sample, dist, transform, report["model_step"]["images_per_s"])
     report.update(verdict(report, int(tr.num_workers), cfg))
     return report
 
@@ -339,7 +396,7 @@ def verdict(report: dict[str, Any], configured_workers: int, cfg: Any) -> dict[s
         if not cuda:
             advice.append(
                 "on CPU the loader workers and the model share the cores: more workers help only while cores "
-                f"are free ({report.get('cpu_count')} CPUs); trainer.cpu_threads sets the model's torch threads"
+                f"are free ({report.get('cpu_count')} CPUs)"
             )
     else:
         factor = current / max(model, 1e-9)
@@ -347,8 +404,7 @@ def verdict(report: dict[str, Any], configured_workers: int, cfg: Any) -> dict[s
         remedies = (
             "mixed precision (trainer.precision=bf16/fp16 on GPU), a larger batch, trainer.compile=true, or more GPUs"
             if cuda
-            else f"{smaller_model(cfg)}, a smaller dataset.input_size, "
-            "trainer.cpu_threads (torch threads per process; cores the loader workers do not need), "
+            else f"options not measured here: {smaller_model(cfg)}, a smaller dataset.input_size, "
             "or fewer loader workers"
         )
         summary = (
@@ -359,13 +415,22 @@ def verdict(report: dict[str, Any], configured_workers: int, cfg: Any) -> dict[s
             advice.append("on CPU the model and the loader workers share the same cores: expect less than both figures")
         if configured_workers > 1 and loader.get(configured_workers - 1, {}).get("images_per_s", 0) > model * 1.2:
             advice.append(f"fewer loader workers would do ({configured_workers - 1} still outpace the model)")
+    threads = threads_advice(report)
+    if threads is not None:
+        advice.insert(0, threads)
     return {"bound": bound, "factor": factor, "dominant_stage": dominant, "summary": summary, "advice": advice}
 
 
 def format_report(r: dict[str, Any]) -> str:
     lines = [
         f"segtrain doctor: {r['dataset']} ({r['images']} images, input {r['input_size']}), model {r['model']} on "
-        f"{r['device']}, batch {r['per_rank_batch']} per rank, {r['cpu_count']} CPUs",
+        f"{r['device']}, batch {r['per_rank_batch']} per rank"
+        + (
+            f" (trainer.batch_size={r['batch_lowered_from']} lowered to fit the data, as training does)"
+            if "batch_lowered_from" in r
+            else ""
+        )
+        + f", {r['cpu_count']} CPUs",
         "",
         f"dataset stages (ms per image, one process, after {r.get('warmup_images', 0)} untimed warm-up images):",
     ]
@@ -384,7 +449,12 @@ def format_report(r: dict[str, Any]) -> str:
             )
         lines.append(f"  num_workers={x['workers']:<2} {x['images_per_s']:8.1f} img/s{extra}")
     m = r["model_step"]
-    lines += ["", f"model training step: {m['step_s'] * 1000:.1f} ms/step, {m['images_per_s']:.1f} img/s", ""]
+    lines += ["", f"model training step: {m['step_s'] * 1000:.1f} ms/step, {m['images_per_s']:.1f} img/s"]
+    if "cpu_threads_trial" in r:
+        trial = r["cpu_threads_trial"]
+        figures = ", ".join(f"{k} thread(s) {v:.1f} img/s" for k, v in trial["images_per_s"].items())
+        lines.append(f"  torch threads (trainer.cpu_threads; now {trial['threads']}): {figures}")
+    lines.append("")
     lines.append(r["summary"])
     for a in r["advice"]:
         lines.append(f"  - {a}")

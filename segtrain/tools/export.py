@@ -1,4 +1,5 @@
-"""Export a trained network to ONNX or TorchScript: the network only, post-processing stays separate.
+"""Export a trained network to ONNX, a torch.export program or TorchScript: the network only, post-processing
+stays separate.
 
 What is exported is ``model.forward``: input ``image``, float32 (B, 3, H, W) RGB in [0, 1] (the ImageNet
 normalisation is inside the graph), outputs at the input's resolution:
@@ -8,15 +9,19 @@ normalisation is inside the graph), outputs at the input's resolution:
   instance-aware models (semantic-only models export ``semantic`` alone).
 
 ONNX (``torch.onnx.export(dynamo=True)``, which needs the ``onnx`` and ``onnxscript`` packages:
-``pip install 'segtrain[export]'``) names these outputs, in this order. TorchScript (``torch.jit.trace``,
-which works for every built-in model; ``torch.jit.script`` does not compile them) returns the same dict
-as the PyTorch model. With ``export.dynamic=true`` (default) batch, height and width are all dynamic: any
+``pip install 'segtrain[export]'``) names these outputs, in this order. ``torch_export``
+(``torch.export.export``, saved with ``torch.export.save`` as a ``.pt2`` ExportedProgram, loaded with
+``torch.export.load(path).module()``) returns the same dict as the PyTorch model; it is PyTorch's maintained
+format. TorchScript (``torch.jit.trace``) is kept as a legacy format: torch.jit is deprecated upstream, and the
+export says so. With ``export.dynamic=true`` (default) batch, height and width are all dynamic: any
 batch >= 1 and any size (not only multiples of the output stride; height/width >= 32 for ONNX);
 otherwise the shape is fixed at (1, 3, *dataset.input_size).
 
-Both files carry a JSON description (classes, thing/stuff ids, outputs), ONNX in its ``metadata_props``
-(key ``segtrain``), TorchScript as the extra file ``segtrain.json``, which is all that
-:func:`segtrain.models.postprocess.panoptic_segmentation` needs besides the outputs. After writing, the
+Every file carries a JSON description (classes, thing/stuff ids, outputs, and how ``segtrain.predict`` runs it:
+``inference`` (mode, input size, pad multiple) and ``postprocess`` (``dataset.panoptic``'s threshold, NMS kernel,
+top_k, stuff area, label divisor)), ONNX in its ``metadata_props`` (key ``segtrain``), the ``.pt2`` and TorchScript
+files as the extra file ``segtrain.json``: with it, ``prepare_input`` + the outputs + ``to_native`` +
+:func:`segtrain.models.postprocess.panoptic_segmentation` give predict's segments (docs/export.md). After writing, the
 file is run on a second input size (and batch) and compared with PyTorch (``export.verify``), because a
 trace can silently bake a shape in; ONNX verification needs ``onnxruntime`` and is skipped without it.
 Files are written to a temporary name in the target folder, verified there and only then renamed: a crash or
@@ -66,12 +71,14 @@ __all__ = [
 ]
 
 OUTPUT_NAMES = ("semantic", "center", "offset", "class_logits", "mask_logits")  # the order of ONNX outputs
-SUFFIXES = {"onnx": ".onnx", "torchscript": ".torchscript.pt"}
-METADATA_KEY = "segtrain"  # ONNX metadata_props key; TorchScript extra file "segtrain.json"
+SUFFIXES = {"onnx": ".onnx", "torch_export": ".pt2", "torchscript": ".torchscript.pt"}
+METADATA_KEY = "segtrain"  # ONNX metadata_props key; .pt2 / TorchScript extra file "segtrain.json"
 MIN_DYNAMIC_SIDE = 32
 ONNX_PACKAGES = ("onnx", "onnxscript")
 # verification: max |exported - PyTorch| <= TOLERANCE * max(1, max |PyTorch|), per output
 TOLERANCE = 1e-4
+# the same kernels as PyTorch's: a torch.export program is held to a tighter bound
+TOLERANCES = {"torch_export": 1e-5}
 
 
 class ExportError(RuntimeError):
@@ -103,12 +110,12 @@ def check_onnx_dependencies() -> None:
     if missing:
         raise ExportDependencyError(
             f"format=onnx needs the package(s) {', '.join(missing)} (torch's ONNX exporter): "
-            "pip install 'segtrain[export]' (or pip install onnx onnxscript), or use format=torchscript"
+            "pip install 'segtrain[export]' (or pip install onnx onnxscript), or use format=torch_export"
         )
 
 
 def default_output(ckpt: str | os.PathLike, fmt: str) -> Path:
-    """``<ckpt folder>/<ckpt stem>.onnx`` or ``.torchscript.pt``."""
+    """``<ckpt folder>/<ckpt stem>.onnx``, ``.pt2`` or ``.torchscript.pt``."""
     path = Path(ckpt)
     return path.with_name(path.stem + SUFFIXES[fmt])
 
@@ -171,8 +178,9 @@ def _quiet_loggers(names: Sequence[str], level: int = logging.WARNING) -> Iterat
 
 @contextlib.contextmanager
 def _quiet_jit() -> Iterator[None]:
-    """torch.jit's deprecation FutureWarnings and the tracer's shape-to-bool warnings (verification checks
-    what they warn about)."""
+    """torch.jit's deprecation FutureWarnings (format=torchscript is the legacy format, chosen knowingly; the
+    export logs that it is legacy once) and the tracer's shape-to-bool warnings (verification checks what they
+    warn about)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*is deprecated\. Please switch to", category=FutureWarning)
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
@@ -202,13 +210,50 @@ def _export_onnx(
                 verbose=False,
             )
     except Exception as e:  # noqa: BLE001 - any exporter failure, re-raised with advice
-        hint = "try export.dynamic=false or format=torchscript" if dynamic else "try format=torchscript"
+        hint = "try export.dynamic=false or format=torch_export" if dynamic else "try format=torch_export"
         raise ExportError(
             f"torch.onnx.export failed for {type(model).__name__} ({type(e).__name__}: {e}); {hint}"
         ) from e
     assert program is not None  # dynamo=True returns an ONNXProgram (None is the TorchScript exporter's)
     program.model.metadata_props[METADATA_KEY] = metadata
     program.save(str(tmp), external_data=False)
+
+
+def _dynamic_axes(side: int) -> dict[int, Any]:
+    d = torch.export.Dim
+    return {0: d("batch", min=1), 2: d("height", min=side), 3: d("width", min=side)}
+
+
+def _export_program(model: nn.Module, example: Tensor, tmp: Path, dynamic: bool, metadata: str) -> None:
+    """``torch.export.export`` -> ``torch.export.save`` (.pt2). Height and width are ``Dim.AUTO``: the built-in
+    networks compare sizes at each stride in Python (guards the solver cannot prove for every size, though
+    they hold), which a named ``Dim`` refuses; the exported input is then checked to have stayed dynamic."""
+    shapes = ({0: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO},) if dynamic else None
+    try:
+        with torch.no_grad():
+            program = torch.export.export(model, (example,), dynamic_shapes=shapes, strict=False)
+    except Exception as e:  # noqa: BLE001 - any exporter failure, re-raised with advice
+        hint = "try export.dynamic=false or format=onnx" if dynamic else "try format=onnx"
+        raise ExportError(
+            f"torch.export.export failed for {type(model).__name__} ({type(e).__name__}: {e}); {hint}"
+        ) from e
+    if dynamic:
+        axes = zip(("batch", "", "height", "width"), _input_shape(program))
+        fixed = [name for name, size in axes if name and isinstance(size, int)]
+        if fixed:
+            raise ExportError(
+                f"torch.export fixed the input's {', '.join(fixed)} of {type(model).__name__}; use export.dynamic=false"
+            )
+    torch.export.save(program, str(tmp), extra_files={f"{METADATA_KEY}.json": metadata})
+
+
+def _input_shape(program: Any) -> tuple[Any, ...]:
+    """The shape of the program's (first) user input: ints where it is fixed, SymInts where dynamic."""
+    from torch.export.graph_signature import InputKind
+
+    name = next(s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT)
+    node = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == name)
+    return tuple(node.meta["val"].shape)
 
 
 def _export_torchscript(model: nn.Module, example: Tensor, tmp: Path, metadata: str) -> None:
@@ -249,6 +294,8 @@ def export_model(
     with _atomic_path(path) as tmp:
         if fmt == "onnx":
             _export_onnx(model, example, tmp, names, opset, dynamic, text)
+        elif fmt == "torch_export":
+            _export_program(model, example, tmp, dynamic, text)
         else:
             _export_torchscript(model, example, tmp, text)
         result.seconds = time.perf_counter() - start
@@ -300,6 +347,9 @@ def _check_size(size: Sequence[int]) -> tuple[int, int]:
 
 
 def _runner(path: Path, fmt: str) -> Callable[[Tensor], dict[str, Tensor]] | None:
+    if fmt == "torch_export":
+        program = torch.export.load(str(path)).module()
+        return lambda x: {k: v.float() for k, v in program(x).items()}
     if fmt == "torchscript":
         with _quiet_jit():
             module = torch.jit.load(str(path), map_location="cpu")
@@ -314,7 +364,7 @@ def _runner(path: Path, fmt: str) -> Callable[[Tensor], dict[str, Tensor]] | Non
 
 
 def verify_export(
-    path: str | os.PathLike, fmt: str, model: nn.Module, inputs: Sequence[Tensor], tolerance: float = TOLERANCE
+    path: str | os.PathLike, fmt: str, model: nn.Module, inputs: Sequence[Tensor], tolerance: float | None = None
 ) -> dict[str, float] | None:
     """Run the exported file on ``inputs`` and compare with ``model``: the max absolute difference per output
     over all inputs, or None when no runtime is installed (onnxruntime for ONNX). Raises
@@ -323,6 +373,7 @@ def verify_export(
     run = _runner(Path(path), fmt)
     if run is None:
         return None
+    tolerance = TOLERANCES.get(fmt, TOLERANCE) if tolerance is None else tolerance
     diffs: dict[str, float] = {}
     for x in inputs:
         with torch.no_grad():
@@ -349,10 +400,32 @@ def verify_export(
 
 
 def model_metadata(cfg: Config, weights: str) -> dict[str, Any]:
-    """What a user of the exported file needs besides the outputs: classes and which are things."""
+    """What a user of the exported file needs besides the outputs to get ``segtrain.predict``'s segments:
+    classes and which are things, how predict feeds the network (``inference``: mode, input size, pad multiple)
+    and the post-processing settings (``postprocess``: ``dataset.panoptic``)."""
+    from segtrain.data import inference_size
+    from segtrain.evaluation.evaluator import PanopticSpec
+
     classes = [str(c) for c in cfg.dataset.classes]
     stuff = {classes.index(str(s)) for s in cfg.dataset.stuff_classes}
+    inf, spec = cfg.inference, PanopticSpec.from_config(cfg)
     return {
+        "inference": {
+            "mode": str(inf.mode),
+            "input_size": list(inference_size(cfg)),
+            "pad_multiple": int(inf.pad_multiple),
+            "overlap": float(inf.overlap),
+        },
+        "postprocess": {
+            "threshold": spec.threshold,
+            "nms_kernel": spec.nms_kernel,
+            "top_k": spec.top_k,
+            "stuff_area": spec.stuff_area,
+            "label_divisor": spec.label_divisor,
+            # unannotated pixels: predict's segments leave out the background class when this is "void"
+            "background": spec.background,
+            "background_class": spec.background_class,
+        },
         "segtrain_version": segtrain.__version__,
         "model": to_container(cfg.model),
         "classes": classes,
@@ -371,6 +444,11 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
     fmt = ex.format
     if fmt == "onnx":
         check_onnx_dependencies()  # before any work
+    if fmt == "torchscript":
+        log.warning(
+            "format=torchscript is a legacy format (torch.jit is deprecated in PyTorch); format=torch_export "
+            "writes the maintained .pt2 ExportedProgram"
+        )
     output = Path(str(ex.output)) if ex.output else default_output(str(cfg.ckpt), fmt)
     check_output(output, str(cfg.ckpt), cfg.overwrite)
     model = build_model(cfg.model)
@@ -400,13 +478,16 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
         shapes = ", ".join("x".join(map(str, s)) for s in sizes)
         figures = ", ".join(f"{k} {v:.2g}" for k, v in diffs.items())
         log.info(
-            "verified on inputs %s: max |exported - PyTorch| %s (tolerance %g relative)", shapes, figures, TOLERANCE
+            "verified on inputs %s: max |exported - PyTorch| %s (tolerance %g relative)",
+            shapes,
+            figures,
+            TOLERANCES.get(fmt, TOLERANCE),
         )
 
     dynamic = bool(ex.dynamic)
-    if dynamic and fmt == "onnx" and getattr(model, "query_outputs", False):
+    if dynamic and fmt != "torchscript" and getattr(model, "query_outputs", False):
         # transformers' Mask2Former specialises its shapes when traced: a "dynamic" graph would fix them anyway
-        log.info("%s exports to ONNX at a fixed input size (dataset.input_size %dx%d)", cfg.model.name, h, w)
+        log.info("%s exports to %s at a fixed input size (dataset.input_size %dx%d)", cfg.model.name, fmt, h, w)
         dynamic = False
     result = export_model(
         model,

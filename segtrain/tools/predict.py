@@ -8,7 +8,8 @@ the input's sub-folders):
   with a legend; a legend swatch has the colour its segment shows (class colour blended with the image);
 - ``<name>_panoptic_ids.png``: the COCO-panoptic id PNG (id = R + 256 G + 256^2 B) and
   ``<name>_segments.json``: per segment id, class, category id, area, box [x, y, w, h], score;
-- ``<name>_labels.png``: class ids (uint8); ``<name>_center.png``: the centre heatmap over the image.
+- ``<name>_labels.png``: class ids (uint8); ``<name>_center.png``: the centre heatmap on a colour scale over
+  the image in grey, with a colour bar (0 to 1, the centre threshold marked) below it.
 
 ``_labels.png`` and ``_panoptic_ids.png`` are id maps for programs (small integers: near black in a
 viewer); the pictures to look at are ``_semantic.png``, ``_panoptic.png`` and ``_center.png``.

@@ -4,8 +4,9 @@ Decoding is the floor of every CPU input pipeline. With ``dataset.decode=device`
 each JPEG, run every check that needs no pixels (truncation, size against the annotation, pixel cap:
 ``image_io.device_jpeg_orientation``) and rasterise its polygons at the native size; the batch carries the
 file bytes (``jpeg`` (B, L) uint8, zero-padded, ``jpeg_length`` (B,), kept on the host by ``to_device``).
-:class:`DeviceDecode` decodes them in one ``torchvision.io.decode_jpeg(list, device=...)`` call (nvjpeg on
-CUDA, libjpeg-turbo on a CPU), orients each image as ``image_io.orient`` does (EXIF orientation under the
+:class:`DeviceDecode` decodes them in one batched call (:mod:`~segtrain.data.images.jpeg_decoders`:
+nvImageCodec on CUDA where installed, else ``torchvision.io.decode_jpeg(list, device=...)``, nvjpeg on CUDA,
+libjpeg-turbo on a CPU), orients each image as ``image_io.orient`` does (EXIF orientation under the
 record's convention), writes it top-left into the padded float batch as ``to_device`` would have, and hands
 the batch to :class:`~segtrain.data.transforms.device_augment.DeviceBatchAugment` (fit, augment, targets).
 
@@ -32,6 +33,7 @@ import torch
 from torch import Tensor
 
 from segtrain.data.images.image_io import ImageReadError
+from segtrain.data.images.jpeg_decoders import jpeg_decoder
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +60,7 @@ def orient_tensor(image: Tensor, orientation: int) -> Tensor:
 
 
 def _decode(encoded: list[Tensor], device: torch.device) -> list[Tensor]:
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    out = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
-    return list(out) if isinstance(out, (list, tuple)) else [out]
+    return jpeg_decoder(device)(encoded, device)
 
 
 def _decode_one(data: Tensor, device: torch.device) -> Tensor | None:
@@ -142,6 +141,7 @@ class DeviceDecode:
         self.augment = augment
         self.device = torch.device(device)
         self.on_error = on_error
+        log.info("JPEGs are decoded on %s by %s", self.device, jpeg_decoder(self.device).name)
 
     def __call__(self, batch: dict[str, Tensor], epoch: int, step: int) -> dict[str, Tensor]:
         result: dict[str, Tensor] = self.augment(decode_batch(dict(batch), self.device, self.on_error), epoch, step)
