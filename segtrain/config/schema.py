@@ -108,6 +108,11 @@ class PanopticConfig:
     # Unannotated pixels in the ground truth: void (COCO panoptic's rule; PQ is then over the
     # annotated classes) or stuff (the background class is one scored stuff segment).
     background: str = "void"
+    # What PQ knows of those pixels when they are not scored: background (a prediction spilling onto them
+    # is penalised, the instance-segmentation PQ), void (unknown and forgiven, panopticapi's VOID) or auto:
+    # background where the format's unlabelled pixels train as background (COCO, LabelMe, synthetic), void
+    # where they are ignored (COCO panoptic, Cityscapes). Ignore and crowd regions are always void.
+    unannotated: str = "auto"
 
 
 @dataclass
@@ -411,6 +416,7 @@ INFERENCE_MODES = ("fit", "pad", "sliding")  # segtrain.data.mappers.NativeMappe
 
 
 PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.targets.panoptic_gt
+PANOPTIC_UNANNOTATED = ("auto", "background", "void")  # segtrain.evaluation.evaluator.PanopticSpec
 
 
 EXPORT_FORMATS = ("onnx", "torchscript")  # segtrain.tools.export
