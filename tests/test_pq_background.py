@@ -123,3 +123,12 @@ def test_coco_instances_penalise_the_spill_coco_panoptic_does_not():
         pq.update(pred, PRED_SEGS, gt_map, gt_segs, spec.background_mask(batch, 0))
         scores[fmt] = pq.compute()["all"]["pq"]
     assert scores == {"coco": pytest.approx(4 / 7), "coco_panoptic": 1.0}
+
+
+def test_unknown_rule_is_a_config_error_naming_the_key():
+    from segtrain.config import compose
+    from segtrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"dataset\.panoptic\.unannotated") as e:
+        compose(["dataset.panoptic.unannotated=unknown"])
+    assert "background" in str(e.value) and "void" in str(e.value)
