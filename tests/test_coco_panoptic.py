@@ -364,3 +364,24 @@ def test_ground_truth_from_png_scores_pq_one(sample, ds_cfg):
             assert result[group]["pq"] == pytest.approx(1.0) and result[group]["n"] > 0, group
     counts = pq_ref.compute()
     assert (counts["things"]["n"], counts["stuff"]["n"]) == (4, 4)  # person, sports ball, horse, truck; 4 stuff
+
+
+def test_categories_sharing_a_name_are_said_once(tmp_path, sample, caplog):
+    """Two category ids named alike train as one class (classes are named): the load says so once."""
+    data = json.loads(json.dumps(sample["data"]))
+    cats = data["categories"]
+    renamed = next(c for c in cats if c["name"] == "dog")
+    renamed["name"] = "cat"
+    path = tmp_path / "shared.json"
+    path.write_text(json.dumps(data))
+    cfg = compose(
+        ["dataset=coco_panoptic", "dataset.root=/x", "dataset.classes=[background,person,cat]", "dataset.unlisted=drop"]
+    ).dataset
+    with caplog.at_level("WARNING"):
+        _load(sample, cfg, path)
+    said = [r.getMessage() for r in caplog.records if "more than one category id" in r.getMessage()]
+    assert len(said) == 1 and "'cat'" in said[0] and "shared.json" in said[0], said
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        _load(sample, cfg)
+    assert not [r for r in caplog.records if "more than one category id" in r.getMessage()]

@@ -66,6 +66,7 @@ def test_coco_panoptic_export_rescores_to_the_same_pq(trained):
     pred, gt = (json.loads((folder / f"{n}.json").read_text()) for n in ("predictions", "ground_truth"))
     assert len(pred["annotations"]) == len(gt["annotations"]) == result["images"]
     pq = PanopticQuality({c["id"]: c for c in gt["categories"]})
+    n_known = 0
     for p, g in zip(pred["annotations"], gt["annotations"], strict=True):
         maps = []
         for sub, ann in (("predictions", p), ("ground_truth", g)):
@@ -73,9 +74,19 @@ def test_coco_panoptic_export_rescores_to_the_same_pq(trained):
             ids = decode_ids(rgb)
             assert set(np.unique(ids)) - {0} == {s["id"] for s in ann["segments_info"]}
             maps.append(ids)
-        pq.update(maps[0], p["segments_info"], maps[1], g["segments_info"])
+        # known background (synthetic data): one ground-truth segment of a category the JSON does not list,
+        # as panopticapi reads it: not VOID, never scored
+        listed = {c["id"] for c in gt["categories"]}
+        known = [s["id"] for s in g["segments_info"] if s["category_id"] not in listed]
+        assert len(known) <= 1
+        n_known += len(known)
+        background = np.isin(maps[1], known)
+        gt_map = np.where(background, 0, maps[1])
+        gt_segs = [s for s in g["segments_info"] if s["id"] not in known]
+        pq.update(maps[0], p["segments_info"], gt_map, gt_segs, background)
     again = pq.compute()["all"]["pq"]
     assert again == pytest.approx(result["pq"], abs=1e-12)
+    assert n_known == result["images"], "every synthetic image has unannotated pixels: known background"
 
 
 def test_predict_files_names_and_single_input(trained, tmp_path, smoke_run):

@@ -48,11 +48,12 @@ def assert_titles_in_order(panel: np.ndarray, titles: tuple[str, ...]) -> list[n
 
 
 def test_titled_row_puts_each_title_over_its_unchanged_tile():
-    tiles = [np.full((64, 64, 3), 40 * k, np.uint8) for k in range(6)]
+    # 96 px: wide enough for every title at the smallest font in any OpenCV (Hershey widths grew in 5.1)
+    tiles = [np.full((64, 96, 3), 40 * k, np.uint8) for k in range(6)]
     for t in tiles:
-        cv2.circle(t, (32, 32), 20, (200, 10, 90), -1)
+        cv2.circle(t, (48, 32), 20, (200, 10, 90), -1)
     panel = titled_row(tiles, PANEL_TITLES)
-    assert panel.dtype == np.uint8 and panel.shape[1] == 6 * 64
+    assert panel.dtype == np.uint8 and panel.shape[1] == 6 * 96
     below = assert_titles_in_order(panel, PANEL_TITLES)
     for k, (tile, content) in enumerate(zip(tiles, below, strict=True)):
         assert np.array_equal(content, tile), f"tile {k}: the title must not cover the picture"

@@ -58,3 +58,26 @@ def test_validation_geometry_fits_and_pads_bottom_right():
     out, ids, valid = apply_transforms(t, img, inst)
     assert out.shape == (96, 128, 3) and np.array_equal(ids[:60], inst)
     assert valid is not None and valid[:60].all() and not valid[60:].any()
+
+
+def test_augmented_pixels_do_not_depend_on_opencv_threads():
+    """Loader workers and 1 vs N processes must see the same pixels whatever OpenCV's thread pool: every
+    resample segtrain does is on integers (uint8 image, uint16 ids), whose results OpenCV computes in fixed
+    point (its float bilinear warp, by contrast, differs in the last bit between thread counts in 5.1)."""
+    import cv2
+
+    img, inst = scene(300, 420)  # large enough for OpenCV to split the work into stripes
+    t = build_transforms(augment(scale_min=0.7, scale_max=1.3, rotate_limit=30.0, rotate_p=1.0), (256, 320), True)
+    before = cv2.getNumThreads()
+    outs = []
+    try:
+        for threads in (1, 4, 0):
+            cv2.setNumThreads(threads)
+            t.set_random_seed(7)
+            outs.append(apply_transforms(t, img, inst))
+    finally:
+        cv2.setNumThreads(before)
+    for out, ids, valid in outs[1:]:
+        assert np.array_equal(out, outs[0][0]) and np.array_equal(ids, outs[0][1])
+        assert valid is not None and np.array_equal(valid, outs[0][2])
+    assert not np.array_equal(outs[0][0][:64, :64], img[:64, :64]), "the draw resampled the image"

@@ -33,7 +33,10 @@ def test_overlay_panoptic_colours_outlines_and_void():
     names = ["bg", "circle", "square", "road"]
     out = overlay_panoptic(img, pan, names, thing_ids=[1, 2], legend=False)
     assert out.shape == img.shape and out.dtype == np.uint8
-    a, b = out[15, 20].astype(int), out[15, 55].astype(int)  # inside two instances of one class
+    # inside two instances of one class, clear of the outline and of the class name drawn at their centres
+    # (glyphs are OpenCV's to render: their pixels differ between versions)
+    a, b = out[8, 9].astype(int), out[8, 44].astype(int)
+    assert (a == out[7:10, 7:12].reshape(-1, 3)).all() and (b == out[7:10, 42:47].reshape(-1, 3)).all()
     assert np.abs(a - b).sum() > 60
     assert (out[30, 20] == 128).all()  # void: untouched
     assert (out[5, 20] == 255).all() or (out[4, 20] == 255).all()  # white outline on the boundary

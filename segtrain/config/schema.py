@@ -108,6 +108,11 @@ class PanopticConfig:
     # Unannotated pixels in the ground truth: void (COCO panoptic's rule; PQ is then over the
     # annotated classes) or stuff (the background class is one scored stuff segment).
     background: str = "void"
+    # What PQ knows of those pixels when they are not scored: background (a prediction spilling onto them
+    # is penalised, the instance-segmentation PQ), void (unknown and forgiven, panopticapi's VOID) or auto:
+    # background where the format's unlabelled pixels train as background (COCO, LabelMe, synthetic), void
+    # where they are ignored (COCO panoptic, Cityscapes). Ignore and crowd regions are always void.
+    unannotated: str = "auto"
 
 
 @dataclass
@@ -427,6 +432,7 @@ PRECISIONS = ("fp32", "fp16", "bf16", "auto")  # segtrain.device.effective_preci
 
 
 PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.targets.panoptic_gt
+PANOPTIC_UNANNOTATED = ("auto", "background", "void")  # segtrain.evaluation.evaluator.PanopticSpec
 
 
 # segtrain.tools.export; torchscript: legacy (torch.jit is deprecated upstream)

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from segtrain.data.records import ImageRecord as ImageRecord
     from segtrain.data.records import Instance as Instance
     from segtrain.data.targets.mask_targets import mask_targets as mask_targets
+    from segtrain.data.targets.panoptic_gt import known_background as known_background
     from segtrain.data.targets.panoptic_gt import panoptic_categories as panoptic_categories
     from segtrain.data.targets.panoptic_gt import panoptic_from_prediction as panoptic_from_prediction
     from segtrain.data.targets.panoptic_gt import panoptic_ground_truth as panoptic_ground_truth
@@ -80,6 +81,7 @@ _HOMES = {
     "label_of": "segtrain.data.formats.cityscapes",
     "read_image_file": "segtrain.data.images.image_io",
     "rasterise": "segtrain.data.targets.rasterise",
+    "known_background": "segtrain.data.targets.panoptic_gt",
     "panoptic_categories": "segtrain.data.targets.panoptic_gt",
     "panoptic_from_prediction": "segtrain.data.targets.panoptic_gt",
     "panoptic_ground_truth": "segtrain.data.targets.panoptic_gt",

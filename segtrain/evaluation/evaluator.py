@@ -19,7 +19,13 @@ from torch import nn
 from tqdm import tqdm
 
 from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL, POSTPROCESS, Config
-from segtrain.data import coco_ids, panoptic_categories, panoptic_from_prediction, panoptic_ground_truth
+from segtrain.data import (
+    coco_ids,
+    known_background,
+    panoptic_categories,
+    panoptic_from_prediction,
+    panoptic_ground_truth,
+)
 from segtrain.device import autocast, to_device
 from segtrain.distributed import all_reduce_, unwrap
 from segtrain.evaluation.instance_ap import (
@@ -102,6 +108,9 @@ class PanopticSpec:
     nms_kernel: int = POSTPROCESS.nms_kernel
     top_k: int = POSTPROCESS.top_k
     background: str = "void"
+    # Unannotated pixels are known background for PQ (``known_background``), not VOID: the data set's
+    # unlabelled pixels train as background (``dataset.panoptic.unannotated``).
+    known_background: bool = False
 
     @classmethod
     def from_config(cls, cfg: Config) -> PanopticSpec:
@@ -128,6 +137,7 @@ class PanopticSpec:
             pan.nms_kernel,
             pan.top_k,
             pan.background,
+            _known_background(str(getattr(pan, "unannotated", "auto")), unlabeled),
         )
 
     def segment(self, semantic: torch.Tensor, center: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -159,6 +169,20 @@ class PanopticSpec:
             valid=None if valid is None else valid[i].cpu().numpy(),
         )
 
+    def background_mask(self, batch: dict[str, torch.Tensor], i: int) -> np.ndarray | None:
+        """``PanopticQuality.update``'s ``background`` for image ``i`` of a batch: its known-background
+        pixels, or None when unannotated pixels are VOID (``known_background`` False)."""
+        if not self.known_background:
+            return None
+        valid = batch.get("valid")
+        return known_background(
+            batch["instance"][i].cpu().numpy(),
+            batch["instance_classes"][i].cpu().numpy(),
+            ignore_label=IGNORE_LABEL,
+            background_class=self.background_class,
+            valid=None if valid is None else valid[i].cpu().numpy(),
+        )
+
     def segment_queries(self, class_logits: torch.Tensor, mask_logits: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Mask2Former's ``panoptic_inference`` of one image: class (Q, C+1) and mask (Q, H, W) logits."""
         return panoptic_inference(class_logits, mask_logits, self.thing_ids, label_divisor=self.label_divisor)
@@ -170,6 +194,11 @@ class PanopticSpec:
 
     def categories(self) -> dict[int, dict[str, Any]]:
         return panoptic_categories(self.class_names, self.thing_ids, self.background_class, self.background)
+
+
+def _known_background(unannotated: str, unlabeled: str) -> bool:
+    """``dataset.panoptic.unannotated`` resolved: auto follows the format's unlabelled pixels."""
+    return unlabeled == "background" if unannotated == "auto" else unannotated == "background"
 
 
 def ids_at_size(id_map: torch.Tensor, size: tuple[int, int], scale: float) -> torch.Tensor:
@@ -273,7 +302,7 @@ class PanopticEvaluator:
                 )
             pred_map, pred_segments = self.spec.prediction(panoptic)
             gt_map, gt_segments = self.spec.ground_truth(batch, i)
-            self.pq.update(pred_map, pred_segments, gt_map, gt_segments)
+            self.pq.update(pred_map, pred_segments, gt_map, gt_segments, self.spec.background_mask(batch, i))
             index = int(batch["index"][i]) if "index" in batch else len(self.ap.images if self.ap else [])
             if self.ap is not None:
                 p = None if prob is None else prob[i]

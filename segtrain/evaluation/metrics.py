@@ -152,6 +152,12 @@ class PanopticQuality:
     ground-truth VOID.  Unmatched non-crowd ground truth is a false negative; an unmatched prediction is
     a false positive unless more than half of it lies on VOID plus the crowd region of its own category
     (like panopticapi, only one crowd segment per category and image counts: the last one listed).
+
+    VOID means unknown.  Where the unannotated pixels are known to be background (COCO instances,
+    LabelMe: they train as background), ``update``'s ``background`` marks them: they are no segment, but a
+    prediction's pixels there stay in its union and count against its forgiveness, as in the
+    instance-segmentation PQ (HoVer-Net's ``get_fast_pq``); without it every VOID pixel is unknown, as in
+    panopticapi.
     Per-category TP/FP/FN and IoU sums add up over images (and ranks, see ``all_reduce``); PQ, SQ, RQ
     are per category, then averaged over the categories with TP + FP + FN > 0, for all, things
     (``isthing == 1``) and stuff.
@@ -196,11 +202,25 @@ class PanopticQuality:
         pred_segments: Iterable[Mapping[str, Any]],
         gt: np.ndarray | torch.Tensor,
         gt_segments: Iterable[Mapping[str, Any]],
+        background: np.ndarray | torch.Tensor | None = None,
     ) -> None:
-        """Add one image: (H, W) id maps (VOID = 0) and their segment lists."""
+        """Add one image: (H, W) id maps (VOID = 0) and their segment lists.
+
+        ``background``: optional (H, W) bool, True where the ground truth is known background (annotated
+        as no segment); only its VOID pixels are read.  Those pixels are not VOID: a prediction covering
+        them is penalised (larger union, no forgiveness).  None: every VOID pixel is unknown."""
         pred_map, gt_map = _as_id_map("pred", pred), _as_id_map("gt", gt)
         if pred_map.shape != gt_map.shape:
             raise ValueError(f"pred {pred_map.shape} and gt {gt_map.shape} id maps differ in size")
+        if background is not None:
+            if isinstance(background, torch.Tensor):
+                background = background.detach().cpu().numpy()
+            background = np.asarray(background)
+            if background.shape != gt_map.shape or background.dtype != bool:
+                raise ValueError(
+                    f"background must be an (H, W) bool mask like gt {gt_map.shape}, "
+                    f"got {background.dtype} {background.shape}"
+                )
         p_ids, p_cats, _ = _segment_table("pred_segments", pred_segments, with_crowd=False)
         g_ids, g_cats, g_crowd = _segment_table("gt_segments", gt_segments, with_crowd=True)
         p_ci = self._category_index("pred_segments", p_cats)
@@ -208,8 +228,11 @@ class PanopticQuality:
         pi = _compact("pred", pred_map, p_ids)
         gi = _compact("gt", gt_map, g_ids)
         n_p, n_g = p_ids.size + 1, g_ids.size + 1  # index 0 = VOID
-        inter = np.bincount(gi * n_p + pi, minlength=n_g * n_p).reshape(n_g, n_p)
+        if background is not None:  # known background: one more ground-truth row, n_g, that is not VOID
+            gi = np.where(background.reshape(-1) & (gi == 0), n_g, gi)
+        inter = np.bincount(gi * n_p + pi, minlength=(n_g + 1) * n_p).reshape(n_g + 1, n_p)
         pred_area = inter.sum(0)
+        inter = inter[:n_g]
         gt_area = inter.sum(1)
         absent = np.flatnonzero(pred_area[1:] == 0)
         if absent.size:

@@ -10,12 +10,18 @@ categories with ``isthing``. The official evaluator runs on them as they are::
 
 Category ids are segtrain's class indices (the ``categories`` list names them). Under torchrun every
 rank writes its images' PNGs; rank 0 writes the JSON files with everyone's segments.
+
+Where unannotated pixels are known background (``PanopticSpec.known_background``), the ground truth
+holds them as one more segment of the background class, a category the JSON does not list: panopticapi
+then counts a prediction's pixels there in its union and against its forgiveness, and never scores
+the segment itself, which is segtrain's rule, so ``pq_compute`` gives segtrain's figures.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +75,20 @@ def _safe_name(text: str) -> str:
 class CocoPanopticExport:
     """``on_image`` callback of ``PanopticEvaluator``; ``finish()`` writes the JSON files."""
 
-    def __init__(self, out_dir: Path, dataset: Any, categories: dict[int, dict[str, Any]], is_main: bool) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        dataset: Any,
+        categories: dict[int, dict[str, Any]],
+        is_main: bool,
+        background: Callable[[dict[str, Any], int], np.ndarray | None] | None = None,
+        background_category: int = 0,
+    ) -> None:
+        """``background(batch, i)``: image ``i``'s known-background pixels or None (VOID), written as one
+        ground-truth segment of ``background_category`` (see the module docstring)."""
         self.out = Path(out_dir)
+        self.background = background
+        self.background_category = int(background_category)
         self.dataset = dataset
         self.categories = categories
         self.is_main = is_main
@@ -91,6 +109,16 @@ class CocoPanopticExport:
         rec = self.dataset.records[index]
         stem = f"{index:06d}_{_safe_name(str(rec.image_id))}"
         h, w = gt_map.shape
+        known = None if self.background is None else self.background(batch, i)
+        if known is not None:
+            known = known & (gt_map == 0)
+            if known.any():
+                bid = max((int(s["id"]) for s in gt_segments), default=0) + 1
+                gt_map = np.where(known, bid, gt_map).astype(gt_map.dtype)
+                gt_segments = [
+                    *gt_segments,
+                    {"id": bid, "category_id": self.background_category, "iscrowd": 0, "area": int(known.sum())},
+                ]
         image = {"id": index, "file_name": rec.path.name if rec.path is not None else stem, "height": h, "width": w}
         rows = []
         for sub, id_map, segments in (("predictions", pred_map, pred_segments), ("ground_truth", gt_map, gt_segments)):

@@ -70,8 +70,14 @@ class ExportFormat:
 class _CocoPanoptic(Export):
     def __init__(self, ctx: ExportContext) -> None:
         assert ctx.spec is not None  # needs_panoptic
+        spec = ctx.spec
         self.writer = CocoPanopticExport(
-            ctx.run_dir / "coco_panoptic", ctx.dataset, ctx.spec.categories(), ctx.dist.is_main
+            ctx.run_dir / "coco_panoptic",
+            ctx.dataset,
+            spec.categories(),
+            ctx.dist.is_main,
+            spec.background_mask if spec.known_background else None,
+            spec.background_class,
         )
         self.on_image = self.writer
 

@@ -45,6 +45,7 @@ from segtrain.data.formats.reading import (
     parse_json,
     read_annotation_file,
     shown,
+    warn_shared_names,
 )
 from segtrain.data.formats.rle import coco_rle
 from segtrain.data.records import (
@@ -99,22 +100,6 @@ def load_coco(
     if check_files:
         index = _check_files(index, on_error, report, img_root)
     return index, report
-
-
-def warn_shared_names(labels: list[str], path: Path) -> None:
-    """Categories of one name (different ids) become one class, as ``dataset.classes`` names classes: said once
-    per load, so the merge is never silent (``dataset.class_map`` cannot tell them apart either)."""
-    from collections import Counter
-
-    shared = sorted(name for name, n in Counter(labels).items() if n > 1)
-    if shared:
-        log.warning(
-            "%s: %d category name(s) used by more than one category id (%s): their annotations train as one class "
-            "each; rename the categories in the file if they are different things",
-            path,
-            len(shared),
-            ", ".join(repr(n) for n in shared[:8]) + (", ..." if len(shared) > 8 else ""),
-        )
 
 
 def discover_classes_coco(

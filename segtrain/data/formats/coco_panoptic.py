@@ -53,7 +53,7 @@ import numpy as np
 from segtrain import storage
 from segtrain.config import IGNORE_LABEL
 from segtrain.data.formats.index_cache import cache_file, file_fingerprint, glob_escape
-from segtrain.data.formats.reading import parse_json, read_annotation_file
+from segtrain.data.formats.reading import parse_json, read_annotation_file, warn_shared_names
 from segtrain.data.images.image_io import ImageReadError, decode_image, max_encoded_bytes
 from segtrain.data.records import (
     MAX_ANNOTATION_BYTES,
@@ -219,6 +219,7 @@ def load_coco_panoptic(
     col = Collector(on_error)
     src = str(ann_path)
     data, anns, categories = _read_panoptic_json(ann_path)
+    warn_shared_names([str(c["name"]) for c in categories.values()], ann_path)
     classes_of: dict[int, int | None] = {}  # category id -> training class (None: dropped)
     label_errors: dict[int, str] = {}
     for cid, cat in categories.items():

@@ -10,6 +10,8 @@ mean (``dataset.unlisted``) and whether to raise or skip.
 from __future__ import annotations
 
 import json
+import logging
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +21,8 @@ from segtrain.data.formats.index import RecordIndex
 from segtrain.data.records import ON_ERROR, AnnotationError, ClassMap, SkipReport
 from segtrain.fileio import UnsafeFileError
 from segtrain.storage import StorageError, read_bytes  # files, and URLs
+
+log = logging.getLogger(__name__)
 
 orjson: ModuleType | None
 try:  # ~3x faster than json and lighter on memory; json is the fallback (and reads NaN / Infinity)
@@ -152,6 +156,21 @@ def finish(
         report.skipped_annotations.append(f"{msg}: skipped; the label is {class_map.unknown_hint([labels[c]])}")
         report.num_skipped_annotations += n
     return bound, report
+
+
+def warn_shared_names(labels: list[str], path: Path) -> None:
+    """Categories of one name (different ids; COCO, COCO panoptic) become one class, as ``dataset.classes``
+    names classes: said once per load, so the merge is never silent (``dataset.class_map`` cannot tell them
+    apart either)."""
+    shared = sorted(name for name, n in Counter(labels).items() if n > 1)
+    if shared:
+        log.warning(
+            "%s: %d category name(s) used by more than one category id (%s): their annotations train as one class "
+            "each; rename the categories in the file if they are different things",
+            path,
+            len(shared),
+            ", ".join(repr(n) for n in shared[:8]) + (", ..." if len(shared) > 8 else ""),
+        )
 
 
 def bounded_list(items: list[str], limit: int = 20) -> str:

@@ -19,6 +19,11 @@ Rule for ground truth (``panoptic_ground_truth``), per image:
   background is a real class you want scored);
 - pixels where ``valid`` is False (padding, outside a warped image) are VOID.
 
+VOID is what panopticapi knows: unknown pixels, left out of every prediction's IoU.  Unannotated pixels
+of a data set whose unlabelled pixels are background (COCO instances, LabelMe, synthetic) are not
+unknown: ``known_background`` gives them, for ``PanopticQuality.update``'s ``background``, so a
+prediction spilling onto them is penalised.  Ignore and crowd regions and padding stay VOID.
+
 Segment ids are 1..S in this order: thing instances by instance id, stuff classes by class id, the
 background segment, crowd segments by class id.  VOID is 0.  Areas are pixel counts.
 
@@ -36,7 +41,7 @@ import numpy as np
 
 from segtrain.config import PANOPTIC_BACKGROUNDS, POSTPROCESS
 
-__all__ = ["VOID", "panoptic_categories", "panoptic_from_prediction", "panoptic_ground_truth"]
+__all__ = ["VOID", "known_background", "panoptic_categories", "panoptic_from_prediction", "panoptic_ground_truth"]
 
 VOID = 0
 
@@ -154,6 +159,26 @@ def panoptic_ground_truth(
     if valid is not None:
         id_map[~valid] = VOID
     return id_map, segments
+
+
+def known_background(
+    instance_mask: np.ndarray,
+    instance_classes: np.ndarray,
+    ignore_label: int = 255,
+    background_class: int = 0,
+    valid: np.ndarray | None = None,
+) -> np.ndarray:
+    """(H, W) bool: the pixels ``panoptic_ground_truth`` calls unannotated (instance id 0 and instances
+    of ``background_class``) where the image has pixels; ignore and crowd regions are not among them.
+    Meaningful only for data sets whose unlabelled pixels are background (see the module docstring)."""
+    mask = np.asarray(instance_mask)
+    classes = np.asarray(instance_classes).astype(np.int64, copy=False)
+    ids = np.arange(classes.size)
+    is_bg = (classes != ignore_label) & ((classes == background_class) | (ids == 0))
+    out = is_bg[mask]
+    if valid is not None:
+        out &= np.asarray(valid, bool)
+    return out
 
 
 def panoptic_from_prediction(
