@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+import segtrain.data.formats.polygon_text as polygon_text
 from segtrain import storage
 from segtrain.data.formats.index import RecordIndex, blob_arrays, encode_column
 from segtrain.data.formats.index_cache import cached_file_index, cached_index, file_fingerprint
@@ -211,6 +212,14 @@ def _loads_chunk(text: bytes) -> Any:
         raise NotSplittable(str(e)) from None
 
 
+def _loads_annotations(text: bytes) -> Any:
+    """A chunk of annotations, its plain polygon lists read as float64 arrays (polygon_text.py)."""
+    rest, groups = polygon_text.extract_polygons(text)
+    out = _loads_chunk(rest)
+    polygon_text.restore(out, groups)
+    return out
+
+
 def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) -> RecordIndex:
     src = str(path)
     raw: bytes | None  # None once converted (freed)
@@ -234,7 +243,9 @@ def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) 
         chunks: Iterator[list] = iter(())
         if "annotations" in spans:
             ann_span = spans["annotations"]
-            chunks = iter_chunks(raw, ann_span, structure.element_starts(ann_span), CHUNK_BYTES, _loads_chunk)
+            starts = structure.element_starts(ann_span)
+            loads = _loads_annotations if len(raw) >= polygon_text.MIN_FILE_BYTES else _loads_chunk
+            chunks = iter_chunks(raw, ann_span, starts, CHUNK_BYTES, loads)
         del structure
     else:
         top = parse_json(raw, path)
@@ -419,8 +430,11 @@ def _flat_part(part: Any) -> list:
     raise ValueError("coordinates are not numbers (expected [x1, y1, x2, y2, ...] or [[x1, y1], ...])")
 
 
-def _convert_parts(parts: list) -> tuple[array, np.ndarray, dict[int, str]]:
-    """All coordinates in one float64 buffer, the count of each part, and per-part problems of type."""
+def _convert_parts(parts: list) -> tuple[array | np.ndarray, np.ndarray, dict[int, str]]:
+    """All coordinates in one float64 buffer, the count of each part, and per-part problems of type. Parts
+    are lists (parsed JSON) or float64 arrays (read from the text: polygon_text.py)."""
+    if parts and all(type(p) is np.ndarray for p in parts):
+        return np.concatenate(parts), np.fromiter(map(len, parts), np.int64, len(parts)), {}
     buf = array("d")
     try:
         deque(map(buf.fromlist, parts), maxlen=0)  # C loop: one fromlist per part
@@ -432,6 +446,10 @@ def _convert_parts(parts: list) -> tuple[array, np.ndarray, dict[int, str]]:
     lens = np.zeros(len(parts), np.int64)
     reasons: dict[int, str] = {}
     for k, p in enumerate(parts):
+        if type(p) is np.ndarray:
+            buf.frombytes(p.tobytes())
+            lens[k] = len(p)
+            continue
         try:
             flat = p if type(p) is list and set(map(type, p)) <= {int, float} else _flat_part(p)
             add(flat)
@@ -450,7 +468,7 @@ def _segment_sums(values: np.ndarray, lens: np.ndarray) -> np.ndarray:
 
 
 _ID_TYPES = frozenset({int, str})
-_SEG_KIND: dict[type, int] = {list: 1, dict: 2}
+_SEG_KIND: dict[type, int] = {list: 1, dict: 2, np.ndarray: 1}  # arrays: parts read from the text
 _get_seg = methodcaller("get", "segmentation")
 _get_image = methodcaller("get", "image_id")
 _get_cat = methodcaller("get", "category_id")
@@ -643,7 +661,7 @@ class _Annotations:
         nonfinite = _segment_sums(~np.isfinite(v), lens) > 0
         # true / false pass as 1.0 / 0.0 through fromlist: look closer at parts holding those values
         for k in np.flatnonzero(_segment_sums((v == 0.0) | (v == 1.0), lens) > 0).tolist():
-            if k not in reasons and bool in set(map(type, parts[k])):
+            if k not in reasons and type(parts[k]) is list and bool in set(map(type, parts[k])):
                 reasons[k] = "coordinates must be numbers, not true/false"
         bad = nonfinite | (lens % 2 == 1) | (lens < 6) | (lens > 2 * MAX_POLYGON_VERTICES)
         if reasons:
