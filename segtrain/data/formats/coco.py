@@ -433,7 +433,7 @@ def _flat_part(part: Any) -> list:
 def _convert_parts(parts: list) -> tuple[array | np.ndarray, np.ndarray, dict[int, str]]:
     """All coordinates in one float64 buffer, the count of each part, and per-part problems of type. Parts
     are lists (parsed JSON) or float64 arrays (read from the text: polygon_text.py)."""
-    if parts and all(type(p) is np.ndarray for p in parts):
+    if parts and set(map(type, parts)) == {np.ndarray}:
         return np.concatenate(parts), np.fromiter(map(len, parts), np.int64, len(parts)), {}
     buf = array("d")
     try:
@@ -515,6 +515,19 @@ def _area(v: Any) -> float:
     return math.nan
 
 
+def _areas(values: list) -> np.ndarray:
+    """:func:`_area` of each value, vectorised when all are numbers."""
+    if set(map(type, values)) <= {int, float}:
+        try:
+            out = np.array(values, np.float64)
+        except OverflowError:  # an integer beyond float range
+            pass
+        else:
+            out[~np.isfinite(out)] = math.nan
+            return out
+    return np.fromiter(map(_area, values), np.float64, len(values))
+
+
 def _cat_ids(parts: list[np.ndarray | list]) -> np.ndarray | list:
     """Annotation ids: one int64 array when all are integers, else a list of strings."""
     if all(isinstance(p, np.ndarray) for p in parts):
@@ -558,7 +571,7 @@ class _Annotations:
         try:
             segs, ims, cats = list(map(_get_seg, chunk)), list(map(_get_image, chunk)), list(map(_get_cat, chunk))
             aids, crowds = list(map(_get_id, chunk)), list(map(_get_crowd, chunk))
-            areas = list(map(_area, map(_get_area, chunk)))
+            areas = _areas(list(map(_get_area, chunk)))
         except AttributeError:
             return None
         if not (set(map(type, ims)) <= _ID_TYPES and set(map(type, cats)) <= _ID_TYPES):
@@ -572,10 +585,11 @@ class _Annotations:
         kind = np.fromiter(map(_SEG_KIND.get, map(type, segs), repeat(0)), np.int8, n)
         take = (img >= 0) & (code >= 0) & (kind == 1)
         sel = np.flatnonzero(take)
-        nparts = np.fromiter(map(len, (segs[k] for k in sel.tolist())), np.int64, len(sel))
+        nparts = np.fromiter(map(len, [segs[k] for k in sel.tolist()]), np.int64, len(sel))
         take[sel[nparts == 0]] = False
         sel = np.flatnonzero(take)
-        first = np.fromiter(map(_SEG_KIND.get, map(type, map(_first, (segs[k] for k in sel))), repeat(0)), np.int8)
+        firsts = map(_first, [segs[k] for k in sel.tolist()])
+        first = np.fromiter(map(_SEG_KIND.get, map(type, firsts), repeat(0)), np.int8)
         take[sel[first != 1]] = False
         sel = np.flatnonzero(take)
         chosen = [segs[k] for k in sel.tolist()]
@@ -584,11 +598,11 @@ class _Annotations:
             base + sel,
             img[sel],
             code[sel],
-            np.fromiter((crowds[k] for k in sel.tolist()), bool, len(sel)),
+            np.array(crowds, bool)[sel],
             np.fromiter(map(len, chosen), np.int64, len(chosen)),
             _int_ids(ids),
             list(chain.from_iterable(chosen)),
-            [areas[k] for k in sel.tolist()],
+            areas[sel],
         )
         return take
 
