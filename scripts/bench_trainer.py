@@ -427,7 +427,10 @@ def many_processes(args: argparse.Namespace) -> None:
     for i in range(args.processes):
         keys = ("steps", "rounds", "threads", "batch", "size", "device", "log_every", "model")
         argv = child_argv(args, keys, *(["--control"] if args.control else []), *(["--peer"] if args.peer else []))
-        out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"process {i + 1} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        out = proc.stdout
         runs.append(json.loads(out))
         print(f"process {i + 1}/{args.processes}: {runs[-1]['overhead_paired_median']:+.4f}", file=sys.stderr)
 
