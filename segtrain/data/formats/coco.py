@@ -6,7 +6,9 @@ scan (json_chunks.py) finds the elements of the ``images`` and ``annotations`` a
 (``map`` over the chunk; the polygon coordinates of a whole chunk go into one float64 buffer with
 ``array.fromlist`` and are checked vectorised) and freed before the next. Anything unusual (RLE,
 nested ``[[x, y], ...]`` points, wrong types) takes a per-annotation path that names the problem;
-a document the scan cannot split (or a syntax error) is parsed whole, for the exact error.
+a document the scan cannot split (or a syntax error) is parsed whole, for the exact error. In files of
+``polygon_text.MIN_FILE_BYTES`` and more, plain polygon lists skip the parser: polygon_text.py reads them
+from the text into float64 arrays (the parser's exact values).
 
 What is checked, before training starts: JSON syntax; ``images`` / ``annotations`` /
 ``categories`` structure; id types (integers or strings; booleans, floats, lists and objects are
