@@ -12,6 +12,7 @@ host waits for the device). Prints one JSON object. Goal: overhead <= 2%.
     python scripts/bench_trainer.py --control     # the same, bare loop vs itself: what noise reads as
     python scripts/bench_trainer.py --profile     # what segtrain's step adds, by cProfile, ms per step
     python scripts/bench_trainer.py --instructions --steps 2 --rounds 2 --log-every 2   # instructions per step
+    python scripts/bench_trainer.py --peer [--model deeplabv3] [--processes 5]   # vs torchvision's reference loop
 
 Within one process the two loops can differ by a constant that has nothing to do with their code (seen
 here: 0.7% in one process, 12% in the next, on the same commit, in CPU time: the placement of the same
@@ -21,6 +22,17 @@ of their overheads; it reports the bootstrap 95% interval of that median. ``--in
 code adds instead of timing it: instructions per step of each loop under valgrind's callgrind, which neither
 the machine's load nor memory placement moves (about 45 minutes at the default size; ``--log-every 2`` makes
 every segtrain block log once, 5x as often as the default, so logging is counted, generously).
+
+``--peer`` compares against another framework's loop instead of segtrain's own bare one: the training loop of
+torchvision's reference segmentation recipe (references/segmentation/train.py, ``train_one_epoch``: forward,
+plain ``cross_entropy(ignore_index=255)``, ``zero_grad``, backward, optimiser and LR step, ``loss.item()``)
+on torchvision's own model holding the same weights, fed the same batches as the reference's transforms leave
+them (float, ImageNet-normalised, int64 targets: prepared outside the timing, as data loading is). segtrain's
+step gets its batches as its loader leaves them (uint8 images, uint8 targets) and runs with all its built-in
+hooks. Defaults: ``lraspp`` (MobileNetV3-Large), 256x256, batch 2, CPU, one thread; segtrain's loss is its
+weighted cross-entropy without hard-pixel mining (``trainer.loss.top_k_percent=1.0``: the plain loss's
+equivalent; mining is a choice of loss, not step overhead). Goal: <= 1.03x on the light model, level
+(<= 1.01x) on ``--model deeplabv3`` (ResNet-50).
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,7 +59,7 @@ from segtrain.config import compose, to_container  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
 from segtrain.data.dataset import collate  # noqa: E402
 from segtrain.device import to_device  # noqa: E402
-from segtrain.distributed import DistInfo  # noqa: E402
+from segtrain.distributed import DistInfo, unwrap  # noqa: E402
 from segtrain.engine.build import step_trainer  # noqa: E402
 from segtrain.engine.hooks import default_hooks  # noqa: E402
 from segtrain.engine.losses import compute_losses  # noqa: E402
@@ -77,7 +90,17 @@ def main() -> None:
     ap.add_argument(
         "--profile", action="store_true", help="instead: cProfile segtrain's step, ms per step of what it adds"
     )
+    ap.add_argument(
+        "--peer",
+        action="store_true",
+        help="instead of the bare loop: torchvision's reference segmentation loop (lraspp, 256x256, batch 2)",
+    )
+    ap.add_argument("--model", default="lraspp", help="with --peer: lraspp | deeplabv3 (ResNet-50) | fcn")
     args = ap.parse_args()
+    if args.peer:  # the issue's setting unless given: 256x256, batch 2, a few short processes
+        for key, value in PEER_DEFAULTS.items():
+            if f"--{key}" not in sys.argv:
+                setattr(args, key, value)
     if args.instructions:
         instructions(args)
         return
@@ -94,6 +117,7 @@ def main() -> None:
                 f"dataset.synthetic.image_size=[{args.size},{args.size}]",
                 f"trainer.log_every={args.log_every}",
                 "trainer.progress=true",
+                *([f"model={args.model}", "trainer.loss.top_k_percent=1.0"] if args.peer else []),
             ]
         )
         device = torch.device(args.device)
@@ -146,7 +170,7 @@ def main() -> None:
 
             return bare_block
 
-        bare_block = bare_loop()
+        bare_block = peer_loop(model, optimizer, batches, cfg, device) if args.peer else bare_loop()
         if args.control:
             segtrain_block = bare_loop()  # A/A: a second bare loop in segtrain's place
 
@@ -182,6 +206,7 @@ def main() -> None:
     cpu_paired, cpu_best = overheads(1)
     judged = "wall" if device.type == "cuda" or args.threads != 1 else "cpu"
     paired, best = (wall_paired, wall_best) if judged == "wall" else (cpu_paired, cpu_best)
+    goal = peer_goal(args.model) if args.peer else 0.02
     print(
         json.dumps(
             {
@@ -200,8 +225,10 @@ def main() -> None:
                 "overhead_best_blocks": round(best, 4),
                 "wall": {"overhead_paired_median": round(wall_paired, 4), "overhead_best_blocks": round(wall_best, 4)},
                 "cpu": {"overhead_paired_median": round(cpu_paired, 4), "overhead_best_blocks": round(cpu_best, 4)},
-                "goal": "overhead <= 0.02",
-                "goal_met": paired <= 0.02 and best <= 0.02,
+                "compared_with": "torchvision reference loop" if args.peer else "bare loop",
+                "ratio_paired_median": round(1 + paired, 4),
+                "goal": f"overhead <= {goal}",
+                "goal_met": paired <= goal and best <= goal,
                 "segtrain_blocks_s": [round(x[0], 4) for x in seg],
                 "bare_blocks_s": [round(x[0], 4) for x in bare],
                 "segtrain_blocks_cpu_s": [round(x[1], 4) for x in seg],
@@ -316,6 +343,71 @@ def instructions(args: argparse.Namespace) -> None:
     )
 
 
+#: --peer's setting (the issue's): what is not given on the command line
+PEER_DEFAULTS = {"size": 256, "batch": 2, "processes": 5, "rounds": 4, "steps": 4}
+
+
+def peer_goal(model: str) -> float:
+    """<= 3% on the light model; level (<= 1%) on a heavy one, where the step's fixed costs vanish."""
+    return 0.03 if model == "lraspp" else 0.01
+
+
+def peer_loop(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: list[dict[str, torch.Tensor]],
+    cfg: Any,
+    device: torch.device,
+) -> Callable[[], tuple[float, float]]:
+    """torchvision's reference ``train_one_epoch`` (references/segmentation/train.py) as a timed block: its
+    model (torchvision's own, holding ``model``'s modules), its criterion, its loop body, in its order; an
+    optimiser of its own over ``optimizer``'s parameter groups and settings (which optimiser is the recipe's
+    choice, not the loop's), the reference's polynomial LR schedule. The batches are what the
+    reference's transforms hand it: float images normalised with ImageNet's mean/std, int64 targets."""
+    from torchvision.models import segmentation as tvseg
+
+    from segtrain.models.heads import IMAGENET_MEAN, IMAGENET_STD
+    from segtrain.models.torchvision_models import BUILDERS
+
+    inner = unwrap(model)
+    net = BUILDERS[cfg.model.name][cfg.model.backbone](
+        weights=None, weights_backbone=None, num_classes=int(cfg.model.num_classes), aux_loss=False
+    )
+    # the very modules segtrain trains (as the bare loop shares segtrain's model): where the weights lie in
+    # memory moves convolution times by several per cent between two copies of one network
+    net.backbone, net.classifier = inner.backbone, inner.classifier
+    net.to(device).train()
+    mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    data = [((b["image"].float() / 255 - mean) / std, b["semantic"].long()) for b in batches]
+    groups = [{k: v for k, v in g.items() if k != "initial_lr"} for g in optimizer.param_groups]
+    peer_optimizer = type(optimizer)(groups)
+    total = 10**9
+    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(peer_optimizer, lambda x: (1 - x / total) ** 0.9)
+
+    def criterion(inputs: dict[str, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+        losses = {name: torch.nn.functional.cross_entropy(x, target, ignore_index=255) for name, x in inputs.items()}
+        return losses["out"] if len(losses) == 1 else losses["out"] + 0.5 * losses["aux"]
+
+    assert isinstance(net, tvseg.LRASPP | tvseg.DeepLabV3 | tvseg.FCN)
+
+    def peer_block() -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for image, target in data:
+            image, target = image.to(device), target.to(device)
+            output = net(image)
+            loss = criterion(output, target)
+            peer_optimizer.zero_grad()
+            loss.backward()
+            peer_optimizer.step()
+            lr_scheduler.step()
+            _ = (loss.item(), peer_optimizer.param_groups[0]["lr"])  # metric_logger.update(loss=..., lr=...)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0, time.thread_time() - c0
+
+    return peer_block
+
+
 SETTINGS = ("device", "model", "batch", "input", "threads", "steps_per_block", "log_every")
 
 
@@ -333,9 +425,12 @@ def many_processes(args: argparse.Namespace) -> None:
 
     runs = []
     for i in range(args.processes):
-        keys = ("steps", "rounds", "threads", "batch", "size", "device", "log_every")
-        argv = child_argv(args, keys, *(["--control"] if args.control else []))
-        out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+        keys = ("steps", "rounds", "threads", "batch", "size", "device", "log_every", "model")
+        argv = child_argv(args, keys, *(["--control"] if args.control else []), *(["--peer"] if args.peer else []))
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"process {i + 1} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        out = proc.stdout
         runs.append(json.loads(out))
         print(f"process {i + 1}/{args.processes}: {runs[-1]['overhead_paired_median']:+.4f}", file=sys.stderr)
 
@@ -351,20 +446,24 @@ def many_processes(args: argparse.Namespace) -> None:
         }
 
     paired, best = summary("overhead_paired_median"), summary("overhead_best_blocks")
+    goal = peer_goal(args.model) if args.peer else 0.02
+    compared = "segtrain vs torchvision reference loop" if args.peer else "segtrain vs bare loop"
     per_run = ("overhead_paired_median", "overhead_best_blocks", "segtrain_step_ms_best", "bare_step_ms_best")
     print(
         json.dumps(
             {
                 **{k: runs[0][k] for k in SETTINGS},
-                "compared": "bare loop vs itself (A/A control)" if args.control else "segtrain vs bare loop",
+                "compared": "bare loop vs itself (A/A control)" if args.control else compared,
                 "rounds": args.rounds,
                 "processes": args.processes,
                 "overhead_paired_median": paired["median"],
                 "overhead_best_blocks": best["median"],
                 "paired": paired,
                 "best_blocks": best,
-                "goal": "median over processes of each overhead <= 0.02",
-                "goal_met": paired["median"] <= 0.02 and best["median"] <= 0.02,
+                "ratio_paired_median": round(1 + paired["median"], 4),
+                "ratio_best_blocks": round(1 + best["median"], 4),
+                "goal": f"median over processes of each overhead <= {goal}",
+                "goal_met": paired["median"] <= goal and best["median"] <= goal,
                 "runs": [{k: r[k] for k in per_run} for r in runs],
             },
             indent=1,

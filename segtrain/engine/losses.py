@@ -41,14 +41,16 @@ def loss_terms(model: torch.nn.Module) -> tuple[str, ...]:
 def loss_denominators(batch: dict[str, torch.Tensor], cfg: LossConfig, terms: Sequence[str]) -> torch.Tensor:
     """This (micro-)batch's share of each term's denominator, in ``terms`` order (no communication)."""
     if tuple(terms) == MASKS:  # one normaliser: the target masks of this micro-batch
-        return torch.tensor([float(sum(int(c.numel()) for c in batch["class_labels"]))], device=batch["image"].device)
+        # new_full fills on the device: a torch.tensor(..., device=cuda) would copy and wait for the queue
+        masks = float(sum(int(c.numel()) for c in batch["class_labels"]))
+        return batch["image"].new_full((1,), masks, dtype=torch.float32)
     target, sem_w = batch["semantic"], batch["semantic_weight"]
     out = []
     for term in terms:
         if term == "semantic":
             if cfg.top_k_percent < 1.0:
                 k = max(int(cfg.top_k_percent * target.numel()), 1)
-                out.append(torch.tensor(float(k), device=target.device))
+                out.append(sem_w.new_full((), float(k), dtype=torch.float32))
             else:
                 out.append(((target != IGNORE_LABEL) & (sem_w > 0)).sum().float())
         elif term == "center":

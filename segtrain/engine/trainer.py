@@ -31,6 +31,7 @@ from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms
 from segtrain.engine.optim import scaler_step, scheduler_step
 from segtrain.engine.profiling import Nvtx
 from segtrain.engine.recorder import Recorder
+from segtrain.engine.step_checks import StepChecks, Verdict
 from segtrain.errors import NonFiniteError, Preempted, mark_running
 from segtrain.preemption import StopSignals
 
@@ -102,6 +103,8 @@ class StepSettings:
     on_nonfinite: str = "stop"  # stop | skip_step
     nonfinite_limit: int = 10
     nvtx: bool = False
+    check_every: int = 1  # deferred checks: read back every N steps (trainer.log_every)
+    deferred_checks: bool | None = None  # None: on CUDA when nothing must decide per step (step_checks.py)
 
     @classmethod
     def from_config(cls, tr: Any, precision: str) -> StepSettings:
@@ -113,6 +116,7 @@ class StepSettings:
             on_nonfinite=str(tr.on_nonfinite),
             nonfinite_limit=int(tr.nonfinite_limit),
             nvtx=bool(tr.profile.nvtx),
+            check_every=int(tr.log_every),
         )
 
 
@@ -138,7 +142,7 @@ def _grad_norm(params: Sequence[torch.Tensor], clip: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(params, clip)
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return torch.zeros(())
+        return torch.zeros((), device=params[0].device if params else None)
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 
 
@@ -215,6 +219,11 @@ class Trainer:
         self.buffers = list(unwrap(model).buffers())
         self.nvtx = Nvtx(self.settings.nvtx)
         self.signals = StopSignals()
+        st = self.settings
+        per_step = st.on_nonfinite == "skip_step" or self.scaler.is_enabled()  # must decide before the update
+        deferred = st.deferred_checks if st.deferred_checks is not None else self.device.type == "cuda"
+        self.checks = StepChecks(st.check_every, deferred and not per_step)
+        self._votes = torch.tensor([0.0, 1.0], device=self.device)  # this rank's vote, without a copy per step
         self.register_hooks(hooks)
 
     @property
@@ -248,6 +257,7 @@ class Trainer:
         """The whole training state, as tensors and plain containers (``torch.load(weights_only=True)`` reads it):
         the unwrapped model on the CPU, EMA, optimiser, scheduler, scaler, each hook's own state (by class
         name, when it has one) and the :class:`TrainState`'s fields at the top level (checkpoint.state's layout)."""
+        self._deferred_verdicts(self.checks.flush())  # a non-finite step waiting to be read never reaches a file
         ema, s = self.ema, self.state
         return {
             "model": model_state(self.model),
@@ -301,7 +311,8 @@ class Trainer:
                 batch = self.batch_step(batch, self.state.epoch, self.state.step_in_epoch)
         micro = split_batch(batch, st.accumulate)
         local = torch.stack([loss_denominators(mb, st.loss, self.terms) for mb in micro]).sum(0)
-        packed = torch.cat([local, local.new_tensor([1.0 if self.signals.pending else 0.0])])
+        vote = self._votes[1:] if self.signals.pending else self._votes[:1]
+        packed = torch.cat([local, vote.to(local.dtype)])
         if is_dist():
             all_reduce_(packed)
         denominators = (packed[:-1] / self.dist.world_size).clamp(min=1.0)
@@ -324,11 +335,11 @@ class Trainer:
         with nvtx("optimizer"):
             self.scaler.unscale_(self.optimizer)  # no-op unless fp16
             norm = _grad_norm(self.params, st.grad_clip)
-            # One host sync per step decides, identically on every rank (gradients are all-reduced):
-            # is the update finite, and did any rank receive a preemption signal?
-            loss_value, norm_value, stop_votes = torch.stack(
-                [totals["total"].float(), norm.float().to(self.device), packed[-1]]
-            ).tolist()
+            # Decided identically on every rank (gradients are all-reduced): is the update finite, and did any
+            # rank receive a preemption signal? Per step: one host sync here; deferred (CUDA): read back every
+            # check_every steps, the update goes ahead meanwhile (step_checks.py).
+            read = self.checks.add(self.state.step + 1, totals["total"], norm, packed[-1])
+            _, loss_value, norm_value, stop_votes = read[-1] if not self.checks.deferred else (0, 0.0, 0.0, 0.0)
             finite = math.isfinite(loss_value) and (self.scaler.is_enabled() or math.isfinite(norm_value))
             stepped = False  # the optimiser really updated: not when skipped here, nor by the scaler (fp16 overflow)
             if finite:
@@ -347,7 +358,23 @@ class Trainer:
         self.state.step_in_epoch += 1
         if stop_votes > 0:
             self.request_stop("preempted")
+        self._deferred_verdicts(read if self.checks.deferred else [])
         return totals
+
+    def _deferred_verdicts(self, read: Sequence[Verdict]) -> None:
+        """Deferred mode: stop at the first non-finite step read back (its update went ahead, so the weights
+        in memory are lost; no checkpoint holds them) and honour a preemption vote."""
+        for v in read:
+            if not (math.isfinite(v.loss) and math.isfinite(v.norm)):
+                what = f"loss {v.loss}" if not math.isfinite(v.loss) else f"gradient norm {v.norm}"
+                raise NonFiniteError(
+                    f"{what} at step {v.step} (epoch {self.state.epoch}), read back at step {self.state.step}: "
+                    f"stopped; no checkpoint was written after step {v.step - 1}, so best.pt/last.pt hold finite "
+                    "weights. Lower optim.lr, set trainer.grad_clip or check the data "
+                    "(on CUDA the check is read every trainer.log_every steps: docs/performance.md)"
+                )
+            if v.stop_votes > 0:
+                self.request_stop("preempted")
 
     def _skip_nonfinite(self, loss: float, norm: float) -> None:
         st, s = self.settings, self.state
@@ -430,6 +457,7 @@ class Trainer:
             losses = self.run_step(batch)
             self.events.step = StepEvents(losses, wait, int(batch["image"].shape[0]) * self.dist.world_size)
             self.call_hooks("after_step")
+        self._deferred_verdicts(self.checks.flush())  # before validation and the epoch's checkpoint
 
     def request_stop(self, reason: str) -> None:
         """End the run after the current step (hooks call this: early stopping, profiling, preemption)."""

@@ -6,7 +6,9 @@ scan (json_chunks.py) finds the elements of the ``images`` and ``annotations`` a
 (``map`` over the chunk; the polygon coordinates of a whole chunk go into one float64 buffer with
 ``array.fromlist`` and are checked vectorised) and freed before the next. Anything unusual (RLE,
 nested ``[[x, y], ...]`` points, wrong types) takes a per-annotation path that names the problem;
-a document the scan cannot split (or a syntax error) is parsed whole, for the exact error.
+a document the scan cannot split (or a syntax error) is parsed whole, for the exact error. In files of
+``polygon_text.MIN_FILE_BYTES`` and more, plain polygon lists skip the parser: polygon_text.py reads them
+from the text into float64 arrays (the parser's exact values).
 
 What is checked, before training starts: JSON syntax; ``images`` / ``annotations`` /
 ``categories`` structure; id types (integers or strings; booleans, floats, lists and objects are
@@ -33,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+import segtrain.data.formats.polygon_text as polygon_text
 from segtrain import storage
 from segtrain.data.formats.index import RecordIndex, blob_arrays, encode_column
 from segtrain.data.formats.index_cache import cached_file_index, cached_index, file_fingerprint
@@ -196,6 +199,14 @@ def _loads_chunk(text: bytes) -> Any:
         raise NotSplittable(str(e)) from None
 
 
+def _loads_annotations(text: bytes) -> Any:
+    """A chunk of annotations, its plain polygon lists read as float64 arrays (polygon_text.py)."""
+    rest, groups = polygon_text.extract_polygons(text)
+    out = _loads_chunk(rest)
+    polygon_text.restore(out, groups)
+    return out
+
+
 def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) -> RecordIndex:
     src = str(path)
     raw: bytes | None  # None once converted (freed)
@@ -219,7 +230,9 @@ def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) 
         chunks: Iterator[list] = iter(())
         if "annotations" in spans:
             ann_span = spans["annotations"]
-            chunks = iter_chunks(raw, ann_span, structure.element_starts(ann_span), CHUNK_BYTES, _loads_chunk)
+            starts = structure.element_starts(ann_span)
+            loads = _loads_annotations if len(raw) >= polygon_text.MIN_FILE_BYTES else _loads_chunk
+            chunks = iter_chunks(raw, ann_span, starts, CHUNK_BYTES, loads)
         del structure
     else:
         top = parse_json(raw, path)
@@ -404,8 +417,11 @@ def _flat_part(part: Any) -> list:
     raise ValueError("coordinates are not numbers (expected [x1, y1, x2, y2, ...] or [[x1, y1], ...])")
 
 
-def _convert_parts(parts: list) -> tuple[array, np.ndarray, dict[int, str]]:
-    """All coordinates in one float64 buffer, the count of each part, and per-part problems of type."""
+def _convert_parts(parts: list) -> tuple[array | np.ndarray, np.ndarray, dict[int, str]]:
+    """All coordinates in one float64 buffer, the count of each part, and per-part problems of type. Parts
+    are lists (parsed JSON) or float64 arrays (read from the text: polygon_text.py)."""
+    if parts and set(map(type, parts)) == {np.ndarray}:
+        return np.concatenate(parts), np.fromiter(map(len, parts), np.int64, len(parts)), {}
     buf = array("d")
     try:
         deque(map(buf.fromlist, parts), maxlen=0)  # C loop: one fromlist per part
@@ -417,6 +433,10 @@ def _convert_parts(parts: list) -> tuple[array, np.ndarray, dict[int, str]]:
     lens = np.zeros(len(parts), np.int64)
     reasons: dict[int, str] = {}
     for k, p in enumerate(parts):
+        if type(p) is np.ndarray:
+            buf.frombytes(p.tobytes())
+            lens[k] = len(p)
+            continue
         try:
             flat = p if type(p) is list and set(map(type, p)) <= {int, float} else _flat_part(p)
             add(flat)
@@ -435,7 +455,7 @@ def _segment_sums(values: np.ndarray, lens: np.ndarray) -> np.ndarray:
 
 
 _ID_TYPES = frozenset({int, str})
-_SEG_KIND: dict[type, int] = {list: 1, dict: 2}
+_SEG_KIND: dict[type, int] = {list: 1, dict: 2, np.ndarray: 1}  # arrays: parts read from the text
 _get_seg = methodcaller("get", "segmentation")
 _get_image = methodcaller("get", "image_id")
 _get_cat = methodcaller("get", "category_id")
@@ -482,6 +502,19 @@ def _area(v: Any) -> float:
     return math.nan
 
 
+def _areas(values: list) -> np.ndarray:
+    """:func:`_area` of each value, vectorised when all are numbers."""
+    if set(map(type, values)) <= {int, float}:
+        try:
+            out = np.array(values, np.float64)
+        except OverflowError:  # an integer beyond float range
+            pass
+        else:
+            out[~np.isfinite(out)] = math.nan
+            return out
+    return np.fromiter(map(_area, values), np.float64, len(values))
+
+
 def _cat_ids(parts: list[np.ndarray | list]) -> np.ndarray | list:
     """Annotation ids: one int64 array when all are integers, else a list of strings."""
     if all(isinstance(p, np.ndarray) for p in parts):
@@ -525,7 +558,7 @@ class _Annotations:
         try:
             segs, ims, cats = list(map(_get_seg, chunk)), list(map(_get_image, chunk)), list(map(_get_cat, chunk))
             aids, crowds = list(map(_get_id, chunk)), list(map(_get_crowd, chunk))
-            areas = list(map(_area, map(_get_area, chunk)))
+            areas = _areas(list(map(_get_area, chunk)))
         except AttributeError:
             return None
         if not (set(map(type, ims)) <= _ID_TYPES and set(map(type, cats)) <= _ID_TYPES):
@@ -539,10 +572,11 @@ class _Annotations:
         kind = np.fromiter(map(_SEG_KIND.get, map(type, segs), repeat(0)), np.int8, n)
         take = (img >= 0) & (code >= 0) & (kind == 1)
         sel = np.flatnonzero(take)
-        nparts = np.fromiter(map(len, (segs[k] for k in sel.tolist())), np.int64, len(sel))
+        nparts = np.fromiter(map(len, [segs[k] for k in sel.tolist()]), np.int64, len(sel))
         take[sel[nparts == 0]] = False
         sel = np.flatnonzero(take)
-        first = np.fromiter(map(_SEG_KIND.get, map(type, map(_first, (segs[k] for k in sel))), repeat(0)), np.int8)
+        firsts = map(_first, [segs[k] for k in sel.tolist()])
+        first = np.fromiter(map(_SEG_KIND.get, map(type, firsts), repeat(0)), np.int8)
         take[sel[first != 1]] = False
         sel = np.flatnonzero(take)
         chosen = [segs[k] for k in sel.tolist()]
@@ -551,11 +585,11 @@ class _Annotations:
             base + sel,
             img[sel],
             code[sel],
-            np.fromiter((crowds[k] for k in sel.tolist()), bool, len(sel)),
+            np.array(crowds, bool)[sel],
             np.fromiter(map(len, chosen), np.int64, len(chosen)),
             _int_ids(ids),
             list(chain.from_iterable(chosen)),
-            [areas[k] for k in sel.tolist()],
+            areas[sel],
         )
         return take
 
@@ -628,7 +662,7 @@ class _Annotations:
         nonfinite = _segment_sums(~np.isfinite(v), lens) > 0
         # true / false pass as 1.0 / 0.0 through fromlist: look closer at parts holding those values
         for k in np.flatnonzero(_segment_sums((v == 0.0) | (v == 1.0), lens) > 0).tolist():
-            if k not in reasons and bool in set(map(type, parts[k])):
+            if k not in reasons and type(parts[k]) is list and bool in set(map(type, parts[k])):
                 reasons[k] = "coordinates must be numbers, not true/false"
         bad = nonfinite | (lens % 2 == 1) | (lens < 6) | (lens > 2 * MAX_POLYGON_VERTICES)
         if reasons:
