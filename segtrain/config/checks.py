@@ -347,6 +347,7 @@ BOUNDS: dict[str, Bound] = {
     "trainer.profile.active": _AT_LEAST_1,
     "optim.lr": _POSITIVE,
     "optim.backbone_lr_mult": _AT_LEAST_0,
+    "optim.layer_decay": Bound(0, 1, "a layer's learning rate over the next deeper one's; 1 is off", low_open=True),
     "optim.weight_decay": _AT_LEAST_0,
     "optim.momentum": Bound(0, 1, "the fraction of the last update kept", high_open=True),
     "optim.betas": Bound(0, 1, "Adam's decay rates of the moment estimates", high_open=True),

@@ -187,6 +187,9 @@ class OptimConfig:
     no_decay_norm_bias: bool = True
     # the backbone's learning rate is optim.lr times this (pretrained backbones: 0.1 is common)
     backbone_lr_mult: float = 1.0
+    # layer-wise learning-rate decay (BEiT, MAE fine-tuning): a backbone layer i of n learns at decay**(n - i)
+    # times the backbone's rate, the heads at 1; 1 = off. ViTs: 0.65-0.75 is common. timm backbones only
+    layer_decay: float = 1.0
 
 
 @dataclass
