@@ -357,6 +357,7 @@ BOUNDS: dict[str, Bound] = {
     "schedule.min_lr": _AT_LEAST_0,
     "schedule.step_size": _AT_LEAST_1,
     "schedule.gamma": _POSITIVE,
+    "schedule.milestones": Bound(0, 1, "fractions of the run after warm-up"),
     "model.width": Bound(1, 1024, "the tiny model's channels; its widest layers have 4x as many"),
     "model.decoder_channels": Bound(1, 4096, "channels of a layer"),
     "model.head_channels": Bound(1, 4096, "channels of a layer"),

@@ -194,13 +194,16 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    name: str = "poly"  # poly | cosine | step | constant
+    name: str = "poly"  # poly | cosine | step | multistep | constant
     warmup_steps: int = 0
     warmup_factor: float = 0.001
     power: float = 0.9
     min_lr: float = 0.0
     step_size: int = 1000  # step schedule: decay every N steps
     gamma: float = 0.1
+    # multistep schedule: times gamma at each of these fractions of the run after warm-up (detectron2's
+    # WarmupMultiStepLR, which Mask2Former's COCO recipe uses: [0.888889, 0.96296])
+    milestones: list[float] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- trainer

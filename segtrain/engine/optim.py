@@ -55,8 +55,9 @@ def param_groups(
     layer_of: dict[int, int] = {}  # id(parameter) -> its backbone layer; the heads are absent
     top = 0
     if isinstance(backbone, nn.Module) and backbone_lr is not None:
-        layer_ids: Callable[[], tuple[dict[str, int], int]] = backbone.layer_ids  # type: ignore[assignment]
-        ids, top = layer_ids() if layer_decay != 1.0 else ({}, 0)
+        ids: dict[str, int] = {}
+        if layer_decay != 1.0:
+            ids, top = backbone.layer_ids()  # type: ignore[operator]
         layer_of = {id(p): ids.get(n, top) for n, p in backbone.named_parameters()}
     exempt: set[int] = set()
     no_weight_decay = getattr(backbone, "no_weight_decay", None)
@@ -123,6 +124,13 @@ def _cosine(t: float, step: int, cfg: ScheduleConfig) -> float:
 @SCHEDULES.register("step")
 def _step(t: float, step: int, cfg: ScheduleConfig) -> float:
     return cfg.gamma ** (step // max(cfg.step_size, 1))
+
+
+@SCHEDULES.register("multistep")
+def _multistep(t: float, step: int, cfg: ScheduleConfig) -> float:
+    """``gamma`` once for every milestone passed; milestones are fractions of the run, so the curve keeps its shape
+    whatever the data set's size (detectron2's WarmupMultiStepLR with steps at those fractions of MAX_ITER)."""
+    return float(cfg.gamma ** sum(t >= m for m in cfg.milestones))
 
 
 @SCHEDULES.register("constant")
