@@ -6,7 +6,7 @@ A step is forward + losses + backward + AdamW step at 256x256, batch 2, 4 classe
 torch picks; the median of ``--repeats`` steps after one warm-up step. Prints one JSON object.
 
     python scripts/bench_models.py                      # every model (minutes on 2 shared cores)
-    python scripts/bench_models.py --only tiny --repeats 2
+    python scripts/bench_models.py --only tiny mask2former_tiny --repeats 2
 """
 
 from __future__ import annotations
@@ -116,8 +116,11 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
-        "models": {name: measure(MODELS[name], args.repeats) for name in names},
+        "models": {},
     }
+    for name in names:
+        result["models"][name] = measure(MODELS[name], args.repeats)  # type: ignore[index]
+        print(f"{name}: {result['models'][name]}", file=sys.stderr, flush=True)  # type: ignore[index]
     print(json.dumps(result, indent=1))
 
 
