@@ -6,7 +6,7 @@ A step is forward + losses + backward + AdamW step at 256x256, batch 2, 4 classe
 torch picks; the median of ``--repeats`` steps after one warm-up step. Prints one JSON object.
 
     python scripts/bench_models.py                      # every model (minutes on 2 shared cores)
-    python scripts/bench_models.py --only tiny --repeats 2
+    python scripts/bench_models.py --only tiny mask2former_tiny --repeats 2
 """
 
 from __future__ import annotations
@@ -41,12 +41,24 @@ MODELS: dict[str, list[str]] = {
     "panoptic_deeplab timm:convnext_atto": ["model=panoptic_r18", "model.backbone=timm:convnext_atto"],
     "panoptic_deeplab timm:efficientnet_lite0": ["model=panoptic_r18", "model.backbone=timm:efficientnet_lite0"],
     "panoptic_deeplab timm:resnet18": ["model=panoptic_r18", "model.backbone=timm:resnet18"],
+    "fcn timm:vit_tiny_patch16_224": ["model=fcn", "model.backbone=timm:vit_tiny_patch16_224"],
+    "mask2former_tiny": ["model=mask2former_tiny"],
+    "mask2former_r50": ["model=mask2former_r50"],
+    "mask2former_swin_t": ["model=mask2former_swin_t"],
 }
+INSTANCES = 5  # Mask2Former targets: masks per image (things and stuff)
 
 
-def batch(instance_aware: bool) -> dict[str, torch.Tensor]:
+def batch(instance_aware: bool, masks: bool) -> dict[str, object]:
+    """Random targets of the shapes each model's loss takes (``masks``: Mask2Former's per-instance masks)."""
     g = torch.Generator().manual_seed(0)
-    b = {
+    if masks:
+        return {
+            "image": torch.rand(BATCH, 3, SIZE, SIZE, generator=g),
+            "mask_labels": [(torch.rand(INSTANCES, SIZE, SIZE, generator=g) > 0.5).to(torch.uint8)] * BATCH,
+            "class_labels": [torch.randint(0, CLASSES, (INSTANCES,), generator=g)] * BATCH,
+        }
+    b: dict[str, object] = {
         "image": torch.rand(BATCH, 3, SIZE, SIZE, generator=g),
         "semantic": torch.randint(0, CLASSES, (BATCH, SIZE, SIZE), generator=g),
         "semantic_weight": torch.ones(BATCH, SIZE, SIZE),
@@ -61,17 +73,26 @@ def batch(instance_aware: bool) -> dict[str, torch.Tensor]:
     return b
 
 
+def outputs(model: torch.nn.Module, image: torch.Tensor) -> list[str]:
+    """What the model returns at inference."""
+    with torch.no_grad():
+        return list(model.eval()(image).keys())
+
+
 def measure(overrides: list[str], repeats: int) -> dict[str, object]:
     cfg = compose(["dataset.classes=[background,a,b,c]", *overrides])
     torch.manual_seed(0)
     model = build_model(cfg.model).train()
     optimizer = build_optimizer(model, cfg.optim)
-    data = batch(bool(getattr(model, "instance_aware", False)))
+    criterion = getattr(model, "criterion", None)  # Mask2Former: transformers' Hungarian-matched loss
+    data = batch(bool(getattr(model, "instance_aware", False)), criterion is not None)
+    image = data["image"]
+    assert isinstance(image, torch.Tensor)
     times = []
     for i in range(repeats + 1):
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        compute_losses(model(data["image"]), data, cfg.trainer.loss)["total"].backward()
+        compute_losses(model(image), data, cfg.trainer.loss, criterion=criterion)["total"].backward()
         optimizer.step()
         if i:  # the first step warms up allocators and kernels
             times.append(time.perf_counter() - t0)
@@ -79,7 +100,7 @@ def measure(overrides: list[str], repeats: int) -> dict[str, object]:
         "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
         "step_s_median": round(statistics.median(times), 3),
         "step_s_all": [round(t, 3) for t in times],
-        "outputs": sorted(model(data["image"][:1]).keys()),
+        "outputs": sorted(outputs(model, image[:1])),
     }
 
 
@@ -95,8 +116,11 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
-        "models": {name: measure(MODELS[name], args.repeats) for name in names},
+        "models": {},
     }
+    for name in names:
+        result["models"][name] = measure(MODELS[name], args.repeats)  # type: ignore[index]
+        print(f"{name}: {result['models'][name]}", file=sys.stderr, flush=True)  # type: ignore[index]
     print(json.dumps(result, indent=1))
 
 

@@ -19,6 +19,7 @@ from segtrain.config import IGNORE_LABEL  # noqa: E402
 from segtrain.data.dataset import collate  # noqa: E402
 from segtrain.data.targets.mask_targets import mask_targets  # noqa: E402
 from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms  # noqa: E402
+from segtrain.engine.optim import build_optimizer, lr_factor  # noqa: E402
 from segtrain.models import build_model, load_weights  # noqa: E402
 from segtrain.models.mask2former_postprocess import (  # noqa: E402
     instance_inference,
@@ -316,8 +317,24 @@ def test_v100_preset_has_the_papers_recipe():
     cfg = compose(["experiment=v100_mask2former", "dataset.root=/data/coco", "dataset.classes=[background,person]"])
     assert cfg.model.name == "mask2former_r50" and cfg.dataset.format == "coco_panoptic"
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay) == ("adamw", 1e-4, 0.05)
-    assert (cfg.schedule.name, cfg.schedule.power) == ("poly", 0.9)
+    # the COCO recipe's steps (327778, 355092 of 368750 iterations), its backbone multiplier 0.1
+    assert (cfg.schedule.name, list(cfg.schedule.milestones), cfg.schedule.gamma) == (
+        "multistep",
+        [0.888889, 0.96296],
+        0.1,
+    )
+    assert [lr_factor(s, 368750, cfg.schedule) for s in (327777, 327778, 355091, 355092)] == pytest.approx(
+        [1, 0.1, 0.1, 0.01]
+    )
+    assert cfg.optim.backbone_lr_mult == 0.1
     assert (
         cfg.trainer.batch_size == 16 and cfg.trainer.grad_clip == 0.01 and list(cfg.dataset.input_size) == [1024, 1024]
     )
     assert cfg.augment.device == "cpu", "mask targets are built in the loader workers"
+    cfg.model.name = "mask2former_tiny"  # the same optimiser on a model that builds in a second
+    cfg.model.backbone = "resnet_tiny"
+    model = build_model(cfg.model)
+    backbone = {id(p) for p in model.backbone.parameters()}
+    for group in build_optimizer(model, cfg.optim).param_groups:
+        in_backbone = {id(p) in backbone for p in group["params"]}
+        assert len(in_backbone) == 1 and group["lr"] == pytest.approx(1e-5 if in_backbone.pop() else 1e-4)

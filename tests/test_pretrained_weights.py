@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from segtrain.config import compose
 from segtrain.data.dataset import build_dataset, collate
 from segtrain.engine.freeze import apply_freeze
 from segtrain.engine.losses import compute_losses
@@ -94,13 +95,20 @@ def _split(tmp_path: Path) -> list[str]:
     return out
 
 
-def _val_loss_after_training(cfg, pretrained: str | None, steps: int) -> float:
-    torch.manual_seed(0)
+def _items(cfg, split: str) -> dict[str, torch.Tensor]:
+    """The whole split as one batch (indexed: the data set wraps indices around, so iterating it never ends)."""
+    data = build_dataset(cfg, split)
+    batch = collate([data[i] for i in range(len(data))])
+    batch["semantic"] = batch["semantic"].long()  # uint8 from the loader; cross-entropy takes class indices as int64
+    return batch
+
+
+def _val_loss_after_training(cfg, pretrained: str | None, steps: int, seed: int = 0) -> float:
+    torch.manual_seed(seed)
     model = build_model({**cfg.model, "pretrained": pretrained})
     apply_freeze(model, "backbone")
     optimizer = build_optimizer(model, cfg.optim)
-    train = collate([item for item in build_dataset(cfg, "train")])
-    val = collate([item for item in build_dataset(cfg, "val")])
+    train, val = _items(cfg, "train"), _items(cfg, "val")
     model.train()
     for _ in range(steps):
         optimizer.zero_grad()
@@ -109,3 +117,25 @@ def _val_loss_after_training(cfg, pretrained: str | None, steps: int) -> float:
     model.eval()
     with torch.no_grad():
         return float(compute_losses(model(val["image"]), val, cfg.trainer.loss)["total"])
+
+
+@pytest.mark.slow
+def test_frozen_pretrained_features_beat_random_ones_on_real_data(weights, tmp_path):
+    """deeplabv3 on timm:efficientnet_lite0 with freeze=backbone, 20 AdamW steps on 3 COCO person images at
+    192 x 192, validated on the 4th: the ImageNet backbone's validation loss is well below a random one's.
+    Measured with seeds 0, 1, 2 (ratio pretrained / random 0.47, 0.73, 0.56); the test runs seed 0 against
+    0.85. One thread: the same sums in the same order on any machine (about 30 s, 1 GB)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = compose([
+            "dataset=coco", f"dataset.root={DATA}", *_split(tmp_path), "dataset.classes=[background,person]",
+            "dataset.input_size=[192,192]", "augment=none", "model=deeplabv3",
+            "model.backbone=timm:efficientnet_lite0", "trainer.device=cpu", "optim.lr=0.001",
+        ])  # fmt: skip
+        pretrained = _val_loss_after_training(cfg, str(weights[0]), steps=20, seed=0)
+        random = _val_loss_after_training(cfg, None, steps=20, seed=0)
+    finally:
+        torch.set_num_threads(threads)
+    print(f"validation loss after 20 steps, frozen backbone: ImageNet {pretrained:.4f}, random {random:.4f}")
+    assert pretrained < 0.85 * random, (pretrained, random)

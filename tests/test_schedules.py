@@ -14,6 +14,7 @@ from segtrain.engine.optim import SCHEDULES, build_optimizer, build_scheduler, l
 
 def sched(name: str, **kw) -> SimpleNamespace:
     base = dict(name=name, warmup_steps=0, warmup_factor=0.001, power=0.9, min_lr=0.0, step_size=10, gamma=0.1)
+    base["milestones"] = [0.5, 0.9]
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -23,6 +24,8 @@ def test_curves():
     assert lr_factor(100, 100, sched("cosine")) == pytest.approx(0.0, abs=1e-12)
     assert lr_factor(25, 100, sched("step")) == pytest.approx(0.01)
     assert lr_factor(99, 100, sched("constant")) == 1.0
+    multistep = [lr_factor(s, 100, sched("multistep")) for s in (0, 49, 50, 89, 90, 100)]
+    assert multistep == pytest.approx([1.0, 1.0, 0.1, 0.1, 0.01, 0.01])
 
 
 def test_warmup_then_schedule():
@@ -52,7 +55,7 @@ def test_min_lr_is_a_floor():
     assert min(lrs(opt, s, 10)) == pytest.approx(0.01)
 
 
-@pytest.mark.parametrize("name", ["poly", "cosine", "step"])
+@pytest.mark.parametrize("name", ["poly", "cosine", "step", "multistep"])
 def test_resumed_schedule_continues_exactly(name):
     """The classic failure: a poly schedule restarting from the base LR after resume."""
     cfg = sched(name, warmup_steps=3)
@@ -71,7 +74,7 @@ def test_resumed_schedule_continues_exactly(name):
 
 
 def test_names_come_from_the_registries(smoke_cache):
-    assert set(SCHEDULES.names()) >= {"poly", "cosine", "step", "constant"}
+    assert set(SCHEDULES.names()) >= {"poly", "cosine", "step", "multistep", "constant"}
     with pytest.raises(ConfigError, match=r"schedule.name='polly'.*Did you mean 'poly'.*Known: constant, cosine"):
         compose(["schedule.name=polly"])
     with pytest.raises(ConfigError, match=r"optim.name='lamb'.*Known: adam, adamw, sgd"):

@@ -118,6 +118,60 @@ def test_backbone_lr_mult_gives_the_backbone_its_own_groups():
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
 
 
+def test_layer_decay_gives_each_vit_layer_decay_to_the_depth_to_go_as_timm_does():
+    """optim.layer_decay on a ViT: embeddings, each block, then the heads at the full rate; the backbone's rates are
+    optim.lr * backbone_lr_mult * decay**(n - i), the scales timm's own param_groups_layer_decay gives the same
+    parameters of the whole classifier; no weight decay on norms, biases, the position embedding and class token."""
+    from timm.optim import param_groups_layer_decay
+
+    overrides = ["model=fcn", "model.backbone=timm:vit_tiny_patch16_224"]
+    cfg = compose([*SMOKE, *overrides, "optim.layer_decay=0.75", "optim.backbone_lr_mult=0.5"])
+    validate(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    opt = build_optimizer(model, cfg.optim)
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    depth = len(model.backbone.model.blocks)
+    layers, n = model.backbone.layer_ids()
+    assert n == depth + 1  # the stem, then one layer per block; the heads are layer n
+    reference = timm.create_model("vit_tiny_patch16_224", img_size=32, num_classes=4)
+    timm_scale = {
+        "backbone.model." + name: g["lr_scale"]
+        for g in param_groups_layer_decay(reference, weight_decay=0.05, layer_decay=0.75)
+        for name, q in reference.named_parameters()
+        if any(q is r for r in g["params"])
+    }
+    seen: set[int] = set()
+    for group in opt.param_groups:
+        names = [name_of[id(p)] for p in group["params"]]
+        seen |= {id(p) for p in group["params"]}
+        if not names or not names[0].startswith("backbone."):
+            assert all(not n.startswith("backbone.") for n in names) and group["lr"] == cfg.optim.lr
+            continue
+        (layer,) = {layers[n[len("backbone.") :]] for n in names}
+        assert group["lr"] == pytest.approx(cfg.optim.lr * 0.5 * 0.75 ** (depth + 1 - layer))
+        assert all(group["lr"] == pytest.approx(cfg.optim.lr * 0.5 * timm_scale[n]) for n in names)
+        assert (group["weight_decay"] == 0) == any(n.endswith(("bias", "pos_embed", "cls_token")) for n in names)
+    assert seen == {id(p) for p in model.parameters()}
+    lrs = sorted({g["lr"] for g in opt.param_groups})
+    assert len(lrs) == depth + 2 and lrs[-2] == pytest.approx(cfg.optim.lr * 0.5 * 0.75)  # the last block
+    assert model(torch.rand(1, 3, 32, 48))["semantic"].shape == (1, 4, 32, 48)  # any small input size
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.5"])
+def test_layer_decay_outside_its_range_is_one_line(value):
+    with pytest.raises(ConfigError, match=r"optim\.layer_decay") as e:
+        validate(compose([*SMOKE, "model=panoptic_r18", f"optim.layer_decay={value}"]))
+    assert "\n" not in str(e.value)
+
+
+def test_layer_decay_without_a_timm_backbone_says_which_key_to_leave():
+    cfg = compose([*SMOKE, "model=panoptic_r18", "optim.layer_decay=0.75"])
+    with pytest.raises(ConfigError, match=r"leave optim\.layer_decay=1") as e:
+        build_optimizer(build_model(cfg.model), cfg.optim)
+    assert "\n" not in str(e.value)
+
+
 def test_unknown_timm_name_is_one_line_saying_how_to_list_names():
     with pytest.raises(ConfigError) as e:
         validate(compose([*SMOKE, "model=panoptic_r18", "model.backbone=timm:resnet19"]))

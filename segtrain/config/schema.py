@@ -192,17 +192,23 @@ class OptimConfig:
     no_decay_norm_bias: bool = True
     # the backbone's learning rate is optim.lr times this (pretrained backbones: 0.1 is common)
     backbone_lr_mult: float = 1.0
+    # layer-wise learning-rate decay (BEiT, MAE fine-tuning): a backbone layer i of n learns at decay**(n - i)
+    # times the backbone's rate, the heads at 1; 1 = off. ViTs: 0.65-0.75 is common. timm backbones only
+    layer_decay: float = 1.0
 
 
 @dataclass
 class ScheduleConfig:
-    name: str = "poly"  # poly | cosine | step | constant
+    name: str = "poly"  # poly | cosine | step | multistep | constant
     warmup_steps: int = 0
     warmup_factor: float = 0.001
     power: float = 0.9
     min_lr: float = 0.0
     step_size: int = 1000  # step schedule: decay every N steps
     gamma: float = 0.1
+    # multistep schedule: times gamma at each of these fractions of the run after warm-up (detectron2's
+    # WarmupMultiStepLR, which Mask2Former's COCO recipe uses: [0.888889, 0.96296])
+    milestones: list[float] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- trainer

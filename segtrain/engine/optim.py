@@ -26,38 +26,63 @@ SCHEDULES: Registry[Schedule] = Registry("schedule.name")
 
 
 def param_groups(
-    model: nn.Module, weight_decay: float, no_decay_norm_bias: bool, backbone_lr: float | None = None
+    model: nn.Module,
+    weight_decay: float,
+    no_decay_norm_bias: bool,
+    backbone_lr: float | None = None,
+    layer_decay: float = 1.0,
 ) -> list[dict[str, Any]]:
-    """Trainable parameters only (frozen ones never enter the optimiser); no decay on norms and biases.
+    """Trainable parameters only (frozen ones never enter the optimiser); no decay on norms and biases (nor on
+    what the backbone's ``no_weight_decay()`` names: a ViT's position embedding and class token).
 
     ``backbone_lr``: the parameters under ``model.backbone`` get their own groups at this learning rate
-    (``optim.backbone_lr_mult``); None: one learning rate for all."""
+    (``optim.backbone_lr_mult``); None: one learning rate for all. ``layer_decay`` < 1 (``optim.layer_decay``,
+    BEiT's layer-wise decay; needs ``backbone_lr``): the backbone's layer i of n (its ``layer_ids()``) learns at
+    ``backbone_lr * layer_decay ** (n - i)``, one group per layer, the heads at the full rate."""
+    if layer_decay != 1.0 and backbone_lr is None:
+        raise ValueError("layer_decay scales the backbone's learning rate: pass backbone_lr too")
     backbone = getattr(model, "backbone", None)
     if backbone_lr is not None and not isinstance(backbone, nn.Module):
+        key = "optim.layer_decay" if layer_decay != 1.0 else "optim.backbone_lr_mult"
         raise ConfigError(
-            f"optim.backbone_lr_mult applies to model.backbone, and {type(model).__name__} has no `backbone` "
-            "submodule; leave optim.backbone_lr_mult=1"
+            f"{key} applies to model.backbone, and {type(model).__name__} has no `backbone` submodule; leave {key}=1"
         )
-    in_backbone = {id(p) for p in backbone.parameters()} if backbone_lr is not None and backbone is not None else set()
-    buckets: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+    if layer_decay != 1.0 and not callable(getattr(backbone, "layer_ids", None)):
+        raise ConfigError(
+            f"optim.layer_decay needs a backbone that numbers its layers (a timm one: model.backbone=timm:<name>), "
+            f"and {type(backbone).__name__} does not; leave optim.layer_decay=1"
+        )
+    layer_of: dict[int, int] = {}  # id(parameter) -> its backbone layer; the heads are absent
+    top = 0
+    if isinstance(backbone, nn.Module) and backbone_lr is not None:
+        ids: dict[str, int] = {}
+        if layer_decay != 1.0:
+            ids, top = backbone.layer_ids()  # type: ignore[operator]
+        layer_of = {id(p): ids.get(n, top) for n, p in backbone.named_parameters()}
+    exempt: set[int] = set()
+    no_weight_decay = getattr(backbone, "no_weight_decay", None)
+    if no_decay_norm_bias and isinstance(backbone, nn.Module) and callable(no_weight_decay):
+        names = no_weight_decay()
+        exempt = {id(p) for n, p in backbone.named_parameters() if n in names}
+    buckets: dict[tuple[int, bool], list[nn.Parameter]] = {}  # (layer, -1 for the heads; decays)
     for module in model.modules():
         is_norm = isinstance(module, nn.modules.batchnorm._NormBase | nn.GroupNorm | nn.LayerNorm)
         for name, p in module.named_parameters(recurse=False):
             if not p.requires_grad:
                 continue
-            decays = not (no_decay_norm_bias and (is_norm or name == "bias"))
-            buckets.setdefault((id(p) in in_backbone, decays), []).append(p)
+            decays = not (no_decay_norm_bias and (is_norm or name == "bias" or id(p) in exempt))
+            buckets.setdefault((layer_of.get(id(p), -1), decays), []).append(p)
     if not buckets:
         raise ConfigError("the model has no trainable parameters: freeze= froze everything; freeze less")
     groups: list[dict[str, Any]] = []
-    for backbone_part in (False, True):
+    for layer in sorted({-1} | {layer for layer, _ in buckets}):
         for decays in (True, False):
-            params = buckets.get((backbone_part, decays))
-            if params is None and (backbone_part or not decays):
+            params = buckets.get((layer, decays))
+            if params is None and (layer >= 0 or not decays):
                 continue
             group: dict[str, Any] = {"params": params or [], "weight_decay": weight_decay if decays else 0.0}
-            if backbone_part:
-                group["lr"] = backbone_lr
+            if layer >= 0 and backbone_lr is not None:
+                group["lr"] = backbone_lr * layer_decay ** (top - layer)
             groups.append(group)
     return groups
 
@@ -80,8 +105,9 @@ def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.Optimi
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     """``cfg`` is ``cfg.optim``."""
     mult = float(getattr(cfg, "backbone_lr_mult", 1.0))
-    backbone_lr = None if mult == 1.0 else cfg.lr * mult
-    groups = param_groups(unwrap(model), cfg.weight_decay, cfg.no_decay_norm_bias, backbone_lr)
+    decay = float(getattr(cfg, "layer_decay", 1.0))
+    backbone_lr = None if mult == 1.0 and decay == 1.0 else cfg.lr * mult
+    groups = param_groups(unwrap(model), cfg.weight_decay, cfg.no_decay_norm_bias, backbone_lr, decay)
     return OPTIMIZERS.get(cfg.name)(groups, cfg)
 
 
@@ -98,6 +124,13 @@ def _cosine(t: float, step: int, cfg: ScheduleConfig) -> float:
 @SCHEDULES.register("step")
 def _step(t: float, step: int, cfg: ScheduleConfig) -> float:
     return cfg.gamma ** (step // max(cfg.step_size, 1))
+
+
+@SCHEDULES.register("multistep")
+def _multistep(t: float, step: int, cfg: ScheduleConfig) -> float:
+    """``gamma`` once for every milestone passed; milestones are fractions of the run, so the curve keeps its shape
+    whatever the data set's size (detectron2's WarmupMultiStepLR with steps at those fractions of MAX_ITER)."""
+    return float(cfg.gamma ** sum(t >= m for m in cfg.milestones))
 
 
 @SCHEDULES.register("constant")

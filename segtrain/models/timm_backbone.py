@@ -107,6 +107,29 @@ class TimmBackbone(nn.Module):
             feats = [feats[i] for i in self.indices]
         return {f: feats[s] for f, s in zip(FEATURES, self.slots, strict=True)}
 
+    def layer_ids(self) -> tuple[dict[str, int], int]:
+        """(each parameter's layer by its name in this module, the number of layers), for layer-wise learning-rate
+        decay (``optim.layer_decay``): timm's own grouping (``group_matcher``, as timm's ``param_groups_layer_decay``
+        uses it): the stem (patch embedding, position embedding, class token) is layer 0, each block the next.
+        The heads above the backbone count as layer n."""
+        from timm.models import group_parameters
+
+        if not hasattr(self.model, "group_matcher"):
+            raise ConfigError(
+                f"optim.layer_decay needs timm's layer grouping (group_matcher), which timm:{self.timm_name} "
+                "lacks in the features_only form segtrain builds it in; leave optim.layer_decay=1"
+            )
+        layers = group_parameters(self.model, self.model.group_matcher(coarse=False), reverse=True)
+        ids = {self.weights_prefix + name: int(i) for name, i in layers.items()}
+        return ids, max(ids.values()) + 1
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters timm exempts from weight decay besides norms and biases (a ViT's position embedding and class
+        token), by their names in this module."""
+        names: set[str] = set(getattr(self.model, "no_weight_decay", set)())
+        own = {n for n, _ in self.named_parameters()}
+        return {self.weights_prefix + n for n in names} & own
+
     def hub_state_dict(self) -> dict[str, Tensor]:
         """timm's published weights for this model (``model.pretrained=timm``): downloads, needs the hub."""
         timm = import_timm()
