@@ -179,6 +179,18 @@ def test_items_are_a_function_of_seed_epoch_index_only(test_data):
             torch.testing.assert_close(again[key], value, rtol=0, atol=0)
 
 
+def test_a_plain_loop_over_the_dataset_ends(test_data):
+    """``for item in dataset`` (Python's sequence protocol) visits each image once and stops: an index past the
+    end is an IndexError, not wrapped around to the first image (the wrap only steps over unreadable ones)."""
+    recs = _real_records(test_data)[:3]
+    ds = _dataset(recs, (96, 128))
+    items = [item for item in ds]  # noqa: C416 - the protocol under test
+    assert [int(it["index"]) for it in items] == [0, 1, 2]
+    assert int(ds[-1]["index"]) == 2
+    with pytest.raises(IndexError, match="index 3 out of range for 3 images"):
+        ds[3]
+
+
 def test_noise_is_zero_mean_with_the_drawn_std():
     noise = FastGaussNoise(0.05, p=1.0)
     img = np.full((256, 256, 3), 128, np.uint8)

@@ -93,6 +93,11 @@ class PolygonDataset(Dataset):
 
     def __getitem__(self, key: int | tuple[int, int]) -> dict[str, torch.Tensor]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
+        if not -len(self.records) <= index < len(self.records):
+            # past the end ends ``for item in dataset`` (Python's sequence protocol); the modulo below only
+            # steps over unreadable images, it must not turn a plain loop into an endless one
+            raise IndexError(f"{self.name}: index {index} out of range for {len(self.records)} images")
+        index %= len(self.records)
         last: ImageReadError | None = None
         tries = min(len(self.records), MAX_CONSECUTIVE_BAD)
         for attempt in range(tries):
