@@ -301,8 +301,9 @@ def main() -> None:
         for k, limit in rows:
             goals[k] = {c: bool(results[k][c]["full_over_decode"] <= limit) for c in ("cpu", "wall")}
     results["goal_met"] = goals
-    # The CPU training path (targets in the worker), panoptic model beside a semantic-only one
-    results["cpu_training_path_full_over_decode"] = {
+    # The CPU training path (targets in the worker), panoptic model beside a semantic-only one; its goal
+    # (issue 32) is judged on the per-core (cpu) figure of every row
+    path: dict = {
         key: {
             "panoptic": {c: results[f"{key}_targets_in_worker"][c]["full_over_decode"] for c in ("cpu", "wall")},
             "semantic_only": {
@@ -311,6 +312,9 @@ def main() -> None:
         }
         for key in ("real_samples", "synthetic_1024x2048")
     }
+    path["goal"] = f"cpu full_over_decode <= {FULL_GOAL} for the panoptic and the semantic-only rows"
+    path["goal_met"] = all(row[m]["cpu"] <= FULL_GOAL for row in list(path.values())[:2] for m in row)
+    results["cpu_training_path_full_over_decode"] = path
     print(json.dumps(results, indent=1))
 
 

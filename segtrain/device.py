@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from segtrain.config import PRECISIONS  # noqa: F401 - the choices; auto resolves here
-from segtrain.placement import HOST_KEYS
+from segtrain.placement import HOST_KEYS, WEIGHT_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +76,15 @@ def _channels_last_input(_: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """Non-blocking copies from pinned memory; integer maps become int64 and uint8 images float on the device;
-    encoded JPEG bytes (``HOST_KEYS``) stay on the host, where the GPU decoder reads them."""
+    """Non-blocking copies from pinned memory; integer maps become int64, uint8 images and uint8 loss-weight
+    planes (``WEIGHT_KEYS``, built compact in the workers) float on the device; encoded JPEG bytes
+    (``HOST_KEYS``) stay on the host, where the GPU decoder reads them."""
     out = {k: v if k in HOST_KEYS else _to(v, device) for k, v in batch.items()}
     if "semantic" in out:
         out["semantic"] = out["semantic"].long()
+    for key in WEIGHT_KEYS:
+        if key in out and out[key].dtype == torch.uint8:
+            out[key] = out[key].float()  # exact: the weights are small integers
     if out["image"].dtype == torch.uint8:
         out["image"] = out["image"].float().div_(255.0)
     return out

@@ -20,6 +20,11 @@ DEVICE = "device"
 #: encoded JPEG bytes (``dataset.decode=device``), which the GPU decoder reads from host memory.
 HOST_KEYS = ("jpeg", "jpeg_length", "orientation")
 
+#: The loss-weight planes of an item: float32, or uint8 when the loader workers build them compact
+#: (``make_targets(compact_weights=True)``: the same small integers in a quarter of the bytes); moving a batch
+#: to the device (``segtrain.device.to_device``) makes them float32 there, so the loss reads the same values.
+WEIGHT_KEYS = ("semantic_weight", "center_weight", "offset_weight")
+
 
 def check(cfg: Any) -> None:
     """The placement options agree with each other (``config.validate``; no device needed, no torch)."""

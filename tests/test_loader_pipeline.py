@@ -36,6 +36,7 @@ from segtrain.data.transforms.cpu_augment import (
     seed_pipeline,
     warp,
 )
+from segtrain.device import to_device
 
 KEYS = ("semantic", "center", "offset", "semantic_weight", "center_weight", "offset_weight")
 
@@ -238,6 +239,7 @@ def test_cpu_items_equal_the_reference_definitions(test_data):
             np.testing.assert_array_equal(item["instance"].numpy(), ref.instance())
             for key in KEYS:
                 np.testing.assert_array_equal(item[key].numpy(), tg[key], err_msg=key)
+            assert all(item[key].dtype == torch.uint8 for key in KEYS[3:])  # compact weights (training items)
             got = item["image"].permute(1, 2, 0).numpy()
             if plan.reduction() == 1:
                 np.testing.assert_array_equal(got, ref.image)
@@ -278,6 +280,8 @@ def test_targets_built_on_the_device_equal_those_built_in_the_worker(test_data):
             np.testing.assert_array_equal(got["semantic"].numpy(), ref["semantic"].numpy().astype(np.int64))
             for key in KEYS[1:]:
                 np.testing.assert_array_equal(got[key].numpy(), ref[key].numpy(), err_msg=key)
+            moved = to_device(ref, torch.device("cpu"))  # the worker's uint8 weights: float32 on the device
+            assert all(torch.equal(moved[key], got[key]) for key in KEYS[3:])
     assert padded >= 3  # invented pixels (padding, rotation corners) were exercised
 
 

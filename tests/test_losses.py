@@ -98,3 +98,21 @@ def test_accumulated_micro_batches_give_the_big_batch_gradient(smoke_batches):
     worst = max(float((a - b).abs().max() / (a.abs().max() + 1e-12)) for a, b in zip(whole, accumulated, strict=True))
     assert worst < 1e-5, worst
     assert all(math.isfinite(float(g.abs().sum())) for g in whole)
+
+
+def test_compact_weight_planes_become_the_same_float32_on_the_device():
+    """uint8 weight planes (make_targets(compact_weights=True), training items) are float32 after to_device,
+    so the loss reads the same values and gives bit-identical losses and denominators."""
+    outputs, batch = tiny_batch()
+    batch["image"] = torch.zeros(1, 3, 2, 2, dtype=torch.uint8)
+    compact = {k: v.to(torch.uint8) if k.endswith("_weight") else v for k, v in batch.items()}
+    moved, reference = to_device(compact, torch.device("cpu")), to_device(batch, torch.device("cpu"))
+    for key in ("semantic_weight", "center_weight", "offset_weight"):
+        assert compact[key].dtype == torch.uint8 and moved[key].dtype == torch.float32
+        assert torch.equal(moved[key], reference[key]), key
+    for top_k in (1.0, 0.5):
+        ours, ref = compute_losses(outputs, moved, loss_cfg(top_k)), compute_losses(outputs, reference, loss_cfg(top_k))
+        assert all(torch.equal(ours[k], ref[k]) for k in ref)
+        assert torch.equal(
+            loss_denominators(moved, loss_cfg(top_k), PANOPTIC), loss_denominators(batch, loss_cfg(top_k), PANOPTIC)
+        )

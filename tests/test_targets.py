@@ -239,6 +239,34 @@ def test_matches_slow_reference_random(seed, impl):
     assert_same(make_targets(mask, classes, 2.0, **kwargs), slow_reference(mask, classes, 2.0, **kwargs))
 
 
+@pytest.mark.parametrize("instances", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_compact_weights_hold_the_same_values(seed, instances, impl):
+    """compact_weights: uint8 weight planes whose values are the float32 planes' exactly (what the loss
+    reads after to_device); every other output unchanged; float32 kept when a weight is not a small integer."""
+    mask, classes, valid = random_case(seed)
+    for small_weight, compact_dtype in ((2.0, np.uint8), (2.5, np.float32)):
+        kwargs = dict(
+            stuff_classes=(7,),
+            valid=valid if seed % 2 else None,
+            small_instance_area=20,
+            small_instance_weight=small_weight,
+            instances=instances,
+        )
+        full = make_targets(mask, classes, 2.0, **kwargs)
+        compact = make_targets(mask, classes, 2.0, compact_weights=True, **kwargs)
+        assert sorted(compact) == sorted(full)
+        for key, plane in full.items():
+            assert compact[key].shape == plane.shape and compact[key].flags.c_contiguous, key
+            if key.endswith("_weight"):
+                assert compact[key].dtype == compact_dtype, key
+                assert np.array_equal(compact[key].astype(np.float32), plane), key
+            else:
+                assert compact[key].dtype == plane.dtype and np.array_equal(compact[key], plane, equal_nan=True), key
+    unused = make_targets(mask, classes, 2.0, small_instance_weight=0.5, compact_weights=True)  # area 0: never applies
+    assert unused["semantic_weight"].dtype == np.uint8
+
+
 @pytest.mark.parametrize("block_pixels", [1, 60, 200])
 def test_x_offsets_in_many_blocks(monkeypatch, block_pixels):
     # Tiny blocks: the NumPy path's x-offset pass then runs over many row blocks, some without any thing.

@@ -183,7 +183,8 @@ class CpuMapper(_Mapper):
     Items: ``image`` (3,H,W) uint8 (float in [0,1] with ``uint8_images=False``; uint8 crosses
     process boundaries and the PCIe bus 4x cheaper and becomes float on the device),
     ``instance`` (H,W) int32, ``semantic`` (H,W) uint8 with 255 = ignore, ``center`` (1,H,W),
-    ``offset`` (2,H,W), ``semantic_weight``/``center_weight``/``offset_weight`` (H,W). With
+    ``offset`` (2,H,W), ``semantic_weight``/``center_weight``/``offset_weight`` (H,W) (uint8 in training items
+    when every weight is a small integer, float32 otherwise: ``to_device`` makes them float32). With
     ``eval_info`` (evaluation items) also ``instance_classes``, ``crowd_classes`` (N+1,) and ``valid``
     (H,W): what panoptic ground truth needs. For a semantic-only model (``TargetSpec.instances`` False) the
     items carry ``semantic`` and ``semantic_weight`` only: no centre, offsets or their weights.
@@ -252,7 +253,12 @@ class CpuMapper(_Mapper):
         # The item's int32 ids are the one contiguous copy of the augmented ids: targets read them
         # (invented pixels still ``n``), then those pixels become 0.
         ids32 = aug.ids.astype(np.int32)
-        tg = make_targets(ids32, classes, self.targets.sigma, crowd_classes=crowd, **self.targets.kwargs())
+        # Training items carry uint8 weight planes where the values allow (a quarter of the bytes written,
+        # collated and moved); to_device makes them float32 on the device, the values the loss reads.
+        compact = self.uint8_images and not self.eval_info
+        tg = make_targets(
+            ids32, classes, self.targets.sigma, crowd_classes=crowd, compact_weights=compact, **self.targets.kwargs()
+        )
         masks = mask_targets(ids32, classes, self.targets.stuff_ids) if self.with_masks else {}
         self._clock.lap("targets")
         item = to_tensors(aug.image, aug.clear_outside(ids32), tg, self.uint8_images)

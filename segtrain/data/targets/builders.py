@@ -30,6 +30,7 @@ import numpy as np
 
 from segtrain.data.targets.allocator import keep_freed_memory_once
 from segtrain.data.targets.compiled import optional_kernels
+from segtrain.placement import WEIGHT_KEYS
 
 _kernels: ModuleType | None = optional_kernels("targets_kernels", __name__, "targets are built", "2x")
 
@@ -94,6 +95,7 @@ def make_targets(
     small_instance_weight: float = 1.0,
     crowd_classes: np.ndarray | None = None,
     instances: bool = True,
+    compact_weights: bool = False,
 ) -> dict[str, np.ndarray]:
     """Semantic, centre-heatmap and offset targets (plus loss weights) for one image.
 
@@ -120,6 +122,11 @@ def make_targets(
             (``dataset.crowd_in_semantic=false``).
         instances: False for a semantic-only model (its loss reads no centre or offset): only ``semantic``
             and ``semantic_weight`` are built, the same arrays as with True, at a fraction of the cost.
+        compact_weights: the weight planes as uint8 instead of float32 when every value they can hold is
+            an integer in [0, 255] (always for ``center_weight``/``offset_weight``, 0 or 1; for
+            ``semantic_weight`` when ``small_instance_weight`` is such an integer or never applies): the same
+            values in a quarter of the bytes, which the loader writes, collates and moves, and
+            ``segtrain.device.to_device`` turns back into float32 on the device (what the loss reads).
 
     Returns:
         dict of C-contiguous NumPy arrays:
@@ -197,15 +204,27 @@ def make_targets(
 
     # Fresh outputs of tens of MB per call: without this a plain process page-faults them in every call.
     keep_freed_memory_once()
+    wdtype = _weight_dtype(compact_weights, int(small_instance_area), small_instance_weight)
     if not instances:
         weights = (int(small_instance_area), small_instance_weight)
-        return _semantic_targets(mask, classes, stuff, ignore_label, valid, *weights, crowd)
+        return _semantic_targets(mask, classes, stuff, ignore_label, valid, *weights, crowd, wdtype)
     # A strided mask (e.g. an augmented window) is copied once: both paths read it row-contiguously.
     mask = np.ascontiguousarray(mask)
     args = (mask, classes, sigma, stuff, ignore_label, valid, int(small_instance_area), small_instance_weight, crowd)
     if _kernels is not None and mask.dtype.isnative and mask.dtype != np.uint64:
-        return _targets_kernels(*args)
-    return _targets_numpy(*args)
+        return _targets_kernels(*args, wdtype)
+    out = _targets_numpy(*args)
+    if wdtype != np.float32:  # the fallback builds float32 planes: the same values, narrowed once
+        for key in WEIGHT_KEYS:
+            out[key] = out[key].astype(wdtype)
+    return out
+
+
+def _weight_dtype(compact: bool, small_instance_area: int, small_instance_weight: float) -> type:
+    """uint8 when ``compact`` and every weight value (0, 1 and, where it applies, ``small_instance_weight``)
+    is an integer in [0, 255]; else float32."""
+    small = small_instance_weight if small_instance_area > 0 else 1.0
+    return np.uint8 if compact and float(small).is_integer() and 0 <= small <= 255 else np.float32
 
 
 def _semantic_targets(
@@ -217,12 +236,13 @@ def _semantic_targets(
     small_instance_area: int,
     small_instance_weight: float,
     crowd: np.ndarray | None,
+    wdtype: type = np.float32,
 ) -> dict[str, np.ndarray]:
-    """``semantic`` and ``semantic_weight`` of make_targets from the same per-label tables: two lookups
-    per pixel (the small-instance weight needs each id's valid area: one ``bincount``)."""
+    """``semantic`` and ``semantic_weight`` (of ``wdtype``) of make_targets from the same per-label tables:
+    two lookups per pixel (the small-instance weight needs each id's valid area: one ``bincount``)."""
     if _kernels is not None and mask.dtype.isnative and mask.dtype != np.uint64:
         weights = (small_instance_area, small_instance_weight)
-        return _semantic_kernels(mask, classes, stuff, ignore_label, valid, *weights, crowd)
+        return _semantic_kernels(mask, classes, stuff, ignore_label, valid, *weights, crowd, wdtype)
     n_ids = classes.size
     _check_ids(int(mask.min()), int(mask.max()), n_ids)
     labels = mask if valid is None else np.where(valid, mask, n_ids)  # invalid pixels: pseudo-id n_ids
@@ -235,7 +255,7 @@ def _semantic_targets(
     sem_cls, _, _, _, lut = _id_tables(
         area, zeros, zeros, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd
     )
-    return {"semantic": sem_cls.astype(np.uint8)[labels], "semantic_weight": lut[0][labels]}
+    return {"semantic": sem_cls.astype(np.uint8)[labels], "semantic_weight": lut[0].astype(wdtype)[labels]}
 
 
 def _semantic_kernels(
@@ -247,6 +267,7 @@ def _semantic_kernels(
     small_instance_area: int,
     small_instance_weight: float,
     crowd: np.ndarray | None,
+    wdtype: type = np.float32,
 ) -> dict[str, np.ndarray]:
     """_semantic_targets by the compiled kernels: the row runs of the mask (one read, as for the full
     targets), then each run filled with its label's class and weight."""
@@ -258,9 +279,9 @@ def _semantic_kernels(
         area, area, area, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd
     )  # the centre sums are not used: the area stands in for them
     semantic = np.empty(mask.shape, np.uint8)
-    weight = np.empty(mask.shape, np.float32)
+    weight: np.ndarray = np.empty(mask.shape, wdtype)
     _kernels.write_semantic_runs(
-        starts, lengths, labels, row_ptr, sem_cls.astype(np.uint8), lut[0].copy(), semantic, weight
+        starts, lengths, labels, row_ptr, sem_cls.astype(np.uint8), lut[0].astype(wdtype), semantic, weight
     )
     return {"semantic": semantic, "semantic_weight": weight}
 
@@ -335,15 +356,15 @@ def _centres(cy: np.ndarray, cx: np.ndarray, thing: np.ndarray) -> tuple[np.ndar
     return np.rint(cy[ids]).astype(np.intp), np.rint(cx[ids]).astype(np.intp)
 
 
-def _result(semantic: np.ndarray, center: np.ndarray, planes: np.ndarray) -> dict[str, np.ndarray]:
-    """The output dict; ``planes`` = semantic, centre and offset weights, y and x offsets."""
+def _result(semantic: np.ndarray, center: np.ndarray, weights: np.ndarray, offset: np.ndarray) -> dict[str, np.ndarray]:
+    """The output dict; ``weights`` = semantic, centre and offset weights, ``offset`` = y and x offsets."""
     return {
         "semantic": semantic,
         "center": center,
-        "offset": planes[3:],
-        "semantic_weight": planes[0],
-        "center_weight": planes[1],
-        "offset_weight": planes[2],
+        "offset": offset,
+        "semantic_weight": weights[0],
+        "center_weight": weights[1],
+        "offset_weight": weights[2],
     }
 
 
@@ -386,8 +407,10 @@ def _targets_kernels(
     small_instance_area: int,
     small_instance_weight: float,
     crowd: np.ndarray | None,
+    wdtype: type = np.float32,
 ) -> dict[str, np.ndarray]:
-    """make_targets by the compiled kernels: one read of the mask, each output pixel written once."""
+    """make_targets by the compiled kernels: one read of the mask, each output pixel written once (weight
+    planes of ``wdtype``)."""
     assert _kernels is not None  # only called when the kernels imported
     height, width = mask.shape
     n_ids = classes.size
@@ -399,13 +422,14 @@ def _targets_kernels(
     peak_y, peak_x = _centres(cy, cx, thing)
     order = np.argsort(peak_y, kind="stable")
     semantic = np.empty((height, width), np.uint8)
-    planes = np.empty((5, height, width), np.float32)
+    weights: np.ndarray = np.empty((3, height, width), wdtype)
+    offset = np.empty((2, height, width), np.float32)
     center = np.empty((1, height, width), np.float32)
     _kernels.write_runs(
-        starts, lengths, labels, row_ptr, sem_cls.astype(np.uint8), lut, thing, cy, cx,
-        gaussian_kernel(sigma), peak_y[order], peak_x[order], semantic, planes, center[0],
+        starts, lengths, labels, row_ptr, sem_cls.astype(np.uint8), lut.astype(wdtype, copy=False), thing, cy, cx,
+        gaussian_kernel(sigma), peak_y[order], peak_x[order], semantic, weights, offset, center[0],
     )  # fmt: skip
-    return _result(semantic, center, planes)
+    return _result(semantic, center, weights, offset)
 
 
 def _targets_numpy(
@@ -518,4 +542,4 @@ def _targets_numpy(
             x0, x1 = max(0, xc - r), min(width, xc + r + 1)
             win = heat[y0:y1, x0:x1]
             np.maximum(win, g[y0 - yc + r : y1 - yc + r, x0 - xc + r : x1 - xc + r], out=win)
-    return _result(semantic, center, planes)
+    return _result(semantic, center, planes[:3], offset)

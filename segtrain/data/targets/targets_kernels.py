@@ -107,11 +107,28 @@ def run_sums(starts, lengths, labels, row_ptr, n_lut):
 
 @_jit
 def write_runs(
-    starts, lengths, labels, row_ptr, sem_lut, weight_lut, thing, cy, cx, g, peak_y, peak_x, semantic, planes, heat
+    starts,
+    lengths,
+    labels,
+    row_ptr,
+    sem_lut,
+    weight_lut,
+    thing,
+    cy,
+    cx,
+    g,
+    peak_y,
+    peak_x,
+    semantic,
+    weights,
+    offsets,
+    heat,
 ):
-    """Write every pixel of ``semantic`` (H, W), ``planes`` (5, H, W) and ``heat`` (H, W) row by row.
+    """Write every pixel of ``semantic`` (H, W), ``weights`` (3, H, W), ``offsets`` (2, H, W) float32 and
+    ``heat`` (H, W) row by row.
 
-    planes = semantic weight, centre weight, offset weight (``weight_lut[0..2, label]``), y offset
+    weights = semantic weight, centre weight, offset weight (``weight_lut[0..2, label]``, of the weights'
+    dtype: float32, or uint8 when every value is a small integer); offsets = y offset
     ``float32(cy - y)`` (constant along a run) and x offset ``float32(cx - x)`` on thing runs; both
     offsets +0.0 elsewhere.  ``heat`` = max over peaks (``peak_y`` sorted ascending) of the kernel
     ``g`` centred there, clipped at the border, 0 elsewhere: built per row while the row is in L1
@@ -128,11 +145,11 @@ def write_runs(
             b = a + lengths[k]
             label = labels[k]
             s_sem = semantic[y, a:b]
-            s_w0 = planes[0, y, a:b]
-            s_w1 = planes[1, y, a:b]
-            s_w2 = planes[2, y, a:b]
-            s_oy = planes[3, y, a:b]
-            s_ox = planes[4, y, a:b]
+            s_w0 = weights[0, y, a:b]
+            s_w1 = weights[1, y, a:b]
+            s_w2 = weights[2, y, a:b]
+            s_oy = offsets[0, y, a:b]
+            s_ox = offsets[1, y, a:b]
             sem = sem_lut[label]
             w0 = weight_lut[0, label]
             w1 = weight_lut[1, label]
