@@ -31,6 +31,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _segtrain_logs_reach_caplog() -> None:
+    """Tests share a process: an earlier one (a library configuring logging, an in-process entry point) may leave
+    segtrain's loggers disabled or not propagating, which would hide their records from ``caplog``."""
+    import logging
+
+    for name, lg in [("segtrain", logging.getLogger("segtrain")), *logging.root.manager.loggerDict.items()]:
+        if isinstance(lg, logging.Logger) and (name == "segtrain" or name.startswith("segtrain.")):
+            lg.disabled = False
+            lg.propagate = True
+
+
 @pytest.fixture(scope="session")
 def test_data() -> Path:
     """tests/data: samples copied into the repository (see tests/data/README.md)."""

@@ -30,8 +30,9 @@ def _snippet() -> str:
 
 def _checkpoint(path, overrides: list[str]) -> None:
     """A cpu_smoke network whose random weights find objects on the photo: BatchNorm statistics and the centre
-    head's bias are set so that a few percent of its pixels lie above the centre threshold."""
+    head's bias are set so that eight centres lie clearly above the centre threshold."""
     cfg = compose(["experiment=cpu_smoke", *overrides])
+    torch.manual_seed(0)  # the same network every run
     model = build_model(cfg.model).eval()
     g = torch.Generator().manual_seed(0)
     for m in model.modules():
@@ -40,8 +41,16 @@ def _checkpoint(path, overrides: list[str]) -> None:
             m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=g))
     x, _ = prepare_input(read_image_file(PHOTO), "fit", inference_size(cfg), 32)
     with torch.no_grad():
-        center = model(torch.from_numpy(np.ascontiguousarray(x)).permute(2, 0, 1)[None].float() / 255)["center"]
-        model.heads.center[1].bias += float(cfg.dataset.panoptic.threshold) - float(center.quantile(0.97))
+        out = model(torch.from_numpy(np.ascontiguousarray(x)).permute(2, 0, 1)[None].float() / 255)
+        # half of the pixels to the thing classes (1..3), whose random logits would otherwise rarely win
+        sem = out["semantic"][0]
+        model.heads.semantic[1].bias[0] -= float((sem[0] - sem[1:].max(0).values).quantile(0.5))
+        center = out["center"]
+        # the threshold halfway between the 8th and 9th highest peaks (local maxima in predict's NMS window): no
+        # peak sits within float rounding of it, so onnxruntime and PyTorch keep the same 8 centres
+        k = int(cfg.dataset.panoptic.nms_kernel)
+        peaks = center[center == torch.nn.functional.max_pool2d(center, k, 1, k // 2)].sort(descending=True).values
+        model.heads.center[1].bias += float(cfg.dataset.panoptic.threshold) - float(peaks[7] + peaks[8]) / 2
     blob = {"model": model.state_dict(), "optimizer": {}, "step": 1, "epoch": 1, "config": to_container(cfg)}
     torch.save(blob, path)
 
@@ -78,5 +87,11 @@ def test_docs_onnxruntime_example_reproduces_predict(tmp_path, monkeypatch):
     things = [s for s in expected if s["isthing"]]
     print(f"predict: {len(expected)} segments ({len(things)} instances); the docs' example: {len(got)}")
     assert len(things) >= 3, "the checkpoint finds instances on the photo"
-    assert got == want
+    # the same segments: stuff ids are the class's, instance ids follow the order of the centres' scores, which
+    # near-equal peaks of these random weights may swap between onnxruntime and PyTorch (1e-6 apart); the
+    # pixels each segment holds do not depend on that order
+    thing_ids = {s["panoptic_id"] for s in things}
+    assert {k: v for k, v in got.items() if k not in thing_ids} == {k: v for k, v in want.items() if k not in thing_ids}
+    assert set(got) == set(want)
+    assert sorted(got[k] for k in thing_ids) == sorted(want[k] for k in thing_ids)
     assert scope["meta"]["postprocess"]["nms_kernel"] == 5 and scope["meta"]["inference"]["mode"] == "fit"

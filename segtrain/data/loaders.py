@@ -205,11 +205,11 @@ def build_loader(
     if workers > 0:
         common["prefetch_factor"] = int(trainer.prefetch_factor)
     # images on an object store: each process requests its next batch while it decodes this one
-    remote = len(dataset) > 0 and storage.is_remote(dataset.records[0].path)
+    records = getattr(dataset, "records", None)  # any map-style data set works; segtrain's carry their records
+    remote = bool(records) and storage.is_remote(records[0].path)
     if train:
         bs = per_rank_batch(int(trainer.batch_size), dist.world_size)
         sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed), int(trainer.batch_size))
-        sampler.fingerprint = records_fingerprint(dataset.records)
         if len(sampler) < bs:
             per_rank = len(dataset) // dist.world_size
             if len(dataset) < dist.world_size:  # not one image per process: no batch size can help
@@ -220,6 +220,7 @@ def build_loader(
                 f"the training set has {len(dataset)} images: {per_rank} per rank on {dist.world_size} "
                 f"process(es), fewer than the per-rank batch {bs}; {fix}"
             )
+        sampler.fingerprint = records_fingerprint(records) if records is not None else ""
         sampler.read_ahead = stride(bs, workers) if remote else 0
         return DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **common)
     vbs = int(trainer.val_batch_size or trainer.batch_size)
