@@ -205,8 +205,8 @@ def build_loader(
     if workers > 0:
         common["prefetch_factor"] = int(trainer.prefetch_factor)
     # images on an object store: each process requests its next batch while it decodes this one
-    records = getattr(dataset, "records", None)  # any map-style data set works; segtrain's carry their records
-    remote = bool(records) and storage.is_remote(records[0].path)
+    records: Any = getattr(dataset, "records", None)  # any map-style data set works; segtrain's carry records
+    remote = records is not None and len(records) > 0 and storage.is_remote(records[0].path)
     if train:
         bs = per_rank_batch(int(trainer.batch_size), dist.world_size)
         sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed), int(trainer.batch_size))
