@@ -54,7 +54,9 @@ DECLARED: dict[str, Declared] = {
         "segtrain.data.transforms.augmentations", "augmentation pipeline", ("default", "none", "strong")
     ),
     "optim.name": Declared("segtrain.engine.optim", "optimiser", ("adam", "adamw", "sgd")),
-    "schedule.name": Declared("segtrain.engine.optim", "LR schedule", ("constant", "cosine", "poly", "step")),
+    "schedule.name": Declared(
+        "segtrain.engine.optim", "LR schedule", ("constant", "cosine", "multistep", "poly", "step")
+    ),
     "trainer.hooks": Declared("segtrain.engine.hooks", "hook", (), import_paths=True),
     "trainer.loggers": Declared("segtrain.engine.trackers", "logger", ("mlflow", "tensorboard", "wandb")),
 }
