@@ -19,6 +19,7 @@ the main process never shares the parent's connections or event loop.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -146,26 +147,78 @@ def read_bytes(path: Any, what: str = "object", max_bytes: int | None = None) ->
     return _read_remote(path, what, max_bytes)
 
 
+def _client(path: Any) -> tuple[Any, str]:
+    """This process's client for ``path``'s protocol and the path within it. fsspec keeps one instance per
+    process and options (a forked loader worker makes its own: an async client's event loop does not survive a
+    fork), so a read costs no client creation and no path object."""
+    import fsspec
+
+    text = str(path)
+    scheme = scheme_of(text) or "file"
+    fs = fsspec.filesystem(scheme, **_options(scheme))
+    return fs, fs._strip_protocol(text)
+
+
+def _checked(data: Any, path: Any, what: str, max_bytes: int | None) -> bytes:
+    if max_bytes is not None and len(data) > max_bytes:
+        raise StorageError(f"{what} {describe(path)} is more than the limit of {max_bytes:,} bytes")
+    return bytes(data)
+
+
 def _read_remote(path: Any, what: str, max_bytes: int | None) -> bytes:
     """One GET: a ranged one (``bytes=0-max_bytes``) when there is a limit, so that neither the limit nor the
     client's own size check costs a HEAD, a second round trip to the store per image."""
-    loc = location(path)
+    fs, key = _client(path)
+    if getattr(fs, "async_impl", False):  # the coroutine below, on the client's own event loop
+        from fsspec.asyn import sync
+
+        return bytes(sync(fs.loop, _read_async, fs, key, path, what, max_bytes))
     try:
         if max_bytes is None:
-            return bytes(loc.fs.cat_file(loc.path))
+            return bytes(fs.cat_file(key))
         try:
-            data = bytes(loc.fs.cat_file(loc.path, start=0, end=max_bytes + 1))
+            data = fs.cat_file(key, start=0, end=max_bytes + 1)
         except OSError as e:
             if "range" not in str(e).lower():  # an empty object has no byte 0 to start a range at
                 raise
-            data = bytes(loc.fs.cat_file(loc.path))
-        if len(data) > max_bytes:
-            raise StorageError(f"{what} {loc} is more than the limit of {max_bytes:,} bytes")
-        return data
+            data = fs.cat_file(key)
+        return _checked(data, path, what, max_bytes)
     except StorageError:
         raise
     except (OSError, ValueError) as e:
-        raise storage_error(loc, e, what) from None
+        raise storage_error(path, e, what) from None
+
+
+async def _read_async(fs: Any, key: str, path: Any, what: str, max_bytes: int | None) -> bytes:
+    """:func:`_read_remote` as a coroutine of an async client (s3fs, gcsfs): many run in one event loop, with no
+    thread per request."""
+    try:
+        if max_bytes is None:
+            return bytes(await fs._cat_file(key))
+        try:
+            data = await fs._cat_file(key, start=0, end=max_bytes + 1)
+        except OSError as e:
+            if "range" not in str(e).lower():
+                raise
+            data = await fs._cat_file(key)
+        return _checked(data, path, what, max_bytes)
+    except StorageError:
+        raise
+    except (OSError, ValueError) as e:
+        raise storage_error(path, e, what) from None
+
+
+async def _read_all(fs: Any, reads: list[tuple[Any, Future[bytes]]], what: str, max_bytes: int | None) -> None:
+    """Issue ``reads`` together on the client's event loop (its connection pool bounds how many are on the wire)
+    and hand each result, or its one-line error, to its future."""
+
+    async def one(path: Any, future: Future[bytes]) -> None:
+        try:
+            future.set_result(await _read_async(fs, fs._strip_protocol(str(path)), path, what, max_bytes))
+        except BaseException as e:  # noqa: BLE001 - the reader of the path gets it
+            future.set_exception(e)
+
+    await asyncio.gather(*(one(p, f) for p, f in reads))
 
 
 def join_name(root: Any, name: str) -> str:
@@ -177,26 +230,41 @@ def join_name(root: Any, name: str) -> str:
     return os.path.join(text, name)
 
 
-#: Reads in flight per process (one pool per process: a forked loader worker starts its own, see :func:`prefetch`).
+#: Reads in flight per process: the size of the clients' connection pools (and of the thread pool of a client
+#: without an event loop).
 READ_AHEAD_THREADS = int(os.environ.get("SEGTRAIN_READ_AHEAD", "16"))
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
 _AHEAD: dict[str, Future[bytes]] = {}
+_AHEAD_PID = os.getpid()
 
 
 def prefetch(paths: Iterable[Any], what: str = "image file", max_bytes: int | None = None) -> int:
-    """Start reading the remote ones of ``paths`` now, in this process's thread pool: a store with 20-50 ms per
-    request then serves a whole batch in about one round trip, while the caller decodes the first images.
-    :func:`read_bytes` takes the result (or its error) when the path is read. Returns how many were started."""
-    global _POOL
+    """Start reading the remote ones of ``paths`` now: a store with 20-50 ms per request then serves a whole batch
+    in about one round trip, while the caller decodes the first images. An async client (s3fs, gcsfs) issues
+    them together as coroutines in its one event loop (no thread, no client per request); any other runs them in
+    this process's thread pool. :func:`read_bytes` takes the result (or its error) when the path is read.
+    Returns how many were started."""
+    global _POOL, _AHEAD_PID
+    if os.getpid() != _AHEAD_PID:  # reads started before a fork have no event loop or thread here
+        _AHEAD.clear()
+        _AHEAD_PID = os.getpid()
+    batches: dict[int, tuple[Any, list[tuple[Any, Future[bytes]]]]] = {}
     started = 0
     for path in paths:
         if path is None or not is_remote(path) or str(path) in _AHEAD:
             continue
-        if _POOL is None or _POOL[0] != os.getpid():  # a pool made before a fork has no threads here
-            _POOL = (os.getpid(), ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="segtrain-read"))
-            _AHEAD.clear()
-        _AHEAD[str(path)] = _POOL[1].submit(_read_remote, path, what, max_bytes)
+        fs, _ = _client(path)
+        if getattr(fs, "async_impl", False):
+            future: Future[bytes] = Future()
+            batches.setdefault(id(fs), (fs, []))[1].append((path, future))
+        else:
+            if _POOL is None or _POOL[0] != os.getpid():
+                _POOL = (os.getpid(), ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="segtrain-read"))
+            future = _POOL[1].submit(_read_remote, path, what, max_bytes)
+        _AHEAD[str(path)] = future
         started += 1
+    for fs, reads in batches.values():
+        asyncio.run_coroutine_threadsafe(_read_all(fs, reads, what, max_bytes), fs.loop)
     while len(_AHEAD) > 4 * READ_AHEAD_THREADS:  # read ahead and never used (a skipped item): forget the oldest
         _AHEAD.pop(next(iter(_AHEAD)))
     return started
