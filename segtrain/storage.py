@@ -166,18 +166,17 @@ def _checked(data: Any, path: Any, what: str, max_bytes: int | None) -> bytes:
 
 
 def _read_remote(path: Any, what: str, max_bytes: int | None) -> bytes:
-    """One GET: a ranged one (``bytes=0-max_bytes``) when there is a limit, so that neither the limit nor the
-    client's own size check costs a HEAD, a second round trip to the store per image."""
+    """One GET, always a ranged one (``bytes=0-max_bytes``, or ``bytes=0-`` without a limit): neither the limit
+    nor the client's own size check (s3fs asks for the size first to split a plain GET of a large object into
+    parts) then costs a HEAD, a second round trip to the store per image."""
     fs, key = _client(path)
     if getattr(fs, "async_impl", False):  # the coroutine below, on the client's own event loop
         from fsspec.asyn import sync
 
         return bytes(sync(fs.loop, _read_async, fs, key, path, what, max_bytes))
     try:
-        if max_bytes is None:
-            return bytes(fs.cat_file(key))
         try:
-            data = fs.cat_file(key, start=0, end=max_bytes + 1)
+            data = fs.cat_file(key, start=0, end=None if max_bytes is None else max_bytes + 1)
         except OSError as e:
             if "range" not in str(e).lower():  # an empty object has no byte 0 to start a range at
                 raise
@@ -193,10 +192,8 @@ async def _read_async(fs: Any, key: str, path: Any, what: str, max_bytes: int | 
     """:func:`_read_remote` as a coroutine of an async client (s3fs, gcsfs): many run in one event loop, with no
     thread per request."""
     try:
-        if max_bytes is None:
-            return bytes(await fs._cat_file(key))
         try:
-            data = await fs._cat_file(key, start=0, end=max_bytes + 1)
+            data = await fs._cat_file(key, start=0, end=None if max_bytes is None else max_bytes + 1)
         except OSError as e:
             if "range" not in str(e).lower():
                 raise
