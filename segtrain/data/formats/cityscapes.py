@@ -63,7 +63,7 @@ import numpy as np
 
 from segtrain import storage
 from segtrain.config import IGNORE_LABEL
-from segtrain.data.formats.reading import parse_json, read_annotation_file
+from segtrain.data.formats.reading import read_sized_file
 from segtrain.data.records import (
     AnnotationError,
     ClassMap,
@@ -72,7 +72,6 @@ from segtrain.data.records import (
     Instance,
     SkipReport,
     UnknownLabelError,
-    positive_int,
 )
 from segtrain.fileio import is_regular_file
 
@@ -338,21 +337,20 @@ def load_cityscapes(
     for js in storage.reading_ahead(files, "Cityscapes annotation file", _MAX_JSON_BYTES):
         src = str(js)
         stem = _SUFFIX.sub("", js.name)
-        try:
-            data = parse_json(read_annotation_file(js, "Cityscapes annotation file", _MAX_JSON_BYTES), js)
-        except AnnotationError as e:
-            col.image(str(e))
+        read = read_sized_file(
+            js,
+            "Cityscapes annotation file",
+            _MAX_JSON_BYTES,
+            kind="Cityscapes polygon file",
+            list_key="objects",
+            size_keys=("imgHeight", "imgWidth"),
+            fix="write the image size into the file",
+            folder=gt_root,
+        )
+        if isinstance(read, str):
+            col.image(read)
             continue
-        if not isinstance(data, dict) or not isinstance(data.get("objects"), list):
-            col.image(f"{src}: not a Cityscapes polygon file (no 'objects' list); move it out of {gt_root} or fix it")
-            continue
-        h, w = positive_int(data.get("imgHeight")), positive_int(data.get("imgWidth"))
-        if h is None or w is None:
-            col.image(
-                f"{src}: imgHeight/imgWidth missing or not positive integers "
-                f"({data.get('imgHeight')!r} x {data.get('imgWidth')!r}); write the image size into the file"
-            )
-            continue
+        data, h, w = read
         path = img_root / js.parent.name / f"{stem}_leftImg8bit.png"
         if not image_exists(path):
             col.image(

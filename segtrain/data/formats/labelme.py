@@ -32,7 +32,15 @@ from segtrain import storage
 from segtrain.data.formats.confine import display
 from segtrain.data.formats.index import RecordIndex
 from segtrain.data.formats.index_cache import cached_index, content_hash
-from segtrain.data.formats.reading import Problems, finish, is_utf8, parse_json, read_annotation_file, shown
+from segtrain.data.formats.reading import (
+    Problems,
+    finish,
+    is_utf8,
+    parse_json,
+    read_annotation_file,
+    read_sized_file,
+    shown,
+)
 from segtrain.data.formats.rle import box_mask_counts, encode_counts
 from segtrain.data.records import (
     IGNORE,
@@ -43,7 +51,6 @@ from segtrain.data.records import (
     ImageRecord,
     Instance,
     SkipReport,
-    positive_int,
 )
 from segtrain.fileio import open_regular
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
@@ -265,35 +272,27 @@ def build_labelme(root: Any, files: list[Any], max_image_pixels: int = DEFAULT_M
     labels: set[str] = set()
     listing = _Listing()
     for js in storage.reading_ahead(files, "LabelMe file", MAX_LABELME_BYTES):  # a remote folder: many in flight
-        src = str(js)
         if not is_utf8(js.name):  # bytes that are not UTF-8 (os.fsdecode's surrogates): cannot be stored or shown
             problems.image(
                 f"{display(js)}: the file name is not valid UTF-8; rename it (e.g. with convmv) or move it out of "
                 f"{display(root)}"
             )
             continue
-        try:
-            data = parse_json(read_annotation_file(js, "LabelMe file", MAX_LABELME_BYTES), js)
-        except AnnotationError as e:
-            problems.image(str(e))
+        read = read_sized_file(
+            js,
+            "LabelMe file",
+            MAX_LABELME_BYTES,
+            kind="LabelMe file",
+            list_key="shapes",
+            size_keys=("imageHeight", "imageWidth"),
+            fix="re-save it with LabelMe",
+            folder=root,
+            max_image_pixels=max_image_pixels,
+        )
+        if isinstance(read, str):
+            problems.image(read)
             continue
-        if not isinstance(data, dict) or not isinstance(data.get("shapes"), list):
-            problems.image(f"{src}: not a LabelMe file (no 'shapes' list); move it out of {root} or fix it")
-            continue
-        h, w = positive_int(data.get("imageHeight")), positive_int(data.get("imageWidth"))
-        if h is None or w is None:
-            problems.image(
-                f"{src}: imageHeight/imageWidth missing or not positive integers "
-                f"({data.get('imageHeight')!r} x {data.get('imageWidth')!r}); re-save it with LabelMe"
-            )
-            continue
-        if h * w > max_image_pixels:
-            problems.image(
-                f"{src}: declared size {w}x{h} (width x height) is {h * w:,} pixels, more than "
-                f"dataset.max_image_pixels={max_image_pixels:,}; fix imageHeight/imageWidth, or raise "
-                "dataset.max_image_pixels if the image really is that large"
-            )
-            continue
+        data, h, w = read
         rel = data.get("imagePath")
         rel_path = Path(rel.replace("\\", "/")) if isinstance(rel, str) and rel else None  # written on Windows
         candidates = [] if rel_path is None else [rel_path, Path(rel_path.name)]

@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from segtrain.data.formats.index import RecordIndex
-from segtrain.data.records import ON_ERROR, AnnotationError, ClassMap, SkipReport
+from segtrain.data.records import ON_ERROR, AnnotationError, ClassMap, SkipReport, positive_int
 from segtrain.fileio import UnsafeFileError
 from segtrain.storage import StorageError, read_bytes  # files, and URLs
 
@@ -49,6 +49,46 @@ def read_annotation_file(path: Path, what: str, max_bytes: int) -> bytes:
         raise AnnotationError(f"{e}") from e
     except OSError as e:
         raise AnnotationError(f"{path}: cannot read the {what} ({e.strerror or e})") from e
+
+
+def read_sized_file(
+    path: Any,
+    what: str,
+    max_bytes: int,
+    *,
+    kind: str,
+    list_key: str,
+    size_keys: tuple[str, str],
+    fix: str,
+    folder: Any,
+    max_image_pixels: int | None = None,
+) -> tuple[dict[str, Any], int, int] | str:
+    """A per-image annotation file that declares its image's size (LabelMe, Cityscapes polygons): read (bounded,
+    see :func:`read_annotation_file`) and parsed, then checked to be a ``kind`` (an object with a ``list_key``
+    list) declaring positive integers under ``size_keys`` (height, width), at most ``max_image_pixels`` of them.
+
+    Returns ``(data, height, width)``, or the one line naming the file and the problem (``fix``: how to repair a
+    missing size; ``folder``: where the file was found), which the caller records before skipping the file."""
+    try:
+        data = parse_json(read_annotation_file(path, what, max_bytes), path)
+    except AnnotationError as e:
+        return str(e)
+    if not isinstance(data, dict) or not isinstance(data.get(list_key), list):
+        return f"{path}: not a {kind} (no '{list_key}' list); move it out of {folder} or fix it"
+    h_key, w_key = size_keys
+    h, w = positive_int(data.get(h_key)), positive_int(data.get(w_key))
+    if h is None or w is None:
+        return (
+            f"{path}: {h_key}/{w_key} missing or not positive integers "
+            f"({data.get(h_key)!r} x {data.get(w_key)!r}); {fix}"
+        )
+    if max_image_pixels is not None and h * w > max_image_pixels:
+        return (
+            f"{path}: declared size {w}x{h} (width x height) is {h * w:,} pixels, more than "
+            f"dataset.max_image_pixels={max_image_pixels:,}; fix {h_key}/{w_key}, or raise "
+            "dataset.max_image_pixels if the image really is that large"
+        )
+    return data, h, w
 
 
 def parse_json(raw: bytes, path: Path) -> Any:
