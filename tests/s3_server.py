@@ -121,8 +121,7 @@ class S3Proxy:
     @property
     def endpoint(self) -> str:
         assert self._server is not None
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"  # bound there in start()
 
     def start(self) -> S3Proxy:
         proxy = self

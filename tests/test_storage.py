@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,6 +109,38 @@ def test_a_bounded_read_is_one_request_and_a_larger_object_one_line(s3_server, b
         message = str(err.value)
         assert "\n" not in message and url in message and "more than the limit of 999 bytes" in message, message
         assert storage.read_bytes(f"s3://{bucket}/images/empty.jpg", "image file", max_bytes=10) == b""
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        proxy.stop()
+
+
+def test_read_ahead_is_one_request_per_object_and_errors_reach_their_reader(
+    s3_server: Any, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch read ahead is one GET per object, issued together on the client's event loop, and an unbounded read
+    is a ranged GET too (s3fs would otherwise ask for the size first); a missing object among them is the one line
+    naming its URL, raised where that object is read, not where the batch was started."""
+    import s3fs
+    from s3_server import S3Proxy
+
+    urls = [f"s3://{bucket}/images/{k}.jpg" for k in range(5)]
+    for k, url in enumerate(urls):
+        storage.write_bytes(url, bytes([k]) * (100 + k))
+    missing = f"s3://{bucket}/images/missing.jpg"
+    proxy = S3Proxy(s3_server.endpoint).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        s3fs.S3FileSystem.clear_instance_cache()
+        assert storage.read_bytes(urls[0], "image file") == bytes([0]) * 100
+        assert proxy.requests == 1
+        assert storage.prefetch([*urls[1:], missing, None, "/a/local/file.jpg"], "image file", 1000) == 5
+        for k, url in enumerate(urls[1:], 1):
+            assert storage.read_bytes(url, "image file", 1000) == bytes([k]) * (100 + k)
+        with pytest.raises(storage.StorageError) as err:
+            storage.read_bytes(missing, "image file", 1000)
+        message = str(err.value)
+        assert "\n" not in message and missing in message and "not found" in message, message
+        assert proxy.requests == 6  # the reads took what was read ahead: no second request for any object
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
         proxy.stop()
