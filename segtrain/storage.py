@@ -36,7 +36,7 @@ _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 #: The package each protocol needs, for the one-line message when it is absent.
 _NEEDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
 #: Client retries: botocore's standard mode retries 5xx, throttling and dropped connections with exponential backoff.
-#: Connections: one per read-ahead thread (botocore's default pool of 10 would queue the rest).
+#: Connections: as many as reads in flight (botocore's default pool of 10 would queue the rest).
 _S3_OPTIONS: dict[str, Any] = {
     "config_kwargs": {
         "retries": {"max_attempts": 8, "mode": "standard"},
