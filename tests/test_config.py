@@ -124,7 +124,7 @@ def test_num_classes_may_be_given_when_it_agrees():
 def test_keys_mixing_words_with_true_false_are_listed():
     """Every choice key whose allowed values mix a word (auto) with true/false, found from the schema itself."""
     from segtrain.config import BOOL_WORD_KEYS, SegtrainConfig
-    from segtrain.config.checks import _CHOICES
+    from segtrain.config.checks import CHOICES as _CHOICES
 
     schema = OmegaConf.structured(SegtrainConfig)
     auto_defaults = {k for k in _CHOICES if OmegaConf.select(schema, k) == "auto"}

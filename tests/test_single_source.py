@@ -66,7 +66,7 @@ def test_no_second_copy_of_a_default_in_the_source():
 
 def test_schema_choices_are_the_modules_tuples():
     from segtrain import device
-    from segtrain.config.checks import _CHOICES as choices
+    from segtrain.config.checks import CHOICES as choices
     from segtrain.data import mappers, records
     from segtrain.data.formats import reading as loading
     from segtrain.data.targets import panoptic_gt

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import albumentations as A
@@ -31,13 +30,14 @@ import cv2
 import numpy as np
 import torch
 
-from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, Config, ConfigError, DatasetConfig
+from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, Config, ConfigError
 from segtrain.data.formats.coco_panoptic import rasterise_panoptic, read_segment_ids
 from segtrain.data.images.image_io import decode_image, device_jpeg_orientation, read_encoded
 from segtrain.data.records import AnnotationError, ImageRecord, crowd_classes
-from segtrain.data.targets.builders import make_targets
+from segtrain.data.targets.builders import build_targets
 from segtrain.data.targets.mask_targets import mask_targets
 from segtrain.data.targets.rasterise import rasterise
+from segtrain.data.targets.spec import TargetSpec
 from segtrain.data.transforms.augmentations import DEVICE_PIPELINES, evaluation_pipeline
 from segtrain.data.transforms.cpu_augment import (
     MAX_INSTANCES,
@@ -51,48 +51,6 @@ from segtrain.data.transforms.cpu_augment import (
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 Reader = Callable[[ImageRecord], tuple[bytes, str]]
-
-
-@dataclass(frozen=True)
-class TargetSpec:
-    """How targets are built (``dataset.targets`` + the stuff classes)."""
-
-    sigma: float = 8.0
-    stuff_ids: tuple[int, ...] = ()
-    small_instance_area: int = 0
-    small_instance_weight: float = 1.0
-    # ``dataset.crowd_in_semantic``: crowd regions carry their class in ``semantic`` (centre and offset
-    # weights stay 0); false: they are ignored (255) like every ignore region
-    crowd_in_semantic: bool = True
-    # False for a semantic-only model (its loss reads no centre or offset): items carry ``semantic`` and
-    # ``semantic_weight`` only, and no centre heatmap, offsets or their weights are built, moved or collated
-    instances: bool = True
-
-    @classmethod
-    def from_config(cls, ds: DatasetConfig, instances: bool = True) -> TargetSpec:
-        classes = list(ds.classes)
-        return cls(
-            instances=bool(instances),
-            sigma=ds.targets.sigma,
-            stuff_ids=tuple(classes.index(s) for s in ds.stuff_classes),
-            small_instance_area=ds.targets.small_instance_area,
-            small_instance_weight=ds.targets.small_instance_weight,
-            crowd_in_semantic=bool(getattr(ds, "crowd_in_semantic", True)),
-        )
-
-    def crowd(self, rec: ImageRecord, n: int) -> np.ndarray | None:
-        """The ``crowd_classes`` argument of ``make_targets`` for ``rec`` with ``n`` ids (ids past the record's
-        instances, e.g. invented pixels, are no crowd), or None when crowd regions are ignored."""
-        return padded_crowd(rec, n) if self.crowd_in_semantic else None
-
-    def kwargs(self) -> dict[str, Any]:
-        return {
-            "stuff_classes": self.stuff_ids,
-            "ignore_label": IGNORE_LABEL,
-            "small_instance_area": self.small_instance_area,
-            "small_instance_weight": self.small_instance_weight,
-            "instances": self.instances,
-        }
 
 
 class StageTimer:
@@ -236,7 +194,7 @@ class CpuMapper(_Mapper):
             aug = plan.run(image, ids, outside=n, owned=True, reduced=reduced)
         self._clock.lap("augment")
         classes = inst_classes if aug.covered else np.append(inst_classes, IGNORE_LABEL)
-        crowd = self.targets.crowd(rec, len(classes))
+        crowd = target_crowd(self.targets, rec, len(classes))
         if self.targets_on_device:
             item = {
                 "image": torch.from_numpy(aug.image).permute(2, 0, 1),  # strided views: collate copies once
@@ -256,9 +214,7 @@ class CpuMapper(_Mapper):
         # Training items carry uint8 weight planes where the values allow (a quarter of the bytes written,
         # collated and moved); to_device makes them float32 on the device, the values the loss reads.
         compact = self.uint8_images and not self.eval_info
-        tg = make_targets(
-            ids32, classes, self.targets.sigma, crowd_classes=crowd, compact_weights=compact, **self.targets.kwargs()
-        )
+        tg = build_targets(ids32, classes, self.targets, crowd_classes=crowd, compact_weights=compact)
         masks = mask_targets(ids32, classes, self.targets.stuff_ids) if self.with_masks else {}
         self._clock.lap("targets")
         item = to_tensors(aug.image, aug.clear_outside(ids32), tg, self.uint8_images)
@@ -341,7 +297,7 @@ class DeviceMapper(_Mapper):
         return item
 
     def _add_crowd(self, item: dict[str, torch.Tensor], rec: ImageRecord, n: int) -> None:
-        crowd = self.targets.crowd(rec, n)
+        crowd = target_crowd(self.targets, rec, n)
         if crowd is not None:
             item["crowd_classes"] = torch.from_numpy(crowd)
 
@@ -448,6 +404,12 @@ def semantic_of(inst: np.ndarray, inst_classes: np.ndarray, crowd: np.ndarray | 
     if crowd is not None:
         lut = np.where((lut == IGNORE_LABEL) & (crowd >= 0) & (crowd != IGNORE_LABEL), crowd, lut)
     return lut.astype(np.uint8)[inst]
+
+
+def target_crowd(spec: TargetSpec, rec: ImageRecord, n: int) -> np.ndarray | None:
+    """The ``crowd_classes`` argument of the target builders for ``rec`` with ``n`` ids (ids past the record's
+    instances, e.g. invented pixels, are no crowd), or None when crowd regions are ignored."""
+    return padded_crowd(rec, n) if spec.crowd_in_semantic else None
 
 
 def padded_crowd(rec: ImageRecord, n: int) -> np.ndarray:

@@ -57,7 +57,8 @@ from torch import Tensor
 
 from segtrain.config import ConfigError
 from segtrain.data.seeding import item_seed
-from segtrain.data.targets.device_targets import make_targets_torch
+from segtrain.data.targets.device_targets import build_targets_torch, make_targets_torch
+from segtrain.data.targets.spec import TargetSpec
 
 __all__ = ["DeviceAugment", "DeviceBatchAugment", "make_targets_torch"]
 
@@ -372,15 +373,14 @@ class DeviceBatchAugment:
 
     Randomness comes from a device generator reseeded from (seed, epoch, step, rank), so runs and
     resumes are reproducible without any host synchronisation. ``targets`` is a
-    :class:`segtrain.data.mappers.TargetSpec`.
+    :class:`~segtrain.data.targets.spec.TargetSpec`.
     """
 
     def __init__(
-        self, aug_cfg: Any, input_size: tuple[int, int], targets: Any, device: torch.device, seed: int, rank: int
+        self, aug_cfg: Any, input_size: tuple[int, int], targets: TargetSpec, device: torch.device, seed: int, rank: int
     ) -> None:
         self.augment = DeviceAugment(aug_cfg, input_size)
-        self.sigma = float(targets.sigma)
-        self.targets_kw = targets.kwargs()
+        self.targets = targets
         self.generator = torch.Generator(device=device)
         self.seed, self.rank = int(seed), int(rank)
 
@@ -394,12 +394,7 @@ class DeviceBatchAugment:
         rows = torch.arange(h, device=inst.device).view(1, h, 1) < hw[:, 0].view(b, 1, 1)
         valid = rows & (torch.arange(w, device=inst.device).view(1, 1, w) < hw[:, 1].view(b, 1, 1))
         image, inst, valid = self.augment(batch["image"], inst, valid, self.generator, content_hw=hw)
-        targets = make_targets_torch(
-            inst,
-            batch["instance_classes"],
-            self.sigma,
-            valid=valid,
-            crowd_classes=batch.get("crowd_classes"),
-            **self.targets_kw,
+        targets = build_targets_torch(
+            inst, batch["instance_classes"], self.targets, valid=valid, crowd_classes=batch.get("crowd_classes")
         )
         return {"image": image, "instance": inst, **targets}
