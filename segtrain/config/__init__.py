@@ -13,6 +13,7 @@ from segtrain.config.checks import (
     CROSS_KEY_RULES,
     FIELD_RULES,
     check_overrides,
+    check_value,
     given_on_command_line,
     validate,
 )
@@ -103,6 +104,7 @@ __all__ = [
     "TrainerConfig",
     "chdir_note",
     "check_overrides",
+    "check_value",
     "compose",
     "config_dir",
     "checkpoint_sources",

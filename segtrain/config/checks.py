@@ -224,6 +224,13 @@ def check_fields(cfg: DictConfig, phase: Phase) -> None:
         declared.check(key, OmegaConf.select(cfg, key), phase)
 
 
+def check_value(key: str, value: Any) -> None:
+    """``value`` against every part of the rule declared on ``key``'s field, with the config check's message: for
+    code that takes a config value as an argument (a backbone's output stride, an export format) and must refuse a
+    wrong one as the config would."""
+    FIELD_RULES[key].check(key, value)
+
+
 def validate(cfg: DictConfig) -> None:
     """Checks that a type cannot express; each message names the key."""
     _normalise_bool_words(cfg)

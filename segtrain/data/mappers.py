@@ -30,7 +30,7 @@ import cv2
 import numpy as np
 import torch
 
-from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, Config, ConfigError
+from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, Config, ConfigError, check_value
 from segtrain.data.formats.coco_panoptic import rasterise_panoptic, read_segment_ids
 from segtrain.data.images.image_io import decode_image, device_jpeg_orientation, read_encoded
 from segtrain.data.records import AnnotationError, ImageRecord, crowd_classes
@@ -342,8 +342,7 @@ class NativeMapper(_Mapper):
         reader: Reader | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
-        if mode not in self.MODES:
-            raise ConfigError(f"inference.mode={mode!r} is not one of {list(self.MODES)}")
+        check_value("inference.mode", mode)
         super().__init__(evaluation_pipeline(input_size), timer, reader, max_image_pixels)
         self.mode = mode
         self.input_size = (int(input_size[0]), int(input_size[1]))

@@ -14,7 +14,7 @@ from typing import Any, TypeVar, cast
 from omegaconf.errors import MissingMandatoryValue
 from torch import nn
 
-from segtrain.config import FIELD_RULES, ConfigError, ModelConfig
+from segtrain.config import ConfigError, ModelConfig, check_value
 from segtrain.registry import Registry, check_call
 
 Builder = Callable[..., nn.Module]  # builder(spec, **model.kwargs)
@@ -77,7 +77,7 @@ def model_spec(cfg: Any) -> ModelSpec:
                 value = int(value)
             except (TypeError, ValueError):
                 raise ConfigError(f"model.{f.name} must be an integer, got {value!r}") from None
-            FIELD_RULES[f"model.{f.name}"].check(f"model.{f.name}", value)  # the schema's declared rule
+            check_value(f"model.{f.name}", value)  # the rule the schema declares on the field
         values[f.name] = value
     return ModelSpec(**values)
 

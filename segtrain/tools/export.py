@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 import segtrain
 from segtrain.checkpoint.state import load_checkpoint_weights
-from segtrain.config import EXPORT_FORMATS, Config, ConfigError, to_container
+from segtrain.config import EXPORT_FORMATS, Config, ConfigError, check_value, to_container
 from segtrain.fileio import temp_beside
 from segtrain.models import build_model
 
@@ -276,8 +276,7 @@ def export_model(
     """Write ``model`` (eval mode, on the CPU) as ``fmt`` to ``path`` atomically; traced/exported on a
     (2, 3, *input_size) example when dynamic, (1, 3, *input_size) otherwise. ``check(written file, result)``
     runs on the file before it takes its name (verification): when it raises, nothing is left behind."""
-    if fmt not in EXPORT_FORMATS:
-        raise ConfigError(f"export.format={fmt!r} is not one of {list(EXPORT_FORMATS)}")
+    check_value("export.format", fmt)
     path = Path(path)
     model = model.eval()
     h, w = (int(v) for v in input_size)
