@@ -3,6 +3,7 @@ them read the same object, so changing a default or adding a choice is one edit,
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import re
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from segtrain import config
 from segtrain.config import FIELD_RULES, POSTPROCESS, ConfigError, PanopticConfig, SegtrainConfig
@@ -149,15 +150,21 @@ def _breaking(declared: Rule, is_list: bool) -> list[tuple[Phase, object, str]]:
     return cases
 
 
+@pytest.fixture(scope="module")
+def schema() -> DictConfig:
+    """The schema's defaults (each test changes a copy)."""
+    return OmegaConf.structured(SegtrainConfig)
+
+
 @pytest.mark.parametrize("key", sorted(FIELD_RULES))
-def test_every_declared_rule_is_refused_in_its_phase_only(key: str) -> None:
+def test_every_declared_rule_is_refused_in_its_phase_only(key: str, schema: DictConfig) -> None:
     """The generic checker refuses a value breaking each declared part, with the key and the rule's words, in the
     part's phase and in no other (``data`` before class discovery, ``choice`` and ``value`` after)."""
-    default = OmegaConf.select(OmegaConf.structured(SegtrainConfig), key)
+    default = OmegaConf.select(schema, key)
     cases = _breaking(FIELD_RULES[key], OmegaConf.is_list(default) or FIELD_RULES[key].length is not None)
     assert cases, f"{key} declares a rule with no part"
     for phase, wrong, says in cases:
-        cfg = OmegaConf.structured(SegtrainConfig)
+        cfg = copy.deepcopy(schema)
         OmegaConf.update(cfg, key, wrong, merge=False)
         for other in PHASES:
             if other != phase:
