@@ -97,8 +97,9 @@ class PipelinePlan:
 
     def mapper(self, *, timer: StageTimer | None = None, reader: Reader | None = None) -> CpuMapper | DeviceMapper:
         """What a loader worker does to one record (``timer``: per-stage seconds; ``reader``: image bytes)."""
-        from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
+        from segtrain.data.mappers import CpuMapper, DeviceMapper
         from segtrain.data.targets.mask_targets import wants_mask_targets
+        from segtrain.data.targets.spec import TargetSpec
         from segtrain.data.transforms.augmentations import build_pipeline
 
         cfg = self.cfg
@@ -141,8 +142,8 @@ class PipelinePlan:
             return identity
         import torch
 
-        from segtrain.data.mappers import TargetSpec
         from segtrain.data.targets.allocator import keep_freed_memory_once
+        from segtrain.data.targets.spec import TargetSpec
 
         if (self.device or "cpu").startswith("cpu"):  # targets in host memory: fresh buffers every batch
             keep_freed_memory_once()
