@@ -240,6 +240,8 @@ def test_cpu_items_equal_the_reference_definitions(test_data):
             for key in KEYS:
                 np.testing.assert_array_equal(item[key].numpy(), tg[key], err_msg=key)
             assert all(item[key].dtype == torch.uint8 for key in KEYS[3:])  # compact weights (training items)
+            # contiguous planes: collate stacks them with plain copies (a channel-last view is gathered byte by byte)
+            assert item["image"].is_contiguous() and item["image"].dtype == torch.uint8
             got = item["image"].permute(1, 2, 0).numpy()
             if plan.reduction() == 1:
                 np.testing.assert_array_equal(got, ref.image)
@@ -272,6 +274,7 @@ def test_targets_built_on_the_device_equal_those_built_in_the_worker(test_data):
             items = [compact[k] for k in keys]
             assert all(it["instance"].dtype == torch.uint16 and it["image"].dtype == torch.uint8 for it in items)
             assert set(items[0]) == {"image", "instance", "instance_classes", "crowd_classes", "outside", "index"}
+            assert all(it["image"].is_contiguous() for it in items)
             padded += sum(bool((it["instance"] == it["outside"]).any()) for it in items)
             got = transform(collate(items), epoch, 0)
             ref = collate([dense[k] for k in keys])

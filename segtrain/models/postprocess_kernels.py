@@ -22,12 +22,9 @@ Compiled lazily on first call and cached on disk, like segtrain's data kernels. 
 
 from __future__ import annotations
 
-import warnings
-
-import numba
 import numpy as np
 
-_warned: list[RuntimeError] = []
+from segtrain.jit import cached_jit
 
 # Near ties (squared distances within this relative gap, plus an absolute one for targets on a centre)
 # are left to the reference expression.
@@ -36,21 +33,7 @@ _ABS_GAP = 1e-6
 # Beyond this a float32 square may overflow in the reference: left to it.
 _HUGE = 1e18
 
-
-def _jit(fn):
-    """``numba.njit(cache=True, nogil=True)``, or without the cache where no directory is writable."""
-    try:
-        return numba.njit(cache=True, nogil=True)(fn)
-    except RuntimeError as exc:  # "cannot cache function ...: no locator available"
-        if not _warned:
-            _warned.append(exc)
-            warnings.warn(
-                f"{exc}; segtrain's post-processing kernels are compiled in every process. "
-                "Set NUMBA_CACHE_DIR to a writable directory to cache them.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return numba.njit(nogil=True)(fn)
+_jit = cached_jit("post-processing")
 
 
 @_jit

@@ -16,34 +16,15 @@ no ``parallel``: loader workers are single-threaded by design.
 
 from __future__ import annotations
 
-import warnings
-
-import numba
 import numpy as np
+
+from segtrain.jit import cached_jit
 
 _SCALE = 5.0  # pycocotools' sub-pixel grid
 _BOUND = 1e12  # absurd coordinates are bounded before truncation, as in rasterise._runs
 
 
-_warned: list[RuntimeError] = []
-
-
-def _jit(fn):
-    """``numba.njit(cache=True, nogil=True)``; without any writable cache directory (package directory
-    read-only and no writable user cache, e.g. HOME unset in a container) numba refuses ``cache=True``:
-    compile in every process instead (a few seconds each) and say how to avoid it."""
-    try:
-        return numba.njit(cache=True, nogil=True)(fn)
-    except RuntimeError as exc:  # "cannot cache function ...: no locator available"
-        if not _warned:
-            _warned.append(exc)
-            warnings.warn(
-                f"{exc}; segtrain's rasteriser kernels are compiled in every process. "
-                "Set NUMBA_CACHE_DIR to a writable directory to cache them.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return numba.njit(nogil=True)(fn)
+_jit = cached_jit("rasteriser")
 
 
 @_jit
