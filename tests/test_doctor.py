@@ -76,7 +76,7 @@ def meter_run(cfg, batches, run_dir, monkeypatch, wait_s: float, step_s: float =
         clock.now += step_s
         return real_step(batch)
 
-    trainer.run_step = timed_step
+    monkeypatch.setattr(trainer, "run_step", timed_step)
     trainer.recorder = Recorder(run_dir, True)
     trainer.register_hooks([MetricsLogger(1, cfg.trainer.data_wait_warn, False)])
     trainer.call_hooks("before_train")
