@@ -179,9 +179,10 @@ def generate(path: Path, images: int = 118_287, polygons: int = 860_000, seed: i
             mv = memoryview(text.tobytes())
             areas = (rng.random(len(sel)) * 5e6).astype(np.int64)
             bb = (rng.random((len(sel), 4)) * 60000).astype(np.int64)
-            out = []
+            out: list[bytes | memoryview] = []
             q = 0
             for t, a in enumerate(sel.tolist()):
+                seg: bytes | memoryview
                 if is_crowd[a]:
                     j = int(ann_img[a])
                     counts = ",".join(map(str, _crowd_counts(rng, int(hs[j]), int(ws[j]))))
@@ -279,7 +280,7 @@ def _time_parts() -> dict[str, float]:
     timed(coco, "parse_json", "parse")
     timed(coco, "build_coco", "build")
     timed(RecordIndex, "save", "write_map")
-    real_load = RecordIndex.load.__func__
+    real_load = vars(RecordIndex)["load"].__func__  # the classmethod's function: the wrapper passes cls on
 
     def load(cls, *a, **k):
         t = time.perf_counter()
@@ -304,7 +305,12 @@ def _measure_build(path: str, cache: str | None) -> dict:
     if "build" in parts:
         parts["columns"] = parts.pop("build") - parts.get("scan", 0.0) - parts.get("parse", 0.0)  # read: outside
     parts["other"] = seconds - sum(v for k, v in parts.items() if k != "hash")  # the hash runs beside the rest
-    out = {"seconds": seconds, "cpu_seconds": cpu, "peak_bytes": _peak(), "peak_over_start_bytes": _peak() - start}
+    out: dict[str, object] = {
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "peak_bytes": _peak(),
+        "peak_over_start_bytes": _peak() - start,
+    }
     out["parts_seconds"] = {k: round(v, 4) for k, v in parts.items()}
     out.update(images=len(index), file=index.file, skipped=report.num_skipped_annotations + report.num_skipped_images)
     return out
@@ -319,6 +325,7 @@ def _measure_legacy(path: str, rev: str) -> dict:
     mod_path = Path(path).parent / "legacy_annotations.py"
     mod_path.write_bytes(src)
     spec = importlib.util.spec_from_file_location("legacy_annotations", mod_path)
+    assert spec is not None and spec.loader is not None  # a .py path always has a source loader
     legacy = importlib.util.module_from_spec(spec)
     sys.modules["legacy_annotations"] = legacy
     spec.loader.exec_module(legacy)

@@ -68,7 +68,7 @@ from segtrain.data.images.image_io import decode_image, read_encoded  # noqa: E4
 from segtrain.data.loaders import keep_freed_memory  # noqa: E402
 from segtrain.data.mappers import StageTimer  # noqa: E402
 from segtrain.data.pipeline import plan_pipeline  # noqa: E402
-from segtrain.data.records import ClassMap  # noqa: E402
+from segtrain.data.records import ClassMap, ImageRecord  # noqa: E402
 
 FULL_GOAL = 1.8
 DEVICE_GOAL = 1.3
@@ -76,10 +76,10 @@ DECODE_GOAL = 0.3  # issue 20: with dataset.decode=device the worker costs under
 REAL_CLASSES = ["background", "person", "date", "fig", "hazelnut"]
 
 
-def real_records() -> list:
+def real_records() -> list[ImageRecord]:
     """COCO and LabelMe samples with images (../shared/data when present, else tests/data)."""
     shared = REPO.parent / "shared" / "data"
-    out: list = []
+    out: list[ImageRecord] = []
     for root in (shared, REPO / "tests" / "data"):
         coco = root / "mmpose_coco_person" / "test_coco.json"
         if coco.is_file():
@@ -253,7 +253,9 @@ def synthetic_records(tmp: str, count: int, quality: int | None = None, smooth: 
     out_dir = Path(tmp) / f"q{quality}{'s' if smooth else ''}"
     out_dir.mkdir(exist_ok=True)
     for rec in recs:
-        assert rec.path is not None and (img := cv2.imread(str(rec.path), cv2.IMREAD_COLOR)) is not None
+        assert rec.path is not None  # the synthetic set's records name their JPEG files
+        img = cv2.imread(str(rec.path), cv2.IMREAD_COLOR)
+        assert img is not None, rec.path
         if smooth:
             img = cv2.GaussianBlur(img, (0, 0), 3)
         path = out_dir / Path(rec.path).name

@@ -67,8 +67,9 @@ def images_per_s(
     loader = build_loader(dataset, dist, cfg.trainer, train=True)
     count, seconds = 0, 0.0
     for epoch in range(epochs + 1):
-        if hasattr(loader.batch_sampler, "set_epoch"):
-            loader.batch_sampler.set_epoch(epoch)
+        sampler = loader.batch_sampler
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
         started = time.perf_counter()
         seen = sum(int(b["image"].shape[0]) for b in loader)
         if epoch:  # the first pass warms up

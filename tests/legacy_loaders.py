@@ -397,15 +397,15 @@ def _mask_shape_rle(shape: dict, points: np.ndarray, h: int, w: int) -> dict:
         raise ValueError("'mask' is not a decodable PNG")
     if small.ndim == 3:
         small = small[..., -1] if small.shape[2] in (2, 4) else small.max(axis=2)
-    small = small > 0
+    region = small > 0
     if len(points) < 1:
         raise ValueError("shape_type 'mask' needs its bounding box in 'points'")
     x1, y1 = int(points[:, 0].min()), int(points[:, 1].min())
     full = np.zeros((h, w), np.uint8)
     ys0, xs0 = max(y1, 0), max(x1, 0)
-    ys1, xs1 = min(y1 + small.shape[0], h), min(x1 + small.shape[1], w)
+    ys1, xs1 = min(y1 + region.shape[0], h), min(x1 + region.shape[1], w)
     if ys1 > ys0 and xs1 > xs0:
-        full[ys0:ys1, xs0:xs1] = small[ys0 - y1 : ys1 - y1, xs0 - x1 : xs1 - x1]
+        full[ys0:ys1, xs0:xs1] = region[ys0 - y1 : ys1 - y1, xs0 - x1 : xs1 - x1]
     return mask_utils.encode(np.asfortranarray(full))
 
 

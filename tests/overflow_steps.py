@@ -34,10 +34,11 @@ class Snapshots(HookBase):
 
     def after_step(self) -> None:
         t = self.trainer
+        assert t.ema is not None  # the runs here all keep an EMA
         self.rows.append(
             {
-                "model": t.model.head.weight.detach().clone(),
-                "ema": t.ema.module.head.weight.detach().clone(),
+                "model": t.model.get_parameter("head.weight").detach().clone(),
+                "ema": t.ema.module.get_parameter("head.weight").detach().clone(),
                 "ema_updates": t.ema.updates,
                 "scale": t.scaler.get_scale(),
                 "sched": t.scheduler.last_epoch,

@@ -122,6 +122,7 @@ class S3Proxy:
     def endpoint(self) -> str:
         assert self._server is not None
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET address: bytes only for AF_UNIX
         return f"http://{host}:{port}"
 
     def start(self) -> S3Proxy:

@@ -113,6 +113,7 @@ def test_coco_polygons_multipart_and_paths(mmpose):
     img = read_image(rec)
     assert img.shape == (392, 640, 3) and img.dtype == np.uint8
     bgr = cv2.imread(str(rec.path))
+    assert bgr is not None, rec.path
     np.testing.assert_array_equal(img, bgr[..., ::-1])  # RGB
 
 
@@ -123,7 +124,7 @@ def test_coco_crowd_rle_uncompressed_and_polygon_parts(test_data, tmp_path):
     assert len(insts) == 37
     crowd = insts["900300255917"]
     assert crowd.iscrowd and crowd.class_id == 255 and crowd.label == "car" and not crowd.polygons
-    assert isinstance(crowd.rle["counts"], bytes) and crowd.rle["size"] == [427, 640]
+    assert crowd.rle is not None and isinstance(crowd.rle["counts"], bytes) and crowd.rle["size"] == [427, 640]
     assert mask_utils.area(crowd.rle) == 3386  # decoded, not the JSON's wrong `area` (4015)
     assert len(insts["2204286"].polygons) == 3
 
@@ -287,7 +288,9 @@ def test_labelme_imagepath_is_the_json_itself_shared(shared_data):
     labels = {s["label"] for s in json.loads((d / "apc2016_obj3.json").read_text())["shapes"]}
     recs, _ = load_labelme(d, ClassMap(["background", *sorted(labels)]))
     assert recs[0].path is None and read_image(recs[0]).shape == (907, 1210, 3)
-    np.testing.assert_array_equal(read_image(recs[0]), cv2.imread(str(d / "apc2016_obj3.jpg"))[..., ::-1])
+    bgr = cv2.imread(str(d / "apc2016_obj3.jpg"))
+    assert bgr is not None
+    np.testing.assert_array_equal(read_image(recs[0]), bgr[..., ::-1])
 
 
 def _png_b64(mask: np.ndarray) -> str:
@@ -423,6 +426,7 @@ def test_read_image_truncated_jpeg(mmpose):
 
 def test_read_image_truncated_png_and_garbage(mmpose):
     img = cv2.imread(str(mmpose / "000000040083.jpg"))
+    assert img is not None
     png = cv2.imencode(".png", img)[1].tobytes()
     good, bad, junk = mmpose / "a.png", mmpose / "b.png", mmpose / "c.jpg"
     good.write_bytes(png)

@@ -231,8 +231,8 @@ def test_predict_peak_memory_is_bounded_by_the_native_size_outputs(tmp_path):
     torch.manual_seed(0)
     model = build_model(cfg.model)
     with torch.no_grad():  # untrained, but with centre peaks above threshold and thing pixels: all stages run
-        model.heads.center[1].bias.fill_(0.5)
-        model.heads.semantic[1].bias.copy_(torch.tensor([0.0, 1.0, 1.0, 1.0]))
+        model.get_parameter("heads.center.1.bias").fill_(0.5)
+        model.get_parameter("heads.semantic.1.bias").copy_(torch.tensor([0.0, 1.0, 1.0, 1.0]))
     ckpt = tmp_path / "tiny.pt"
     torch.save(model.state_dict(), ckpt)
     big = 2000

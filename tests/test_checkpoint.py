@@ -178,8 +178,10 @@ def test_sigkill_then_resume_is_exact(reference):
     proc.wait(10)
     killed_at = torch.load(last, weights_only=True)["step"]
     assert killed_at == 6
-    proc = run_module("segtrain.train", [*RESUMABLE, "resume=auto", f"hydra.run.dir={run_dir}"], base, base / "cache")
-    assert f"resumed from {last}" in proc.stderr
+    resumed = run_module(
+        "segtrain.train", [*RESUMABLE, "resume=auto", f"hydra.run.dir={run_dir}"], base, base / "cache"
+    )
+    assert f"resumed from {last}" in resumed.stderr
     want = torch.load(ref / "checkpoints" / "last.pt", weights_only=True)
     got = torch.load(last, weights_only=True)
     assert got["step"] == want["step"] == 12 and got["epoch"] == want["epoch"] == 3

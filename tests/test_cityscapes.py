@@ -23,6 +23,7 @@ from segtrain.data.formats.cityscapes import (
     STUFF_CLASSES,
     THING_CLASSES,
     TRAIN_CLASSES,
+    CityscapesLabel,
     label_of,
     load_cityscapes,
     pil_polygons,
@@ -65,13 +66,20 @@ def _write(root: Path, stem: str, objects: list[dict], h: int, w: int, split: st
 
 
 def _obj(label: str, polygon, deleted: int | None = None) -> dict:
-    o = {"label": label, "polygon": [[int(x), int(y)] for x, y in polygon]}
+    o: dict[str, object] = {"label": label, "polygon": [[int(x), int(y)] for x, y in polygon]}
     if deleted is not None:
         o["deleted"] = deleted
     return o
 
 
 H, W = 48, 96
+
+
+def _label(name: str) -> tuple[CityscapesLabel, bool]:
+    """``label_of`` of a name it knows."""
+    found = label_of(name)
+    assert found is not None, name
+    return found
 
 
 def _street() -> list[dict]:
@@ -134,7 +142,7 @@ def _encode(instances: list[Instance], encoding: str) -> np.ndarray:
     count: dict[str, int] = {}
     out = [0]
     for inst in instances:
-        lab, group = label_of(inst.label)
+        lab, group = _label(inst.label)
         val = lab.id if encoding == "ids" else lab.train_id
         if lab.has_instances and not group and val != IGNORE_LABEL:
             val, count[lab.name] = val * 1000 + count.get(lab.name, 0), count.get(lab.name, 0) + 1
@@ -173,12 +181,12 @@ def _load(root: Path, **kw):
 
 # --------------------------------------------------------------------------- table
 def test_label_table_matches_the_official_one():
-    assert len(LABELS) == 35 and label_of("license plate")[0].id == -1
+    assert len(LABELS) == 35 and _label("license plate")[0].id == -1
     assert len(TRAIN_CLASSES) == 19 and len(THING_CLASSES) == 8 and len(STUFF_CLASSES) == 11
     assert TRAIN_CLASSES[0] == "road" and TRAIN_CLASSES[13] == "car" and TRAIN_CLASSES[18] == "bicycle"
-    assert label_of("cargroup") == (label_of("car")[0], True)
-    assert label_of("polegroup") == (label_of("polegroup")[0], False)  # a label of its own
-    assert label_of("foogroup") is None and label_of("skygroup")[1]
+    assert label_of("cargroup") == (_label("car")[0], True)
+    assert label_of("polegroup") == (_label("polegroup")[0], False)  # a label of its own
+    assert label_of("foogroup") is None and _label("skygroup")[1]
     if Annotation is not None:
         assert [tuple(lab) for lab in LABELS] == [tuple(lab) for lab in cs_labels]
 

@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import math
+from typing import Any
 
 import cv2
 import numpy as np
@@ -57,7 +58,8 @@ def build_val_set(src, dst):
     (dst / "images").mkdir(parents=True)
     names = {c["id"]: c["name"] for c in doc["categories"]}
     scales = [1.0, 1.5, 0.75, 1.0, 1.25, 1.0]  # images of other sizes: 64, 96, 48, 80 pixels
-    images, anns = [], []
+    images: list[dict[str, Any]] = []
+    anns: list[dict[str, Any]] = []
 
     def add(image_id, name, seg, area, iscrowd=0):
         anns.append(
@@ -74,6 +76,7 @@ def build_val_set(src, dst):
     for k, im in enumerate(doc["images"]):
         s = scales[k % len(scales)]
         img = cv2.imread(str(src / "val" / im["file_name"]))
+        assert img is not None, im["file_name"]
         h, w = round(im["height"] * s), round(im["width"] * s)
         img = cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR)
         image_id = 1000 + 37 * k

@@ -121,11 +121,16 @@ def test_unlabeled_background_and_dropped_categories(sample, ds_cfg):
     cm.class_map["horse"] = None  # drop horses: their pixels become unannotated
     recs, _ = load_coco_panoptic(sample["json"], sample["images"], sample["png"], cm, unlabeled="background")
     rec = recs[1]  # 439180: horses, one a crowd
+    assert rec.panoptic_png is not None
     ref = _pil_ids(rec.panoptic_png)
     inst, classes = rasterise_panoptic(rec, read_segment_ids(rec))
     assert all(i.segment_id != 0 for i in rec.instances)  # no void instance: VOID is instance 0
     assert np.array_equal(inst == 0, ref == 0)
-    horse_ids = [i.segment_id for i in rec.instances if i.label == "horse"]
+    horse_ids = []
+    for i in rec.instances:
+        if i.label == "horse":
+            assert i.segment_id is not None  # a panoptic instance is its PNG segment
+            horse_ids.append(i.segment_id)
     assert horse_ids and all(i.class_id == 0 and i.crowd_class is None for i in rec.instances if i.label == "horse")
     assert (classes[inst][np.isin(ref, horse_ids)] == 0).all()
 

@@ -117,9 +117,12 @@ def test_sliding_window_count_is_bounded_before_any_window_runs():
 
     calls = []
 
-    def net(x: torch.Tensor) -> dict[str, torch.Tensor]:
-        calls.append(x.shape)
-        return {"semantic": x[:, :1]}
+    class Net(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+            calls.append(x.shape)
+            return {"semantic": x[:, :1]}
+
+    net = Net()
 
     image = torch.zeros(1, 3, 512, 512)
     with pytest.raises(ConfigError) as e:

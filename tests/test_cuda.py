@@ -20,6 +20,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -117,7 +118,7 @@ def _check_make_targets_torch_bit_for_bit(device: str) -> None:
         table[b, : len(c)] = c
     valid = rng.random(masks.shape) > 0.02
     valid[0, 400:] = False
-    kw = {"stuff_classes": (3,), "small_instance_area": 300, "small_instance_weight": 2.0}
+    kw: dict[str, Any] = {"stuff_classes": (3,), "small_instance_area": 300, "small_instance_weight": 2.0}
     got = make_targets_torch(
         torch.from_numpy(masks).to(device),
         torch.from_numpy(table).to(device),

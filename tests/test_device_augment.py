@@ -474,9 +474,15 @@ def device_pipeline(cfg, items, seeds, targets=True):
     for s in seeds:
         im, ids, ok = aug(image, inst, valid, torch.Generator().manual_seed(s))
         tg = {k: v.numpy() for k, v in make_targets_torch(ids, classes, valid=ok).items()} if targets else None
-        im = im.permute(0, 2, 3, 1).numpy()
+        pixels = im.permute(0, 2, 3, 1).numpy()
         for b in range(len(items)):
-            yield b, im[b], ids[b].numpy(), ok[b].numpy(), {k: v[b] for k, v in tg.items()} if targets else None
+            yield (
+                b,
+                pixels[b],
+                ids[b].numpy(),
+                ok[b].numpy(),
+                {k: v[b] for k, v in tg.items()} if tg is not None else None,
+            )
 
 
 def compare_pipelines(cfg, items, stats, names, targets=False, seeds=SEEDS, tails=()):
@@ -549,10 +555,10 @@ def test_colour_distribution_matches_the_cpu_pipeline():
     saturation keep the mean luma, saturation and hue keep every pixel's luma, hue rotates the chroma (I, Q))."""
     cfg = aug_cfg(color_p=0.7, brightness=0.3, contrast=0.3, saturation=0.4, hue=0.1)
     rng = np.random.default_rng(2)
-    items = [(rng.integers(80, 150, (*SIZE, 3)), draw_mask(rng, *SIZE, 6)) for _ in range(32)]
-    for img, inst in items:  # flat-coloured shapes on grey noise: chroma with a clear mean direction; mid-range
+    drawn = [(rng.integers(80, 150, (*SIZE, 3)), draw_mask(rng, *SIZE, 6)) for _ in range(32)]
+    for img, inst in drawn:  # flat-coloured shapes on grey noise: chroma with a clear mean direction; mid-range
         img[inst > 0] = rng.integers(90, 140) + rng.integers(-25, 26, 3)  # values, so that jitter rarely clips
-    items = [(img.astype(np.uint8), inst, np.zeros(7, np.int64)) for img, inst in items]
+    items = [(img.astype(np.uint8), inst, np.zeros(7, np.int64)) for img, inst in drawn]
     yiq = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
 
     base = [img.reshape(-1, 3) / 255.0 @ yiq.T for img, _, _ in items]

@@ -87,7 +87,7 @@ def _expand(body: str, env: dict[str, str]) -> str:
     if not m:
         raise ValueError(f"bad interpolation ${{{body}}}")
     name, op, arg = m.group(1), m.group(2), m.group(3) or ""
-    value, is_set = env.get(name), name in env
+    value, is_set = env.get(name, ""), name in env
     usable = bool(value) if op and op.startswith(":") else is_set
     if op in (":-", "-"):
         return value if usable else interpolate(arg, env)
@@ -155,6 +155,13 @@ def mount(service: dict, target: str) -> dict | None:
         if v.get("target") == target:
             return v
     return None
+
+
+def host_path(service: dict, target: str) -> str:
+    """The host side of ``service``'s volume at ``target`` (which must exist)."""
+    found = mount(service, target)
+    assert found is not None, f"no volume at {target}"
+    return found["source"]
 
 
 def parse_size(value) -> int:
@@ -469,12 +476,12 @@ def test_root_paths_resolve_to_the_repository_layout(tmp_path):
         svc = model["services"][name]
         assert Path(svc["build"]["context"]) == tmp_path
         assert Path(svc["build"]["context"], svc["build"]["dockerfile"]) == tmp_path / "docker" / "Dockerfile"
-        assert Path(mount(svc, "/data")["source"]) == tmp_path / "data"
-        assert Path(mount(svc, "/outputs")["source"]) == tmp_path / "outputs"
+        assert Path(host_path(svc, "/data")) == tmp_path / "data"
+        assert Path(host_path(svc, "/outputs")) == tmp_path / "outputs"
     # relative host paths given by the user resolve against docker/, whichever way Compose is started
     relative = load_compose(root, ENV_CASES["relative"])["services"]["train"]
-    assert Path(mount(relative, "/data")["source"]) == tmp_path / "docker" / "mydata"
-    assert Path(mount(relative, "/outputs")["source"]) == tmp_path / "elsewhere"
+    assert Path(host_path(relative, "/data")) == tmp_path / "docker" / "mydata"
+    assert Path(host_path(relative, "/outputs")) == tmp_path / "elsewhere"
 
 
 def test_docker_env_file_applies_from_the_root_too(tmp_path):
@@ -483,7 +490,7 @@ def test_docker_env_file_applies_from_the_root_too(tmp_path):
 
     def data_and_nproc(path: Path, env: dict[str, str]) -> tuple[str, list[str]]:
         svc = load_compose(path, env)["services"]["train"]
-        return mount(svc, "/data")["source"], [w for w in argv(svc) if w.startswith("--nproc_per_node")]
+        return host_path(svc, "/data"), [w for w in argv(svc) if w.startswith("--nproc_per_node")]
 
     expected = ("/from/docker-env", ["--nproc_per_node=2"])
     assert data_and_nproc(root, {}) == data_and_nproc(included, {}) == expected
@@ -698,7 +705,7 @@ def env_values(stage) -> dict[str, str]:
         if words and "=" not in words[0]:  # legacy `ENV KEY value with spaces`
             env[words[0]] = args.split(None, 1)[1] if len(words) > 1 else ""
         else:
-            env.update(w.split("=", 1) for w in words)
+            env.update(dict(w.split("=", 1) for w in words))
     return env
 
 
@@ -759,7 +766,9 @@ def dockerfile_problems(text: str) -> list[str]:
             problems.append("a RUN disables PIP_CONSTRAINT")
         for verb, words in pip_commands(args):
             for w in words:
-                name = re.match(r"[A-Za-z0-9._-]*", w).group(0).lower().replace("_", "-")
+                m = re.match(r"[A-Za-z0-9._-]*", w)
+                assert m is not None  # "*": the empty prefix matches too
+                name = m.group(0).lower().replace("_", "-")
                 if not w.startswith("-") and name in PROTECTED:
                     problems.append(f"pip {verb} {w}: would replace the image's {name}")
             if verb == "install":
@@ -988,8 +997,8 @@ def test_docker_compose_config_from_root_and_from_docker_dir(tmp_path):
         assert Path(svc["build"]["context"]) == repo
         assert Path(svc["build"]["context"], svc["build"]["dockerfile"]) == repo / "docker" / "Dockerfile"
         data = mount(svc, "/data")
-        assert data["read_only"] is True and Path(data["source"]) == repo / "data"
-        assert Path(mount(svc, "/outputs")["source"]) == repo / "outputs"
+        assert data is not None and data["read_only"] is True and Path(data["source"]) == repo / "data"
+        assert Path(host_path(svc, "/outputs")) == repo / "outputs"
         assert "RUN_NAME:-" in json.dumps(svc["entrypoint"]), "the container-side ${RUN_NAME} survived interpolation"
     # the spec-based resolver agrees with Compose on the parts it models
     ours = load_compose(repo / "compose.yaml", {"CKPT": "/outputs/x/model.pt"})
@@ -997,12 +1006,12 @@ def test_docker_compose_config_from_root_and_from_docker_dir(tmp_path):
         mine, theirs = ours["services"][name], resolved["services"][name]
         assert mine["build"]["context"] == theirs["build"]["context"]
         for target in ("/data", "/outputs"):
-            assert mount(mine, target)["source"] == mount(theirs, target)["source"]
+            assert host_path(mine, target) == host_path(theirs, target)
 
     # docker/.env is read whichever way Compose is started (the shell environment still wins)
     (repo / "docker" / ".env").write_text("DATA_DIR=/from/docker-env\nNPROC_PER_NODE=2\n")
     train = _three_ways(cli, repo, env)["services"]["train"]
-    assert mount(train, "/data")["source"] == "/from/docker-env"
+    assert host_path(train, "/data") == "/from/docker-env"
     assert "--nproc_per_node=2" in json.dumps(train["entrypoint"])
     train = _three_ways(cli, repo, env | {"DATA_DIR": "/from/shell"})["services"]["train"]
-    assert mount(train, "/data")["source"] == "/from/shell"
+    assert host_path(train, "/data") == "/from/shell"

@@ -76,7 +76,7 @@ def meter_run(cfg, batches, run_dir, monkeypatch, wait_s: float, step_s: float =
         clock.now += step_s
         return real_step(batch)
 
-    trainer.run_step = timed_step
+    monkeypatch.setattr(trainer, "run_step", timed_step)
     trainer.recorder = Recorder(run_dir, True)
     trainer.register_hooks([MetricsLogger(1, cfg.trainer.data_wait_warn, False)])
     trainer.call_hooks("before_train")
@@ -93,22 +93,12 @@ class DeclaredTimer(StageTimer):
     pipeline itself adds to ``clock.now`` (a reader): the doctor's mechanism, not this machine's speed."""
 
     def __init__(self, clock: FakeClock, costs: dict[str, float]) -> None:
-        self.clock, self.costs = clock, costs
-        super().__init__()
-
-    def reset(self) -> None:
-        self.times = {}
-        self.items = 0
-        self._last = self.clock()
-
-    def start(self) -> None:
-        self.items += 1
-        self._last = self.clock()
+        self.fake, self.costs = clock, costs
+        super().__init__(clock)
 
     def lap(self, name: str) -> None:
-        self.clock.now += self.costs.get(name, 0.0)
-        self.times[name] = self.times.get(name, 0.0) + self.clock() - self._last
-        self._last = self.clock()
+        self.fake.now += self.costs.get(name, 0.0)
+        super().lap(name)
 
 
 #: Declared seconds per stage; augmentation the slowest.

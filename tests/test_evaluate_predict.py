@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -15,6 +16,13 @@ from segtrain.evaluation.metrics import PanopticQuality
 from segtrain.evaluation.panoptic_export import decode_ids
 
 pytestmark = pytest.mark.slow
+
+
+def _imread(path: Path) -> np.ndarray:
+    """``cv2.imread`` of an image file that must be there (BGR)."""
+    img = cv2.imread(str(path))
+    assert img is not None, path
+    return img
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +78,7 @@ def test_coco_panoptic_export_rescores_to_the_same_pq(trained):
     for p, g in zip(pred["annotations"], gt["annotations"], strict=True):
         maps = []
         for sub, ann in (("predictions", p), ("ground_truth", g)):
-            rgb = cv2.cvtColor(cv2.imread(str(folder / sub / ann["file_name"])), cv2.COLOR_BGR2RGB)
+            rgb = cv2.cvtColor(_imread(folder / sub / ann["file_name"]), cv2.COLOR_BGR2RGB)
             ids = decode_ids(rgb)
             assert set(np.unique(ids)) - {0} == {s["id"] for s in ann["segments_info"]}
             maps.append(ids)
@@ -95,10 +103,10 @@ def test_predict_files_names_and_single_input(trained, tmp_path, smoke_run):
     src = tmp_path / "in"
     (src / "nested").mkdir(parents=True)
     first = sorted(images.glob("*.jpg"))[:2]
-    img = cv2.imread(str(first[0]))
+    img = _imread(first[0])
     cv2.imwrite(str(src / "a.jpg"), img)
     cv2.imwrite(str(src / "a.png"), img)  # same stem, other extension
-    cv2.imwrite(str(src / "nested" / "a.jpg"), cv2.imread(str(first[1])))  # same name, other folder
+    cv2.imwrite(str(src / "nested" / "a.jpg"), _imread(first[1]))  # same name, other folder
     out = tmp_path / "out"
     run_module(
         "segtrain.predict",
@@ -117,7 +125,7 @@ def test_predict_files_names_and_single_input(trained, tmp_path, smoke_run):
         ):
             assert (out / f"{base_name}{suffix}").is_file(), f"{base_name}{suffix}"
     doc = json.loads((out / "a_jpg_segments.json").read_text())
-    ids = decode_ids(cv2.cvtColor(cv2.imread(str(out / "a_jpg_panoptic_ids.png")), cv2.COLOR_BGR2RGB))
+    ids = decode_ids(cv2.cvtColor(_imread(out / "a_jpg_panoptic_ids.png"), cv2.COLOR_BGR2RGB))
     assert {s["id"] for s in doc["segments"]} == set(np.unique(ids)) - {0}
     for s in doc["segments"]:
         assert {"class", "category_id", "area", "bbox", "isthing"} <= set(s)

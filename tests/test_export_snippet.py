@@ -37,6 +37,7 @@ def _checkpoint(path, overrides: list[str]) -> None:
     g = torch.Generator().manual_seed(0)
     for m in model.modules():
         if isinstance(m, torch.nn.BatchNorm2d):
+            assert m.running_mean is not None and m.running_var is not None  # track_running_stats: the default
             m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=g))
             m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=g))
     x, _ = prepare_input(read_image_file(PHOTO), "fit", inference_size(cfg), 32)
@@ -44,13 +45,15 @@ def _checkpoint(path, overrides: list[str]) -> None:
         out = model(torch.from_numpy(np.ascontiguousarray(x)).permute(2, 0, 1)[None].float() / 255)
         # half of the pixels to the thing classes (1..3), whose random logits would otherwise rarely win
         sem = out["semantic"][0]
-        model.heads.semantic[1].bias[0] -= float((sem[0] - sem[1:].max(0).values).quantile(0.5))
+        model.get_parameter("heads.semantic.1.bias")[0] -= float((sem[0] - sem[1:].max(0).values).quantile(0.5))
         center = out["center"]
         # the threshold halfway between the 8th and 9th highest peaks (local maxima in predict's NMS window): no
         # peak sits within float rounding of it, so onnxruntime and PyTorch keep the same 8 centres
         k = int(cfg.dataset.panoptic.nms_kernel)
         peaks = center[center == torch.nn.functional.max_pool2d(center, k, 1, k // 2)].sort(descending=True).values
-        model.heads.center[1].bias += float(cfg.dataset.panoptic.threshold) - float(peaks[7] + peaks[8]) / 2
+        model.get_parameter("heads.center.1.bias").add_(
+            float(cfg.dataset.panoptic.threshold) - float(peaks[7] + peaks[8]) / 2
+        )
     blob = {"model": model.state_dict(), "optimizer": {}, "step": 1, "epoch": 1, "config": to_container(cfg)}
     torch.save(blob, path)
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 
 import pytest
 import torch
 
-from segtrain.checkpoint.state import Checkpointer
+from segtrain.checkpoint.state import Checkpointer, Stateful
 from segtrain.config import ConfigError, compose, to_container
 from segtrain.distributed import DistInfo
 from segtrain.engine.ema import ModelEMA
@@ -40,13 +41,13 @@ class Calls(HookBase):
         return object.__getattribute__(self, name)
 
 
-class Saves:
-    """A checkpointer that records what it was asked to save."""
+class Saves(Checkpointer):
+    """A checkpointer that records what it was asked to save (and writes nothing)."""
 
-    def __init__(self) -> None:
+    def __init__(self) -> None:  # no run directory: save is replaced
         self.saved: list[tuple[list[str], bool]] = []
 
-    def save(self, trainer, tags, epoch_done=False) -> None:
+    def save(self, owner: Stateful, tags: Sequence[str], epoch_done: bool = False) -> None:
         self.saved.append((list(tags), epoch_done))
 
 
@@ -224,13 +225,13 @@ def test_user_hooks_by_name_with_arguments(smoke_cache, tmp_path):
 def test_ema_follows_the_formula_and_copies_integer_buffers():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
     ema = ModelEMA(model, decay=0.9, warmup_steps=0)
-    start = model[0].weight.detach().clone()
+    start = model.get_parameter("0.weight").detach().clone()
     with torch.no_grad():
-        model[0].weight.add_(1.0)
-        model[1].num_batches_tracked.fill_(7)
+        model.get_parameter("0.weight").add_(1.0)
+        model.get_buffer("1.num_batches_tracked").fill_(7)
     ema.update(model)
-    assert torch.allclose(ema.module[0].weight, 0.9 * start + 0.1 * (start + 1))
-    assert int(ema.module[1].num_batches_tracked) == 7
+    assert torch.allclose(ema.module.get_parameter("0.weight"), 0.9 * start + 0.1 * (start + 1))
+    assert int(ema.module.get_buffer("1.num_batches_tracked")) == 7
     assert not any(p.requires_grad for p in ema.module.parameters())
 
 

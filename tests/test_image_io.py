@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -78,7 +79,7 @@ def _samples() -> dict[str, bytes]:
     rng = np.random.default_rng(0)
     a = (rng.random((23, 37, 3)) * 255).astype(np.uint8)
     out = {}
-    for name, ext, img, params in [
+    opencv_cases: list[tuple[str, str, np.ndarray, list[int]]] = [
         ("jpeg", ".jpg", a, []),
         ("jpeg-progressive", ".jpg", a, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]),
         ("jpeg-gray", ".jpg", a[..., 0], []),
@@ -93,21 +94,23 @@ def _samples() -> dict[str, bytes]:
         ("pfm", ".pfm", a.astype(np.float32) / 255, []),
         ("sun-raster", ".sr", a, []),
         ("gif", ".gif", a, []),
-    ]:
+    ]
+    for name, ext, img, params in opencv_cases:
         ok, buf = cv2.imencode(ext, img, params)
         if ok:
             out[name] = buf.tobytes()
     pil = Image.fromarray(a)
-    for name, fmt, kw in [
+    pil_cases: list[tuple[str, str, dict[str, Any]]] = [
         ("webp-vp8x-exif", "WEBP", {"exif": Image.Exif().tobytes()}),
         ("bigtiff", "TIFF", {"big_tiff": True}),
         ("tiff-lzw", "TIFF", {"compression": "tiff_lzw"}),
         ("png-palette", "PNG", {}),
         ("bmp-pil", "BMP", {}),
-    ]:
-        buf = io.BytesIO()
-        (pil.convert("P") if name == "png-palette" else pil).save(buf, fmt, **kw)
-        out[name] = buf.getvalue()
+    ]
+    for name, fmt, kw in pil_cases:
+        stream = io.BytesIO()
+        (pil.convert("P") if name == "png-palette" else pil).save(stream, fmt, **kw)
+        out[name] = stream.getvalue()
     bmp = bytearray(out["bmp"])  # top-down BMP: negative height
     bmp[22:26] = struct.pack("<i", -23)
     out["bmp-top-down"] = bytes(bmp)
@@ -124,6 +127,7 @@ def test_header_size_equals_decoded_size(name):
     header = read_header(data)
     assert header is not None, name
     decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    assert decoded is not None, name
     assert (header.height, header.width) == decoded.shape[:2] == (23, 37)
     assert read_image(_record(None, 37, 23, data=data)).shape == (23, 37, 3)
 
@@ -138,6 +142,7 @@ def test_jpeg_walks_segments_not_bytes():
     main = SAMPLES["jpeg"]
     data = main[:2] + b"\xff\xe1" + struct.pack(">H", 2 + len(app1)) + app1 + com + b"\xff\xff" + main[2:]
     header = read_header(data)
+    assert header is not None
     assert (header.width, header.height, header.exif_orientation) == (37, 23, 6)
     assert read_image(_record(None, 23, 37, "exif", data=data)).shape == (37, 23, 3)
 
@@ -162,6 +167,7 @@ def test_png_data_check_passes_the_most_compressible_images():
             img = np.zeros((*shape, channels), np.uint8)
             data = cv2.imencode(".png", img, [cv2.IMWRITE_PNG_COMPRESSION, 9])[1].tobytes()
             header = read_header(data)
+            assert header is not None and header.raw_bytes is not None and header.data_bytes is not None
             assert header.raw_bytes / header.data_bytes < image_io.DEFLATE_MAX_RATIO
             assert read_image(_record(None, shape[1], shape[0], data=data)).shape == (*shape, 3)
 
@@ -217,8 +223,10 @@ def _forge_size(name: str, data: bytes) -> bytes:
         (bits,) = struct.unpack_from("<I", b, 21)
         b[21:25] = struct.pack("<I", (bits & ~0x0FFFFFFF) | 16383 | 16383 << 14)
     elif name == "tiff":
+        ifd0 = _ifd0(data)
+        assert ifd0 is not None  # OpenCV's TIFF has its IFD0
         for tag in (256, 257):
-            _, at, size = _ifd0(data)[tag]
+            _, at, size = ifd0[tag]
             b[at : at + size] = (30000).to_bytes(size, "little")
     elif name == "ppm":
         return data.replace(b"37 23", b"30000 30000", 1)
@@ -404,7 +412,8 @@ def test_exif_orientation_both_conventions(orientation, shape, fmt):
     displayed = _displayed(SHAPES[shape])
     stored = np.ascontiguousarray(DISPLAY[INVERSE[orientation]](displayed))
     data = _encode(stored, orientation, fmt)
-    assert read_header(data).exif_orientation == orientation
+    header = read_header(data)
+    assert header is not None and header.exif_orientation == orientation
 
     # LabelMe: drawn on the rotated view
     (h, w) = displayed.shape[:2]
@@ -412,7 +421,9 @@ def test_exif_orientation_both_conventions(orientation, shape, fmt):
     image = read_image(rec)
     _assert_aligned(image, rec)
     if fmt == "JPEG":  # the same pixels as OpenCV's own EXIF handling
-        np.testing.assert_array_equal(image, cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)[..., ::-1])
+        opencv = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        assert opencv is not None
+        np.testing.assert_array_equal(image, opencv[..., ::-1])
     else:
         np.testing.assert_array_equal(image, displayed)
 

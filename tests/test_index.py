@@ -257,6 +257,7 @@ def test_corrupt_cache_is_rebuilt_with_a_warning(coco_copy, tmp_path, monkeypatc
     cache = tmp_path / "cache"
     cm = ClassMap(["background", "person"])
     good = load_coco(coco_copy, coco_copy.parent, cm, cache_dir=cache)[0]
+    assert good.file is not None  # with a cache directory the index is a mapped file
     path = Path(good.file)
     data = bytearray(path.read_bytes())
     if damage == "flip":  # one vertex changes: only the checksum can tell
@@ -757,7 +758,8 @@ def test_unknown_label_hint_is_a_valid_override():
     hint = cm.unknown_hint(labels[:3])
     override = hint[hint.index("'+") + 1 : hint.index("}'") + 1].replace("<class>", "car")
     parsed = OverridesParser.create().parse_overrides([override])[0]
-    assert parsed.key_or_group == "dataset.class_map" and set(parsed.value()) == set(labels[:3])
+    value = parsed.value()
+    assert parsed.key_or_group == "dataset.class_map" and isinstance(value, dict) and set(value) == set(labels[:3])
     assert hydra_key("plain") == "plain"
 
 
@@ -769,7 +771,7 @@ def test_discover_classes(test_data, tmp_path, monkeypatch):
     cats = sorted(data["categories"], key=lambda c: c["id"])
     assert [n for n, _ in found] == [c["name"] for c in cats]
     counts = dict(found)
-    expected = {}
+    expected: dict[str, int] = {}
     for a in data["annotations"]:
         if not a.get("iscrowd"):
             name = next(c["name"] for c in cats if c["id"] == a["category_id"])
@@ -806,6 +808,7 @@ def _bench():
     spec = importlib.util.spec_from_file_location(
         "bench_index", Path(__file__).resolve().parents[1] / "scripts/bench_index.py"
     )
+    assert spec is not None and spec.loader is not None  # a .py path always has a source loader
     mod = importlib.util.module_from_spec(spec)
     sys.modules["bench_index"] = mod
     spec.loader.exec_module(mod)

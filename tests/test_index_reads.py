@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import segtrain.data.formats.coco as coco_mod
 import segtrain.data.formats.index_cache as cache_mod
@@ -20,8 +21,17 @@ def test_one_read_per_start_and_content_checked(test_data, tmp_path, monkeypatch
     ann = folder / "test_coco.json"
     reads: list[str] = []
     real_read, real_stream = coco_mod.read_annotation_file, cache_mod.file_fingerprint
-    monkeypatch.setattr(coco_mod, "read_annotation_file", lambda *a: (reads.append("read"), real_read(*a))[1])
-    monkeypatch.setattr(cache_mod, "file_fingerprint", lambda p: (reads.append("stream"), real_stream(p))[1])
+
+    def read(*a: Any) -> Any:
+        reads.append("read")
+        return real_read(*a)
+
+    def stream(p: Any) -> Any:
+        reads.append("stream")
+        return real_stream(p)
+
+    monkeypatch.setattr(coco_mod, "read_annotation_file", read)
+    monkeypatch.setattr(cache_mod, "file_fingerprint", stream)
     cm = ClassMap(["background", "person"])
 
     def start() -> list[str]:

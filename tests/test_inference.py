@@ -48,11 +48,16 @@ def test_pad_mode_crops_back():
 
 
 def test_sliding_windows_equal_one_pass_for_a_pointwise_network():
-    torch.manual_seed(0)
-    net = nn.Conv2d(3, 4, 1)
+    class Pointwise(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Conv2d(3, 4, 1)
 
-    def model(x):
-        return {"semantic": net(x), "offset": net(x)[:, :2]}
+        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"semantic": self.net(x), "offset": self.net(x)[:, :2]}
+
+    torch.manual_seed(0)
+    model = Pointwise()
 
     image = torch.rand(1, 3, 96, 160)
     with torch.no_grad():

@@ -44,7 +44,7 @@ def _fake_nvimgcodec(calls: list) -> types.ModuleType:
                 out.append(None if bgr is None else cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
             return out
 
-    mod.ColorSpec, mod.DecodeParams, mod.Decoder = ColorSpec, DecodeParams, Decoder
+    vars(mod).update(ColorSpec=ColorSpec, DecodeParams=DecodeParams, Decoder=Decoder)
     return mod
 
 
@@ -84,7 +84,7 @@ def test_unusable_nvimgcodec_falls_back_with_a_warning(installed, caplog):
     def broken(device_id: int = 0) -> None:
         raise RuntimeError("no CUDA driver")
 
-    sys.modules["nvidia.nvimgcodec"].Decoder = broken
+    vars(sys.modules["nvidia.nvimgcodec"])["Decoder"] = broken
     with caplog.at_level("WARNING", logger="segtrain.data.images.jpeg_decoders"):
         assert jpeg_decoder("cuda:0").name == "torchvision"
     assert "nvImageCodec is installed but cannot decode on cuda:0 (no CUDA driver)" in caplog.text

@@ -107,6 +107,7 @@ def test_warp_equals_the_one_resample_definition(angle):
                 ref = _reference_separable(arr, g, interp, border)
                 np.testing.assert_array_equal(out.array, ref)
                 if arr is ids:
+                    assert out.box is not None  # the separable warp reports the covered box
                     y0, y1, x0, x1 = out.box
                     inside = np.zeros(ref.shape, bool)
                     inside[y0:y1, x0:x1] = True
@@ -126,8 +127,15 @@ def test_outside_id_gives_the_targets_of_a_valid_mask():
         ours = make_targets(aug.ids, ext, 4.0, stuff_classes=(3,), small_instance_area=50, small_instance_weight=2)
         valid = aug.valid()
         n_padded += valid is not None
-        kw = {"stuff_classes": (3,), "small_instance_area": 50, "small_instance_weight": 2}
-        ref = make_targets(aug.instance(), classes, 4.0, valid=valid, **kw)
+        ref = make_targets(
+            aug.instance(),
+            classes,
+            4.0,
+            valid=valid,
+            stuff_classes=(3,),
+            small_instance_area=50,
+            small_instance_weight=2,
+        )
         for key in KEYS:
             np.testing.assert_array_equal(ours[key], ref[key], err_msg=key)
         inst = aug.instance()
@@ -158,8 +166,11 @@ def test_transforms_draw_independently():
     for i in range(2000):
         seed_pipeline(pipe, item_seed(0, 1, i))
         plan = draw_plan(pipe, 40, 40)
+        assert plan is not None  # the default pipeline has only transforms a plan draws
         names = {type(t).__name__ for t, _ in plan.ops}
-        fired.append([n in names for n in ("LinearColorJitter", "FastGaussNoise", "FastShadow")] + [plan.geometry.k])
+        fired.append(
+            [float(n in names) for n in ("LinearColorJitter", "FastGaussNoise", "FastShadow")] + [plan.geometry.k]
+        )
     f = np.array(fired, float)
     colour, noise, shadow, k = f.T
     assert abs(colour.mean() - 0.5) < 0.04 and abs(noise.mean() - 0.2) < 0.03 and abs(shadow.mean() - 0.1) < 0.02
@@ -234,6 +245,7 @@ def test_cpu_items_equal_the_reference_definitions(test_data):
             ids, classes = rasterise(rec.instances, rec.height, rec.width, np.uint16, paint_order=rec.paint_order)
             seed_pipeline(pipe, item_seed(0, epoch, i))
             plan = draw_plan(pipe, rec.height, rec.width)
+            assert plan is not None
             ref = plan.run(image, ids)
             tg = make_targets(ref.instance(), classes, 4.0, valid=ref.valid())
             np.testing.assert_array_equal(item["instance"].numpy(), ref.instance())
@@ -292,14 +304,18 @@ def test_targets_where_follows_the_training_device():
     from segtrain.config import ConfigError
     from segtrain.data.pipeline import build_mapper
 
+    def targets_on_device(mapper: CpuMapper | DeviceMapper) -> bool:
+        assert isinstance(mapper, CpuMapper), type(mapper)  # CPU augmentation: the default
+        return mapper.targets_on_device
+
     cfg = compose([])
-    assert not build_mapper(cfg, True, device=torch.device("cpu")).targets_on_device
-    assert build_mapper(cfg, True, device=torch.device("cuda")).targets_on_device  # auto: on CUDA
-    assert not build_mapper(cfg, False, device=torch.device("cuda")).targets_on_device  # evaluation: dense
-    assert build_mapper(compose(["dataset.targets.where=device"]), True).targets_on_device
-    assert not build_mapper(
-        compose(["dataset.targets.where=worker"]), True, device=torch.device("cuda")
-    ).targets_on_device
+    assert not targets_on_device(build_mapper(cfg, True, device=torch.device("cpu")))
+    assert targets_on_device(build_mapper(cfg, True, device=torch.device("cuda")))  # auto: on CUDA
+    assert not targets_on_device(build_mapper(cfg, False, device=torch.device("cuda")))  # evaluation: dense
+    assert targets_on_device(build_mapper(compose(["dataset.targets.where=device"]), True))
+    assert not targets_on_device(
+        build_mapper(compose(["dataset.targets.where=worker"]), True, device=torch.device("cuda"))
+    )
     with pytest.raises(ConfigError, match="dataset.targets.where=worker needs augment.device=cpu"):
         compose(["dataset.targets.where=worker", "augment.device=cuda"])
 
@@ -346,7 +362,7 @@ def test_one_plan_decides_the_mapper_and_the_batch_step(overrides, device, train
     built = plan.mapper()
     assert type(built).__name__ == mapper
     assert type(build_mapper(cfg, train, device=None if device is None else torch.device(device))) is type(built)
-    if mapper == "CpuMapper":
+    if isinstance(built, CpuMapper):  # its name is ``mapper``, asserted above
         assert built.targets_on_device == (where[2] == "device")
     else:
         assert built.decode_on_device == (where[0] == "device")
@@ -365,11 +381,12 @@ def test_reduced_decode_keeps_image_and_ids_aligned(tmp_path):
     ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 98])
     from segtrain.data.records import ImageRecord
 
-    rec = ImageRecord("e", "test", h, w, None, buf.tobytes(), [])
-    full = decode_image(rec, rec.image_data, "embedded")
+    data = buf.tobytes()
+    rec = ImageRecord("e", "test", h, w, None, data, [])
+    full = decode_image(rec, data, "embedded")
     ones = np.ones((h, w), np.uint16)
     for f in (2, 4):
-        small = decode_image(rec, rec.image_data, "embedded", reduce=f)
+        small = decode_image(rec, data, "embedded", reduce=f)
         assert small.shape[:2] == (-(-h // f), -(-w // f))
         for angle in (0.0, 9.0):
             g = Geometry((h, w), (60, 80), 0.9 / f, angle, True, False, (4.0, 6.0))
@@ -401,8 +418,9 @@ def test_reduced_decode_of_an_exif_oriented_jpeg(size):
     exif[274] = 3
     buf = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(displayed[::-1, ::-1])).save(buf, "JPEG", quality=98, exif=exif.tobytes())
-    rec = ImageRecord("o", "test", h, w, None, buf.getvalue(), [], orientation="exif")
-    small = decode_image(rec, rec.image_data, "embedded", reduce=2)
+    data = buf.getvalue()
+    rec = ImageRecord("o", "test", h, w, None, data, [], orientation="exif")
+    small = decode_image(rec, data, "embedded", reduce=2)
     if h % 2 or w % 2:
         assert small.shape[:2] == (h, w)
     else:
@@ -415,10 +433,11 @@ def test_reduce_is_ignored_for_other_formats():
 
     img = np.random.default_rng(0).integers(0, 255, (30, 40, 3), dtype=np.uint8)
     ok, buf = cv2.imencode(".png", img)
-    rec = ImageRecord("p", "test", 30, 40, None, buf.tobytes(), [])
-    assert decode_image(rec, rec.image_data, "embedded", reduce=4).shape == (30, 40, 3)
+    data = buf.tobytes()
+    rec = ImageRecord("p", "test", 30, 40, None, data, [])
+    assert decode_image(rec, data, "embedded", reduce=4).shape == (30, 40, 3)
     with pytest.raises(ValueError, match="reduce"):
-        decode_image(rec, rec.image_data, "embedded", reduce=3)
+        decode_image(rec, data, "embedded", reduce=3)
 
 
 def test_device_items_fit_top_left_with_a_content_size(test_data):

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from segtrain.config.schema import LossConfig
 from segtrain.device import to_device
 from segtrain.engine.losses import PANOPTIC, SEMANTIC_ONLY, compute_losses, global_denominators, loss_denominators
 from segtrain.engine.trainer import split_batch
 from segtrain.models import build_model
 
 
-def loss_cfg(top_k: float = 1.0) -> SimpleNamespace:
-    return SimpleNamespace(semantic=1.0, center=200.0, offset=0.01, top_k_percent=top_k)
+def loss_cfg(top_k: float = 1.0) -> LossConfig:
+    return LossConfig(semantic=1.0, center=200.0, offset=0.01, top_k_percent=top_k)
 
 
 def tiny_batch() -> tuple[dict, dict]:
@@ -74,7 +75,9 @@ def test_denominators_add_up_over_micro_batches():
     two = {k: torch.cat([v, v]) for k, v in batch.items()}
     for top_k in (1.0, 0.5):
         whole = loss_denominators(two, loss_cfg(top_k), PANOPTIC)
-        parts = sum(loss_denominators(mb, loss_cfg(top_k), PANOPTIC) for mb in split_batch(two, 2))
+        parts = functools.reduce(
+            torch.add, (loss_denominators(mb, loss_cfg(top_k), PANOPTIC) for mb in split_batch(two, 2))
+        )
         assert torch.equal(whole, parts)
     assert loss_denominators(batch, loss_cfg(), SEMANTIC_ONLY).shape == (1,)
     assert float(global_denominators(torch.tensor([0.0, 5.0]))[0]) == 1.0, "an empty term never divides by 0"
@@ -89,10 +92,14 @@ def test_accumulated_micro_batches_give_the_big_batch_gradient(smoke_batches):
     def grads(micro: list[dict]) -> list[torch.Tensor]:
         torch.manual_seed(0)
         model = build_model(cfg.model).eval()  # eval: BatchNorm uses running stats, same for any split
-        dens = global_denominators(sum(loss_denominators(mb, lcfg, PANOPTIC) for mb in micro))
+        dens = global_denominators(functools.reduce(torch.add, (loss_denominators(mb, lcfg, PANOPTIC) for mb in micro)))
         for mb in micro:
             compute_losses(model(mb["image"]), mb, lcfg, dens)["total"].backward()
-        return [p.grad.clone() for p in model.parameters()]
+        out = []
+        for p in model.parameters():
+            assert p.grad is not None  # every parameter takes part in the loss
+            out.append(p.grad.clone())
+        return out
 
     whole, accumulated = grads([batch]), grads(split_batch(batch, 2))
     worst = max(float((a - b).abs().max() / (a.abs().max() + 1e-12)) for a, b in zip(whole, accumulated, strict=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ pytest.importorskip("scipy", reason="the mask2former extra (transformers, scipy)
 from proc_utils import child_env, run_module  # noqa: E402
 
 from segtrain.config import IGNORE_LABEL  # noqa: E402
+from segtrain.config.schema import LossConfig  # noqa: E402
 from segtrain.data.dataset import collate  # noqa: E402
 from segtrain.data.targets.mask_targets import mask_targets  # noqa: E402
 from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms  # noqa: E402
@@ -86,13 +88,14 @@ def test_loss_is_transformers_own_and_reaches_every_parameter(tiny):
     x = torch.rand(2, 3, 64, 64)
     masks = [(torch.rand(3, 64, 64) > 0.5).to(torch.uint8), torch.zeros(0, 64, 64, dtype=torch.uint8)]
     labels = [torch.tensor([0, 1, 3]), torch.zeros(0, dtype=torch.long)]
-    batch = {"image": x, "mask_labels": masks, "class_labels": labels}
+    # per-image lists, as collate gives them (compute_losses' dict[str, Tensor] covers the common case)
+    batch: dict[str, Any] = {"image": x, "mask_labels": masks, "class_labels": labels}
     assert loss_terms(tiny) == ("masks",)
-    assert loss_denominators(batch, None, ("masks",)).tolist() == [3.0]
+    assert loss_denominators(batch, LossConfig(), ("masks",)).tolist() == [3.0]
     tiny.zero_grad()
     out = tiny(x)
     assert out["class_logits"].shape == (2, 16, 5) and out["mask_logits"].shape == (2, 16, 16, 16)
-    losses = compute_losses(out, batch, None, criterion=tiny.criterion)
+    losses = compute_losses(out, batch, LossConfig(), criterion=tiny.criterion)
     assert {"class", "mask", "dice", "total"} <= set(losses) and torch.isfinite(losses["total"])
     # the total is transformers' weighted sum over the final layer (the three terms, weighted) and the auxiliary ones
     assert losses["total"] > losses["class"] + losses["mask"] + losses["dice"] + 1.0
@@ -101,9 +104,9 @@ def test_loss_is_transformers_own_and_reaches_every_parameter(tiny):
     # normalised by the count it is given (the trainer's, over every rank): twice the masks, half the mask loss
     out2 = {k: v.detach() for k, v in out.items()}
     torch.manual_seed(2)
-    a = compute_losses(out2, batch, None, torch.tensor([3.0]), tiny.criterion)
+    a = compute_losses(out2, batch, LossConfig(), torch.tensor([3.0]), tiny.criterion)
     torch.manual_seed(2)
-    b = compute_losses(out2, batch, None, torch.tensor([6.0]), tiny.criterion)
+    b = compute_losses(out2, batch, LossConfig(), torch.tensor([6.0]), tiny.criterion)
     torch.testing.assert_close(b["dice"], a["dice"] / 2)
     torch.testing.assert_close(b["class"], a["class"])  # cross-entropy is over queries, not masks
 
@@ -237,7 +240,8 @@ def test_finetune_onto_other_classes_reinitialises_the_class_head(tiny):
         "net.class_predictor.classes.weight",
     ]
     assert not report.mismatched and not report.missing
-    torch.testing.assert_close(other.net.class_predictor.no_object.weight, tiny.net.class_predictor.no_object.weight)
+    no_object = "net.class_predictor.no_object.weight"
+    torch.testing.assert_close(other.get_parameter(no_object), tiny.get_parameter(no_object))
 
 
 @pytest.mark.slow
@@ -334,7 +338,7 @@ def test_v100_preset_has_the_papers_recipe():
     cfg.model.name = "mask2former_tiny"  # the same optimiser on a model that builds in a second
     cfg.model.backbone = "resnet_tiny"
     model = build_model(cfg.model)
-    backbone = {id(p) for p in model.backbone.parameters()}
+    backbone = {id(p) for p in model.get_submodule("backbone").parameters()}
     for group in build_optimizer(model, cfg.optim).param_groups:
         in_backbone = {id(p) in backbone for p in group["params"]}
         assert len(in_backbone) == 1 and group["lr"] == pytest.approx(1e-5 if in_backbone.pop() else 1e-4)

@@ -223,7 +223,7 @@ def test_backbone_checkpoint_loads_into_backbone(tmp_path, caplog):
     torch.save(reference, path)
     with caplog.at_level(logging.INFO, logger="segtrain.checkpoint.state"):
         model = build_model(model_cfg("model=panoptic_r18", f"model.pretrained={path}"))
-    loaded = model.backbone.state_dict()
+    loaded = model.get_submodule("backbone").state_dict()
     for key, value in loaded.items():
         assert torch.equal(value, reference[key]), key
     assert f"loaded {len(loaded)} tensors into the backbone" in caplog.text
@@ -251,7 +251,7 @@ def test_mobilenet_classifier_checkpoint_loads_into_torchvision_segmentation_bac
     model = build_model(spec(name="lraspp", backbone="mobilenet_v3_large"))
     report = load_weights(model, reference, "mobilenet.pth", strict=False, target="auto")
     assert report.target == "backbone" and not report.missing and not report.unexpected
-    assert torch.equal(model.backbone.state_dict()["0.0.weight"], reference["features.0.0.weight"])
+    assert torch.equal(model.get_submodule("backbone").state_dict()["0.0.weight"], reference["features.0.0.weight"])
 
 
 def test_shape_mismatches_are_skipped_and_reported():

@@ -113,17 +113,17 @@ def test_perfect_targets_round_trip_to_pq_one(background):
     rng = np.random.default_rng(0)
     h, w = 96, 128
     mask = np.zeros((h, w), np.int64)
-    classes = [0]
+    class_list = [0]
     mask[60:, :] = 1  # stuff class 3 (road), one instance id
-    classes.append(3)
+    class_list.append(3)
     yy, xx = np.mgrid[:h, :w]
     for k in range(2, 9):
         cy, cx, r = rng.integers(10, 86), rng.integers(10, 118), rng.integers(5, 12)
         mask[(yy - cy) ** 2 + (xx - cx) ** 2 <= r * r] = k
-        classes.append(int(rng.integers(1, 3)))
+        class_list.append(int(rng.integers(1, 3)))
     mask[2:8, 2:20] = 9  # an ignore region
-    classes.append(IGN)
-    classes = np.array(classes)
+    class_list.append(IGN)
+    classes = np.array(class_list)
     t = make_targets(mask.astype(np.int32), classes, sigma=3.0, stuff_classes=[3])
     sem = torch.from_numpy(t["semantic"].astype(np.int64))[None]
     sem[sem == IGN] = 0  # a model predicts some class there; VOID in the ground truth anyway
@@ -135,6 +135,6 @@ def test_perfect_targets_round_trip_to_pq_one(background):
     cats = panoptic_categories(["bg", "a", "b", "road"], [1, 2], background=background)
     pq = PanopticQuality(cats)
     pq.update(pred_map, pred_segs, gt_map, gt_segs)
-    r = pq.compute()
-    assert r["all"]["pq"] == pytest.approx(1.0) and r["things"]["n"] == 2
-    assert r["stuff"]["n"] == (2 if background == "stuff" else 1)
+    scores = pq.compute()
+    assert scores["all"]["pq"] == pytest.approx(1.0) and scores["things"]["n"] == 2
+    assert scores["stuff"]["n"] == (2 if background == "stuff" else 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +16,11 @@ from PIL import Image
 from segtrain.evaluation.metrics import PanopticQuality
 
 THING, STUFF = 1, 2  # category ids used in the hand-worked cases
-CATS = {THING: {"isthing": 1, "name": "thing"}, STUFF: {"isthing": 0, "name": "stuff"}, 3: {"isthing": 1}}
+CATS: dict[int, dict[str, Any]] = {
+    THING: {"isthing": 1, "name": "thing"},
+    STUFF: {"isthing": 0, "name": "stuff"},
+    3: {"isthing": 1},
+}
 
 
 def seg(i, cat, crowd=0):
@@ -206,7 +211,7 @@ def test_torch_inputs_and_large_ids():
 # ---------------------------------------------------------------------------------- rule-by-rule version
 def slow_pq_counts(pred, pseg, gt, gseg):
     """panopticapi's pq_compute_single_core rules, written with dicts and loops over segment pairs."""
-    stats = defaultdict(lambda: [0, 0, 0, 0.0])  # tp, fp, fn, iou
+    stats: defaultdict[int, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])  # tp, fp, fn, iou
     gsegs = {s["id"]: dict(s) for s in gseg}
     psegs = {s["id"]: dict(s) for s in pseg}
     ids, cnt = np.unique(pred, return_counts=True)
@@ -292,7 +297,7 @@ def test_matches_rule_by_rule_version_on_coco_panoptic(test_data):
     cats, images = load_coco_panoptic(test_data / "panopticapi_sample")
     rng = np.random.default_rng(0)
     fast = PanopticQuality(cats)
-    slow_total = defaultdict(lambda: [0, 0, 0, 0.0])
+    slow_total: defaultdict[int, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])
     for ids, segments in images:
         self_pq = PanopticQuality(cats)
         self_pq.update(ids, segments, ids, segments)

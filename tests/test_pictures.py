@@ -71,7 +71,7 @@ def test_titled_row_enlarges_tiles_too_narrow_for_their_titles():
     assert np.array_equal(tiles[1], np.repeat(np.repeat(tile, factor, 0), factor, 1)), "nearest-neighbour, exact"
 
 
-def test_validation_panel_from_the_hook_has_every_title_in_order(smoke_cache):
+def test_validation_panel_from_the_hook_has_every_title_in_order(smoke_cache, monkeypatch):
     """The real TensorBoardImages hook on the cpu_smoke validation items and an untrained model."""
     from segtrain.data import build_dataset
     from segtrain.distributed import DistInfo
@@ -85,7 +85,7 @@ def test_validation_panel_from_the_hook_has_every_title_in_order(smoke_cache):
     panels = build_dataset(cfg, "val")
     t.events.epoch.val_metrics = {"miou": 0.5}
     shown: dict[str, np.ndarray] = {}
-    t.recorder = types.SimpleNamespace(images=lambda tag, step, images: shown.update({tag: images[0]}))
+    monkeypatch.setattr(t.recorder, "images", lambda tag, step, images: shown.update({tag: images[0]}))
     hook = TensorBoardImages(2, panels, PanopticSpec.from_config(cfg), cfg.dataset.classes)
     hook.trainer = t
     hook.after_epoch()

@@ -90,7 +90,12 @@ def test_coco_build_equals_the_parser_only_build(tmp_path, monkeypatch):
     monkeypatch.setattr(polygon_text, "MIN_FILE_BYTES", 0)
     taken = []
     real = polygon_text.extract_polygons
-    monkeypatch.setattr(polygon_text, "extract_polygons", lambda text: taken.append(1) or real(text))
+
+    def spy(text: bytes) -> tuple[bytes, list[list[np.ndarray]]]:
+        taken.append(1)
+        return real(text)
+
+    monkeypatch.setattr(polygon_text, "extract_polygons", spy)
     fast = build_coco(path)
     assert taken, "the fast path ran"
     assert fast.meta["errors"] == slow.meta["errors"] and fast.meta["errors"]

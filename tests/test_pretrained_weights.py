@@ -75,7 +75,7 @@ def test_the_backbone_holds_the_files_tensors(weights, caplog):
         for lg, (disabled, level) in zip(ours, before, strict=True):
             lg.disabled = disabled
             lg.setLevel(level)
-    own = model.backbone.model.state_dict()
+    own = model.get_submodule("backbone.model").state_dict()
     assert own and all(torch.equal(v, state[k]) for k, v in own.items())
     assert f"loaded {len(own)} tensors into the backbone" in caplog.text
     assert "unexpected" not in caplog.text.split("loaded")[0], "the classifier's head is ignored, not unexpected"

@@ -197,6 +197,7 @@ def test_labelme_instances_match_their_coco_export(shared_data):
     lm = {r.image_id: r for r in load_labelme(base / "instance_segmentation", cmap)[0]}
     ious = []
     for crec in coco_recs:
+        assert crec.path is not None  # COCO records name their image file
         lrec = lm[Path(crec.path.name).stem]
         masks, classes = rasterise(lrec.instances, lrec.height, lrec.width)
         for inst in crec.instances:
@@ -284,4 +285,5 @@ def test_rasterise_in_small_batches_is_identical(test_data, monkeypatch):
     for r, f, ms in zip(recs, full, masks, strict=True):
         np.testing.assert_array_equal(rasterise(r.instances, r.height, r.width)[0], f)
         for a, b in zip(polygon_masks([i.polygons for i in r.instances], r.height, r.width), ms, strict=True):
+            assert a is not None and b is not None  # every instance of these samples covers pixels
             assert a[:2] == b[:2] and np.array_equal(a[2], b[2])

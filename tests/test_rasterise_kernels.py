@@ -29,7 +29,7 @@ def _reference(instances, height, width, dtype, paint_order):
         (int(p[2].sum()) if p else 0) + (int(mask_utils.area(i.rle)) if r is not None else 0)
         for p, r, i in zip(poly, rle, instances, strict=True)
     ]
-    ids = range(len(instances))
+    ids = list(range(len(instances)))
     if paint_order == "area":
         ids = sorted(ids, key=lambda k: (instances[k].class_id != IGNORE_INDEX, -area[k], k))
     for k in ids:

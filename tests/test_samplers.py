@@ -4,13 +4,14 @@ read-ahead each key carries for its loader worker."""
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 import torch
 
 from segtrain.data.loaders import EpochSampler, ShardSampler, per_rank_batch
-from segtrain.data.read_ahead import ahead_of, stride
+from segtrain.data.read_ahead import AheadIndex, AheadKey, ahead_of, stride
 
 
 def indices(sampler) -> list[int]:
@@ -251,13 +252,22 @@ def test_each_key_names_what_the_same_loader_worker_maps_one_batch_later():
             assert [a for item in batch for a in item["ahead"]] == [item["index"] for item in batches[later]]
 
 
+def _ahead(keys: Iterable[object]) -> list[int | None]:
+    """The ``ahead`` of each read-ahead key (which the samplers yield once ``read_ahead`` is set)."""
+    out = []
+    for k in keys:
+        assert isinstance(k, AheadKey | AheadIndex), type(k)
+        out.append(k.ahead)
+    return out
+
+
 def test_read_ahead_keys_equal_plain_keys_and_survive_pickling():
     sampler = EpochSampler(12, 1, 2, seed=4)
     plain = list(sampler)
     sampler.read_ahead = 2
     keyed = list(sampler)
-    assert keyed == plain and [k.ahead for k in keyed] == [i for _, i in plain[2:]] + [None, None]
-    assert [pickle.loads(pickle.dumps(k)).ahead for k in keyed] == [k.ahead for k in keyed]
+    assert keyed == plain and _ahead(keyed) == [i for _, i in plain[2:]] + [None, None]
+    assert _ahead(pickle.loads(pickle.dumps(k)) for k in keyed) == _ahead(keyed)
     shard = ShardSampler(7, 0, 1)
     shard.read_ahead = 3
-    assert list(shard) == list(range(7)) and [k.ahead for k in shard] == [3, 4, 5, 6, None, None, None]
+    assert list(shard) == list(range(7)) and _ahead(shard) == [3, 4, 5, 6, None, None, None]

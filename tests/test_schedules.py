@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from segtrain.config import ConfigError, compose
+from segtrain.config.schema import ScheduleConfig
 from segtrain.engine.optim import SCHEDULES, build_optimizer, build_scheduler, lr_factor
 
 
-def sched(name: str, **kw) -> SimpleNamespace:
-    base = dict(name=name, warmup_steps=0, warmup_factor=0.001, power=0.9, min_lr=0.0, step_size=10, gamma=0.1)
-    base["milestones"] = [0.5, 0.9]
-    return SimpleNamespace(**{**base, **kw})
+def sched(name: str, warmup_steps: int = 0, min_lr: float = 0.0) -> ScheduleConfig:
+    return ScheduleConfig(
+        name=name,
+        warmup_steps=warmup_steps,
+        warmup_factor=0.001,
+        power=0.9,
+        min_lr=min_lr,
+        step_size=10,
+        gamma=0.1,
+        milestones=[0.5, 0.9],
+    )
 
 
 def test_curves():

@@ -4,6 +4,8 @@ panoptic pipeline's semantic target and weight, bit for bit, and the model train
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -55,7 +57,7 @@ def test_semantic_targets_are_the_panoptic_ones(seed, small, compiled, monkeypat
         assert sorted(sem) == ["semantic", "semantic_weight"]
         for key in sem:
             assert sem[key].dtype == full[key].dtype and np.array_equal(sem[key], full[key]), key
-        tkw = {k: torch.from_numpy(np.asarray(v))[None] for k, v in kw.items()}
+        tkw: dict[str, Any] = {k: torch.from_numpy(np.asarray(v))[None] for k, v in kw.items()}
         dev = make_targets_torch(
             torch.from_numpy(mask)[None], torch.from_numpy(classes)[None], 4.0, instances=False,
             stuff_classes=(3,), small_instance_area=small, small_instance_weight=3.0, **tkw,

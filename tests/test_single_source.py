@@ -32,6 +32,7 @@ def test_postprocess_defaults_are_the_schemas():
 
     expected = dataclasses.asdict(POSTPROCESS)
     schema = OmegaConf.to_container(OmegaConf.structured(PanopticConfig))
+    assert isinstance(schema, dict)
     assert {k: schema[k] for k in POSTPROCESS_FIELDS} == expected
     for fn in (panoptic_segmentation, panoptic_segmentation_batch):
         assert {k: v for k, v in defaults_of(fn).items() if k in expected} == expected, fn.__name__

@@ -194,7 +194,7 @@ def test_checkpoint_of_another_tool_with_orig_mod_keys_resumes(smoke_batches, bo
     torch.save(foreign, path)
     _, target, _ = _train(cfg, batches, channels_last=False, steps=0)
     target.load_state_dict(torch.load(path, weights_only=True))
-    for part, got in (("model", target.model.state_dict()), ("ema", target.ema.state_dict())):  # type: ignore[union-attr]
+    for part, got in (("model", target.model.state_dict()), ("ema", target.ema.state_dict())):
         assert set(got) == set(state[part])
         assert all(torch.equal(got[k], state[part][k]) for k in got), part
     assert target.state.step == 3

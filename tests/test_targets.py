@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -77,7 +78,7 @@ def slow_reference(
     # The kernel values themselves are Panoptic-DeepLab's numpy expression (checked separately below);
     # placement, clipping and max-combining are done pixel by pixel here.
     size = 2 * r + 1
-    gx = np.arange(0, size, 1, float)
+    gx = np.arange(0, size, 1, dtype=np.float64)
     g = np.exp(-((gx - r) ** 2 + (gx[:, None] - r) ** 2) / (2 * sigma**2)).astype(np.float32)
     center = np.zeros((1, h, w), np.float32)
     for k in range(n):
@@ -135,7 +136,7 @@ def random_case(seed, h=37, w=53, n=9):
         )
         for k in range(1, n + 1)
     ]
-    mask = blob_mask(h, w, blobs, dtype=rng.choice([np.int32, np.uint16, np.uint8, np.int64]))
+    mask = blob_mask(h, w, blobs, dtype=np.dtype(rng.choice(["int32", "uint16", "uint8", "int64"])))
     classes = rng.choice([1, 2, 3, 7, 255], size=n + 2)  # one id more than drawn: always absent
     classes[0] = 0
     valid = np.ones((h, w), bool)
@@ -230,7 +231,7 @@ def test_matches_slow_reference(name, impl):
 @pytest.mark.parametrize("seed", range(8))
 def test_matches_slow_reference_random(seed, impl):
     mask, classes, valid = random_case(seed)
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         stuff_classes=(7,),
         valid=valid if seed % 2 else None,
         small_instance_area=20,
@@ -409,6 +410,7 @@ def test_more_runs_than_first_guess(monkeypatch):
     import segtrain.data.targets.builders as targets
 
     calls = []
+    assert targets._kernels is not None, "numba compiles the kernels in this environment"
     row_runs = targets._kernels.row_runs
 
     def spy(*args):
@@ -604,8 +606,8 @@ def test_gaussian_kernel_definition():
     ],
 )
 def test_bad_inputs(kwargs, match, impl):
-    args = dict(instance_mask=np.zeros((4, 4), np.int32), instance_classes=np.array([0, 1]))
-    args.update(kwargs)
+    args: dict[str, Any] = dict(instance_mask=np.zeros((4, 4), np.int32), instance_classes=np.array([0, 1]))
+    args.update(kwargs)  # deliberately wrong values: make_targets must refuse them
     with pytest.raises(ValueError, match=match):
         make_targets(**args)
 

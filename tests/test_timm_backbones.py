@@ -68,7 +68,7 @@ def test_timm_names_stay_timms_and_classifier_files_load_into_the_backbone(tmp_p
     for file in ("convnext.pth", "convnext.safetensors"):
         with caplog.at_level(logging.INFO):
             model = build_model(spec(backbone="timm:convnext_atto", pretrained=str(tmp_path / file)))
-        own = model.backbone.state_dict()
+        own = model.get_submodule("backbone").state_dict()
         assert own.keys() == {"model." + k for k in state if not k.startswith("head.")}
         assert all(torch.equal(own["model." + k], v) for k, v in state.items() if "model." + k in own)
         assert f"loaded {len(own)} tensors into the backbone" in caplog.text
@@ -85,30 +85,33 @@ def test_torchvision_resnet_weights_load_into_timm_resnet():
     report = load_weights(model, tv, "torchvision resnet18", strict=False, target="auto")
     assert report.target == "backbone" and not report.missing and not report.mismatched
     assert sorted(report.ignored) == ["fc.bias", "fc.weight"]
-    assert torch.equal(model.backbone.model.layer3[1].conv2.weight, tv["layer3.1.conv2.weight"])
+    assert torch.equal(model.get_parameter("backbone.model.layer3.1.conv2.weight"), tv["layer3.1.conv2.weight"])
 
 
 def test_freeze_backbone_keeps_batchnorm_statistics_and_layernorm_weights():
     model = build_model(spec(backbone="timm:convnext_atto"))
     frozen = apply_freeze(model, "backbone")
     assert frozen and all(n.startswith("backbone.") for n in frozen)
-    norms = [m for m in model.backbone.modules() if isinstance(m, nn.LayerNorm)]
+    norms = [m for m in model.get_submodule("backbone").modules() if isinstance(m, nn.LayerNorm)]
     assert norms and all(not p.requires_grad for m in norms for p in m.parameters())
     model = build_model(spec(backbone="timm:efficientnet_lite0"))
     apply_freeze(model, "backbone")
     model.train()
-    bns = [m for m in model.backbone.modules() if isinstance(m, nn.BatchNorm2d)]
-    before = [m.running_mean.clone() for m in bns]
+    bns = [m for m in model.get_submodule("backbone").modules() if isinstance(m, nn.BatchNorm2d)]
+    before = []
+    for m in bns:
+        assert m.running_mean is not None  # timm's BatchNorm layers track running statistics
+        before.append(m.running_mean.clone())
     model(torch.rand(2, 3, 64, 64) * 3)
     assert all(not m.training for m in bns)
-    assert all(torch.equal(a, m.running_mean) for a, m in zip(before, bns, strict=True))
+    assert all(m.running_mean is not None and torch.equal(a, m.running_mean) for a, m in zip(before, bns, strict=True))
 
 
 def test_backbone_lr_mult_gives_the_backbone_its_own_groups():
     cfg = compose([*SMOKE, "model=panoptic_r18", "model.backbone=timm:resnet18", "optim.backbone_lr_mult=0.1"])
     model = build_model(cfg.model)
     opt = build_optimizer(model, cfg.optim)
-    backbone = {id(p) for p in model.backbone.parameters()}
+    backbone = {id(p) for p in model.get_submodule("backbone").parameters()}
     for group in opt.param_groups:
         ids = {id(p) for p in group["params"]}
         if ids & backbone:
@@ -131,8 +134,10 @@ def test_layer_decay_gives_each_vit_layer_decay_to_the_depth_to_go_as_timm_does(
     model = build_model(cfg.model)
     opt = build_optimizer(model, cfg.optim)
     name_of = {id(p): n for n, p in model.named_parameters()}
-    depth = len(model.backbone.model.blocks)
-    layers, n = model.backbone.layer_ids()
+    backbone = model.get_submodule("backbone")
+    assert isinstance(backbone, TimmBackbone)
+    depth = len(backbone.model.blocks)
+    layers, n = backbone.layer_ids()
     assert n == depth + 1  # the stem, then one layer per block; the heads are layer n
     reference = timm.create_model("vit_tiny_patch16_224", img_size=32, num_classes=4)
     timm_scale = {

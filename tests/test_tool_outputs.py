@@ -163,7 +163,11 @@ def test_non_finite_weights_are_refused_by_every_tool(ckpt, tmp_path, cache):
     src.mkdir()
     _image(src / "a.jpg", 1)
     with pytest.raises(CheckpointError, match=says):
-        predict(compose([*SMOKE, f"ckpt={nan}", f"input={src}", f"output={tmp_path / 'o'}"], "predict"), blob, "cpu")
+        predict(
+            compose([*SMOKE, f"ckpt={nan}", f"input={src}", f"output={tmp_path / 'o'}"], "predict"),
+            blob,
+            torch.device("cpu"),
+        )
     with pytest.raises(CheckpointError, match=says):  # finetune's and evaluate's loader
         load_checkpoint_weights(build_model(compose(SMOKE).model), blob, str(nan))
     proc = run_module(

@@ -98,7 +98,8 @@ def wandb_history(path: Path) -> list[tuple[int, dict[str, float]]]:
         chunk, pos = data[pos + 7 : pos + 7 + n], pos + 7 + n
         buf = chunk if kind in (1, 2) else buf + chunk
         if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
+            # protobuf makes the message classes at import time: the module has no static Record
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
             record.ParseFromString(buf)
             if record.WhichOneof("record_type") == "history":
                 items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}

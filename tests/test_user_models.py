@@ -73,9 +73,11 @@ def user_module(tmp_path, monkeypatch):
 def test_import_path_builds_with_kwargs(user_module):
     cfg = compose([*SMOKE, "model.name=mynets:build", "+model.kwargs={depth: 3}"])
     model = build_model(cfg.model)
-    assert type(model).__name__ == "SmallNet" and len(model.backbone) == 9
+    backbone = model.get_submodule("backbone")
+    assert type(model).__name__ == "SmallNet" and isinstance(backbone, torch.nn.Sequential) and len(backbone) == 9
     dotted = compose([*SMOKE, "model.name=mynets.build", "model.kwargs={depth: 1}"])
-    assert len(build_model(dotted.model).backbone) == 3
+    backbone = build_model(dotted.model).get_submodule("backbone")
+    assert isinstance(backbone, torch.nn.Sequential) and len(backbone) == 3
 
 
 @pytest.mark.parametrize(

@@ -92,7 +92,9 @@ def test_center_picture_is_a_heatmap_with_a_colour_bar(test_data):
 
     from segtrain.evaluation.visualize import colour_bar, heat_colours, heatmap_picture
 
-    photo = cv2.cvtColor(cv2.imread(str(test_data / "mmpose_coco_person" / "000000000785.jpg")), cv2.COLOR_BGR2RGB)
+    bgr = cv2.imread(str(test_data / "mmpose_coco_person" / "000000000785.jpg"))
+    assert bgr is not None
+    photo = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
     h, w = photo.shape[:2]
     yy, xx = np.mgrid[:h, :w]
     heat = np.exp(-((yy - h / 2) ** 2 + (xx - w / 3) ** 2) / (2 * 30.0**2)).astype(np.float32)
@@ -104,9 +106,11 @@ def test_center_picture_is_a_heatmap_with_a_colour_bar(test_data):
     peak, cold = over[int(h / 2), int(w / 3)], over[5, w - 5]
     assert np.abs(peak - cold).max() > 120 and peak.sum() > cold.sum() + 200  # hot: bright; cold: dark
     # the bar: a row running through the scale's colours from 0 (left) to 1 (right)
-    row = next(r for r in range(bar.shape[0]) if np.abs(bar[r, w // 2].astype(int) - heat_colours(0.5)).max() <= 3)
-    assert np.abs(bar[row, 8].astype(int) - heat_colours(0.0)).max() <= 6
-    assert np.abs(bar[row, w - 8].astype(int) - heat_colours(1.0)).max() <= 6
+    row = next(
+        r for r in range(bar.shape[0]) if np.abs(bar[r, w // 2].astype(int) - heat_colours(np.array(0.5))).max() <= 3
+    )
+    assert np.abs(bar[row, 8].astype(int) - heat_colours(np.array(0.0))).max() <= 6
+    assert np.abs(bar[row, w - 8].astype(int) - heat_colours(np.array(1.0))).max() <= 6
     white = np.flatnonzero((bar[row] == 255).all(-1))
     assert white.size and np.abs(white / w - 0.1).max() < 0.02, "the threshold's mark"
     scale = heat_colours(np.linspace(0, 1, 256)).astype(int)
