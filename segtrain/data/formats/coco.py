@@ -21,16 +21,18 @@ unless ``check_files=True``: a missing image is reported when it is read (see im
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 from array import array
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain, repeat
 from operator import itemgetter, methodcaller
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -39,7 +41,7 @@ import segtrain.data.formats.polygon_text as polygon_text
 from segtrain import storage
 from segtrain.data.formats.index import RecordIndex, blob_arrays, encode_column
 from segtrain.data.formats.index_cache import cached_file_index, cached_index, file_fingerprint
-from segtrain.data.formats.json_chunks import NotSplittable, Structure, iter_chunks, skeleton
+from segtrain.data.formats.json_chunks import NotSplittable, Structure, chunk_cuts, iter_chunks, parse_piece, skeleton
 from segtrain.data.formats.reading import (
     Problems,
     bounded_list,
@@ -207,12 +209,60 @@ def _loads_annotations(text: bytes) -> Any:
     return out
 
 
+@functools.cache
+def _kernels() -> ModuleType | None:
+    """The compiled text passes (coco_text_kernels.py), loaded on first use; None without numba."""
+    try:
+        import segtrain.data.formats.coco_text_kernels as kernels
+    except ImportError:  # pragma: no cover - numba is a dependency; the parser alone gives the same index
+        return None
+    return kernels
+
+
+@dataclass
+class _Scanned:
+    """A chunk of annotations read by the compiled pass (coco_text_kernels.scan_annotations), and the parsed
+    RLE objects of those that have one (position in the chunk -> dict)."""
+
+    ints: np.ndarray
+    area: np.ndarray
+    has_area: np.ndarray
+    nparts: np.ndarray
+    lens: np.ndarray
+    vals: np.ndarray
+    rles: dict[int, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.ints)
+
+
+def _scanned_chunks(kernels: ModuleType, raw: bytes, span: tuple[int, int], starts: np.ndarray) -> Iterator[Any]:
+    """The annotations at ``span`` chunk by chunk: read by the compiled pass where a whole chunk is plain, else
+    parsed (its plain polygon lists read from the text, polygon_text.py)."""
+    buf = np.frombuffer(raw, np.uint8)
+    for a, b in chunk_cuts(span, starts, CHUNK_BYTES):
+        found = kernels.scan_annotations(buf, a, b)
+        if found is not None:
+            ints, area, has_area, nparts, seg, lens, vals = found
+            scanned = _Scanned(ints, area, has_area, nparts, lens, vals)
+            try:
+                for k in np.flatnonzero(seg[:, 0] >= 0).tolist():
+                    scanned.rles[k] = _loads_chunk(raw[seg[k, 0] : seg[k, 1]])
+            except NotSplittable:
+                pass  # the parser of the whole chunk names the problem
+            else:
+                yield scanned
+                continue
+        yield parse_piece(raw, a, b, _loads_annotations)
+
+
 def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) -> RecordIndex:
     src = str(path)
     raw: bytes | None  # None once converted (freed)
     raw = holder[0]
     if split:
-        structure = Structure(raw)
+        kernels = _kernels() if len(raw) >= polygon_text.MIN_FILE_BYTES else None
+        structure = Structure(raw) if kernels is None else Structure(raw, kernels.brackets)
         spans = structure.top_level_arrays()
         if "images" not in spans:
             raise NotSplittable("no top-level 'images' array")
@@ -227,12 +277,14 @@ def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) 
         if "categories" in spans:
             cats = _loads_chunk(raw[spans["categories"][0] : spans["categories"][1] + 1])
         anns_ok = "annotations" in spans or "annotations" not in top
-        chunks: Iterator[list] = iter(())
+        chunks: Iterator[list | _Scanned] = iter(())
         if "annotations" in spans:
             ann_span = spans["annotations"]
             starts = structure.element_starts(ann_span)
-            loads = _loads_annotations if len(raw) >= polygon_text.MIN_FILE_BYTES else _loads_chunk
-            chunks = iter_chunks(raw, ann_span, starts, CHUNK_BYTES, loads)
+            if kernels is not None:
+                chunks = _scanned_chunks(kernels, raw, ann_span, starts)
+            else:
+                chunks = iter_chunks(raw, ann_span, starts, CHUNK_BYTES, _loads_chunk)
         del structure
     else:
         top = parse_json(raw, path)
@@ -259,7 +311,10 @@ def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) 
     base = 0
     for chunk in chunks:
         base += len(chunk)
-        conv.add(chunk, base - len(chunk))
+        if isinstance(chunk, _Scanned):
+            conv.add_scanned(chunk, base - len(chunk))
+        else:
+            conv.add(chunk, base - len(chunk))
     del chunks
     holder.clear()  # the text is converted: free it before the arrays are assembled
     raw = None
@@ -480,6 +535,7 @@ class _Pending:
         self.area: list[np.ndarray] = []
         self.ids: list[np.ndarray | list] = []
         self.parts: list = []
+        self.flat: tuple[np.ndarray, np.ndarray] | None = None  # (numbers, count per part) read from the text
 
     def add(self, fidx, img, code, crowd, nparts, ids, parts: list, area) -> None:
         self.fidx.append(np.asarray(fidx, np.int64))
@@ -550,6 +606,30 @@ class _Annotations:
         chunk.clear()  # the parsed JSON of this chunk is no longer needed (parts are held by pend)
         if pend.fidx:
             self._finish(pend)
+
+    def add_scanned(self, chunk: _Scanned, base: int) -> None:
+        """:meth:`add` for a chunk read by the compiled pass: the same checks, in the same order (what
+        :meth:`_fast` would take is taken here; the rest goes through :meth:`_slow` as the parsed dict)."""
+        n = len(chunk)
+        aid, ims, cats, crowd = (chunk.ints[:, k] for k in range(4))
+        img = np.fromiter(map(self.imgs.index.get, ims.tolist(), repeat(-1)), np.int64, n)
+        code = np.fromiter(map(self.cat_code.get, cats.tolist(), repeat(-1)), np.int64, n)
+        take = (img >= 0) & (code >= 0) & (chunk.nparts > 0)
+        sel = np.flatnonzero(take)
+        part_take = np.repeat(take, chunk.nparts)
+        area = np.where(chunk.has_area, chunk.area, math.nan)
+        pend = _Pending()
+        pend.add(base + sel, img[sel], code[sel], crowd[sel].astype(bool), chunk.nparts[sel], aid[sel], [], area[sel])
+        pend.flat = (chunk.vals[np.repeat(part_take, chunk.lens)], chunk.lens[part_take])
+        for k in np.flatnonzero(~take).tolist():
+            a: dict[str, Any] = {"id": int(aid[k]), "image_id": int(ims[k]), "category_id": int(cats[k])}
+            a["iscrowd"] = int(crowd[k])
+            if chunk.has_area[k]:
+                a["area"] = float(chunk.area[k])
+            if k in chunk.rles:
+                a["segmentation"] = chunk.rles[k]
+            self._slow(base + k, a, pend)
+        self._finish(pend)
 
     def _fast(self, chunk: list, base: int, pend: _Pending) -> np.ndarray | None:
         """The common case for a whole chunk with C-level loops; returns which annotations it took
@@ -657,13 +737,17 @@ class _Annotations:
         parts = pend.parts
         fidx, img, code, crowd, nparts, area = pend.cat()
         ids = _cat_ids(pend.ids)
-        buf, lens, reasons = _convert_parts(parts)
-        v = np.frombuffer(buf, np.float64) if len(buf) else np.zeros(0, np.float64)
+        if pend.flat is not None:  # read from the text: numbers only, finite
+            v, lens = pend.flat
+            reasons: dict[int, str] = {}
+        else:
+            buf, lens, reasons = _convert_parts(parts)
+            v = np.frombuffer(buf, np.float64) if len(buf) else np.zeros(0, np.float64)
+            # true / false pass as 1.0 / 0.0 through fromlist: look closer at parts holding those values
+            for k in np.flatnonzero(_segment_sums((v == 0.0) | (v == 1.0), lens) > 0).tolist():
+                if k not in reasons and type(parts[k]) is list and bool in set(map(type, parts[k])):
+                    reasons[k] = "coordinates must be numbers, not true/false"
         nonfinite = _segment_sums(~np.isfinite(v), lens) > 0
-        # true / false pass as 1.0 / 0.0 through fromlist: look closer at parts holding those values
-        for k in np.flatnonzero(_segment_sums((v == 0.0) | (v == 1.0), lens) > 0).tolist():
-            if k not in reasons and type(parts[k]) is list and bool in set(map(type, parts[k])):
-                reasons[k] = "coordinates must be numbers, not true/false"
         bad = nonfinite | (lens % 2 == 1) | (lens < 6) | (lens > 2 * MAX_POLYGON_VERTICES)
         if reasons:
             bad[list(reasons)] = True
