@@ -7,8 +7,10 @@ scan (json_chunks.py) finds the elements of the ``images`` and ``annotations`` a
 ``array.fromlist`` and are checked vectorised) and freed before the next. Anything unusual (RLE,
 nested ``[[x, y], ...]`` points, wrong types) takes a per-annotation path that names the problem;
 a document the scan cannot split (or a syntax error) is parsed whole, for the exact error. In files of
-``polygon_text.MIN_FILE_BYTES`` and more, plain polygon lists skip the parser: polygon_text.py reads them
-from the text into float64 arrays (the parser's exact values).
+``polygon_text.MIN_FILE_BYTES`` and more, compiled passes (coco_text_kernels.py, numba) find the document's
+structure and read every chunk of annotations written the plain way straight from the text into arrays (the
+parser's exact values; no Python object per annotation or number); a chunk holding anything else is parsed,
+its plain polygon lists read from the text (polygon_text.py), with the same checks and messages.
 
 What is checked, before training starts: JSON syntax; ``images`` / ``annotations`` /
 ``categories`` structure; id types (integers or strings; booleans, floats, lists and objects are
@@ -404,14 +406,11 @@ class _Images:
 
     def _slow(self, images: list, src: str, max_pixels: int, problems: Problems) -> None:
         for i, im in enumerate(images):
-            if type(im) is not dict:
-                problems.image(f"{src}: images[{i}] is {shown(im)}, not an object")
+            problem = _element_problem(src, "images", i, im, "every COCO image needs a unique integer id")
+            if problem:
+                problems.image(problem)
                 continue
-            im_id = im.get("id")
-            if type(im_id) not in (int, str):
-                what = "has no 'id'" if im_id is None else f"has the id {shown(im_id)}"
-                problems.image(f"{src}: images[{i}] {what}; every COCO image needs a unique integer id")
-                continue
+            im_id = im["id"]
             if isinstance(im_id, str) and not is_utf8(im_id):
                 problems.image(f"{src}: images[{i}] has the id {ascii(im_id)}, which is not valid Unicode text")
                 continue
@@ -454,6 +453,18 @@ class _Images:
             self.names.append(file_name)
             self.heights.append(h)
             self.widths.append(w)
+
+
+def _element_problem(src: str, array: str, i: int, item: Any, rule: str) -> str | None:
+    """What makes element ``i`` of ``array`` unusable before any other check (not an object, no integer or
+    string id; ``rule`` says what ids must be), or None."""
+    if type(item) is not dict:
+        return f"{src}: {array}[{i}] is {shown(item)}, not an object"
+    item_id = item.get("id")
+    if type(item_id) not in (int, str):
+        what = "has no 'id'" if item_id is None else f"has the id {shown(item_id)}"
+        return f"{src}: {array}[{i}] {what}; {rule}"
+    return None
 
 
 def _flat_part(part: Any) -> list:
@@ -679,14 +690,11 @@ class _Annotations:
     def _slow(self, i: int, a: Any, pend: _Pending) -> None:
         """Check one annotation the fast path did not take; record it in ``pend`` or a problem."""
         src, pr = self.src, self.problems
-        if type(a) is not dict:
-            pr.annotation(f"{src}: annotations[{i}] is {shown(a)}, not an object")
+        problem = _element_problem(src, "annotations", i, a, "annotation ids must be integers")
+        if problem:
+            pr.annotation(problem)
             return
-        aid = a.get("id")
-        if type(aid) not in (int, str):
-            what = "has no 'id'" if aid is None else f"has the id {shown(aid)}"
-            pr.annotation(f"{src}: annotations[{i}] {what}; annotation ids must be integers")
-            return
+        aid = a["id"]
         where = f"{src}: annotation id {aid}"
         im = a.get("image_id")
         if type(im) not in (int, str):
