@@ -385,8 +385,9 @@ _CLASS[[93, 125]] = 3
 @_jit
 def _brackets(buf, max_depth, cls):  # pragma: no cover - compiled
     n = len(buf)
-    pos = np.empty(n // 2 + 1, np.int64)  # untouched pages of these are never committed
-    step = np.empty(n // 2 + 1, np.int8)
+    cap = n // 256 + 1024  # grown when needed: a COCO file has a few of these levels' brackets per element
+    pos = np.empty(cap, np.int64)
+    step = np.empty(cap, np.int8)
     k = 0
     depth = 0
     low = 0
@@ -402,19 +403,21 @@ def _brackets(buf, max_depth, cls):  # pragma: no cover - compiled
                 p += 2 if buf[p] == 92 else 1
             if p >= n:
                 return pos[:k].copy(), step[:k].copy(), depth, low, True
-        elif t == 2:
-            depth += 1
-            if depth <= max_depth:
-                pos[k] = p
-                step[k] = 1
-                k += 1
         else:
-            depth -= 1
+            depth += 1 if t == 2 else -1
             if depth < low:
                 low = depth
-            if depth < max_depth:
+            if (t == 2 and depth <= max_depth) or (t == 3 and depth < max_depth):
+                if k == cap:
+                    cap *= 2
+                    grown = np.empty(cap, np.int64)
+                    grown[:k] = pos[:k]
+                    pos = grown
+                    grown_step = np.empty(cap, np.int8)
+                    grown_step[:k] = step[:k]
+                    step = grown_step
                 pos[k] = p
-                step[k] = -1
+                step[k] = 1 if t == 2 else -1
                 k += 1
         p += 1
     return pos[:k].copy(), step[:k].copy(), depth, low, False
