@@ -167,6 +167,7 @@ def test_plain_chunk_values_are_the_parsers_bit_for_bit() -> None:
     [
         b'{"a":[{"x":"[{\\"}"},[1,[2]]],"b":{"c":[{"d":1}]},"images":[],"s":"\\\\"}',
         b'  {"images":[{"f":"a \\"[1]\\".jpg"}],"annotations":[{"s":[[1,2]]},{"t":"]]]"}]}  ',
+        b'{"annotations":[' + b",".join([b'{"s":[1]}'] * 3000) + b"]}",  # more brackets than first reserved
     ],
 )
 def test_compiled_bracket_scan_finds_what_the_numpy_scan_finds(doc: bytes) -> None:

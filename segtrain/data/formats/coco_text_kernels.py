@@ -383,15 +383,11 @@ _CLASS[[93, 125]] = 3
 
 
 @_jit
-def _brackets(buf, max_depth, cls):  # pragma: no cover - compiled
+def _brackets(buf, p, depth, low, k, max_depth, cls, pos, step):  # pragma: no cover - compiled
+    """Brackets from ``p`` on into ``pos`` / ``step`` from ``k`` on; stops at the end or when they are full
+    (the caller grows them and resumes): returns (p, k, depth, low, unclosed string)."""
     n = len(buf)
-    cap = n // 256 + 1024  # grown when needed: a COCO file has a few of these levels' brackets per element
-    pos = np.empty(cap, np.int64)
-    step = np.empty(cap, np.int8)
-    k = 0
-    depth = 0
-    low = 0
-    p = 0
+    cap = len(pos)
     while p < n:
         t = cls[buf[p]]
         if t == 0:  # most bytes: one table lookup
@@ -402,31 +398,40 @@ def _brackets(buf, max_depth, cls):  # pragma: no cover - compiled
             while p < n and buf[p] != 34:
                 p += 2 if buf[p] == 92 else 1
             if p >= n:
-                return pos[:k].copy(), step[:k].copy(), depth, low, True
+                return p, k, depth, low, True
+        elif t == 2:
+            if depth + 1 <= max_depth:
+                if k == cap:
+                    return p, k, depth, low, False
+                pos[k] = p
+                step[k] = 1
+                k += 1
+            depth += 1
         else:
-            depth += 1 if t == 2 else -1
+            if depth - 1 < max_depth:
+                if k == cap:
+                    return p, k, depth, low, False
+                pos[k] = p
+                step[k] = -1
+                k += 1
+            depth -= 1
             if depth < low:
                 low = depth
-            if (t == 2 and depth <= max_depth) or (t == 3 and depth < max_depth):
-                if k == cap:
-                    cap *= 2
-                    grown = np.empty(cap, np.int64)
-                    grown[:k] = pos[:k]
-                    pos = grown
-                    grown_step = np.empty(cap, np.int8)
-                    grown_step[:k] = step[:k]
-                    step = grown_step
-                pos[k] = p
-                step[k] = 1 if t == 2 else -1
-                k += 1
         p += 1
-    return pos[:k].copy(), step[:k].copy(), depth, low, False
+    return p, k, depth, low, False
 
 
 def brackets(buf: np.ndarray, max_depth: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(positions, +1/-1) of the brackets outside strings that open to or close from at most ``max_depth``
     levels; None when the document's brackets or quotes do not balance."""
-    pos, step, depth, low, in_str = _brackets(buf, max_depth, _CLASS)
+    pos = np.empty(len(buf) // 256 + 1024, np.int64)  # a COCO file has a few per element at these levels
+    step = np.empty(len(pos), np.int8)
+    p, k, depth, low, in_str = 0, 0, 0, 0, False
+    while True:
+        p, k, depth, low, in_str = _brackets(buf, p, depth, low, k, max_depth, _CLASS, pos, step)
+        if p >= len(buf) or in_str:
+            break
+        pos, step = np.concatenate([pos[:k], np.empty(len(pos), np.int64)]), np.concatenate([step[:k], step])
     if depth != 0 or low < 0 or in_str:
         return None
-    return pos, step
+    return pos[:k].copy(), step[:k].copy()
