@@ -53,6 +53,7 @@ from segtrain.config.schema import (
     ProfileConfig,
     ScheduleConfig,
     SegtrainConfig,
+    TrackingConfig,
     TrainerConfig,
     config_dir,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "ProfileConfig",
     "ScheduleConfig",
     "SegtrainConfig",
+    "TrackingConfig",
     "TrainerConfig",
     "chdir_note",
     "check_overrides",
