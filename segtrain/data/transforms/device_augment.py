@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from segtrain.config import ConfigError
+from segtrain.config import AugmentConfig, ConfigError
 from segtrain.data.seeding import item_seed
 from segtrain.data.targets.device_targets import make_targets_torch
 
@@ -94,7 +94,7 @@ def _colour_constants(device: torch.device) -> tuple[Tensor, Tensor, Tensor, Ten
     return c
 
 
-def _prob(cfg: Any, name: str, default: float) -> float:
+def _prob(cfg: AugmentConfig, name: str, default: float) -> float:
     v = float(getattr(cfg, name, default))
     if not 0.0 <= v <= 1.0:
         raise ConfigError(f"augment.{name}={v} must be a probability in [0, 1]")
@@ -117,7 +117,7 @@ class DeviceAugment:
         input_size: (h, w) of the network input, i.e. of the augmented output.
     """
 
-    def __init__(self, aug_cfg: Any, input_size: tuple[int, int]) -> None:
+    def __init__(self, aug_cfg: AugmentConfig, input_size: tuple[int, int]) -> None:
         self.size = (int(input_size[0]), int(input_size[1]))
         if min(self.size) < 1:
             raise ValueError(f"input_size must be positive, got {input_size}")
@@ -376,7 +376,13 @@ class DeviceBatchAugment:
     """
 
     def __init__(
-        self, aug_cfg: Any, input_size: tuple[int, int], targets: Any, device: torch.device, seed: int, rank: int
+        self,
+        aug_cfg: AugmentConfig,
+        input_size: tuple[int, int],
+        targets: Any,
+        device: torch.device,
+        seed: int,
+        rank: int,
     ) -> None:
         self.augment = DeviceAugment(aug_cfg, input_size)
         self.sigma = float(targets.sigma)
