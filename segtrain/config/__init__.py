@@ -58,6 +58,7 @@ from segtrain.config.schema import (
     ProfileConfig,
     ScheduleConfig,
     SegtrainConfig,
+    TrackingConfig,
     TrainerConfig,
     config_dir,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "ProfileConfig",
     "ScheduleConfig",
     "SegtrainConfig",
+    "TrackingConfig",
     "TrainerConfig",
     "chdir_note",
     "check_overrides",

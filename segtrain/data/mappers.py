@@ -30,7 +30,14 @@ import cv2
 import numpy as np
 import torch
 
-from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, Config, ConfigError, check_value
+from segtrain.config import (
+    IGNORE_LABEL,
+    INFERENCE_MODES,
+    AugmentConfig,
+    Config,
+    ConfigError,
+    check_value,
+)
 from segtrain.data.formats.coco_panoptic import rasterise_panoptic, read_segment_ids
 from segtrain.data.images.image_io import decode_image, device_jpeg_orientation, read_encoded
 from segtrain.data.records import AnnotationError, ImageRecord, crowd_classes
@@ -251,7 +258,7 @@ class DeviceMapper(_Mapper):
     def __init__(
         self,
         input_size: tuple[int, int],
-        augment: Any,
+        augment: AugmentConfig,
         targets: TargetSpec,
         *,
         decode_on_device: bool = False,
@@ -259,7 +266,7 @@ class DeviceMapper(_Mapper):
         reader: Reader | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
-        if str(augment.name) not in DEVICE_PIPELINES:
+        if augment.name not in DEVICE_PIPELINES:
             raise ConfigError(
                 f"augment.device={augment.device} implements the pipelines {list(DEVICE_PIPELINES)}, "
                 f"not augment.name={augment.name!r}; use augment.device=cpu for custom pipelines"

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 SEMANTIC_ONLY_MODELS = frozenset({"deeplabv3", "fcn", "lraspp"})
 
 
-def instance_targets(cfg: Any) -> bool:
+def instance_targets(cfg: Config) -> bool:
     """Does ``cfg``'s model train on centre/offset targets (False: semantic and its weight only)?"""
     model = getattr(cfg, "model", None)
     name = getattr(model, "name", None) if model is not None else None

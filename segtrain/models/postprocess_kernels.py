@@ -129,7 +129,7 @@ def vote(sem, offset, is_thing, cy, cx, origin_y, origin_x, tile, nty, ntx, ncan
     k = cy.shape[0]
     inv = 1.0 / tile
     n_fb = 0
-    run_key, run_len = 0, 0  # consecutive pixels of one row of the table: counted once per run
+    run_key, run_len = np.int64(0), 0  # consecutive pixels of one row of the table: counted once per run
     for y in range(h):
         fy = np.float32(y)
         srow, oy, ox, krow = sem[y], offset[0, y], offset[1, y], key[y * w : (y + 1) * w]
