@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from s3_server import s3_client
+
+from tests.helpers.s3_server import s3_client
 
 
 def upload_tree(endpoint: str, bucket: str, folder: Path, prefix: str) -> str:
