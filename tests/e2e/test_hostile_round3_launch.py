@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cases import Case, Result, run_cases
 from tests.helpers.proc_utils import one_line_error, run_module
 
 
@@ -32,35 +33,46 @@ def test_a_leaked_rank_environment_times_out_naming_the_variables(tmp_path: Path
     assert len(error) == 1 and "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1" in error[0] and "not started by torchrun" in error[0]
 
 
-@pytest.mark.parametrize(
-    ("launch_args", "names"),
-    [
-        (["--nproc_per_node", "0"], ["--nproc_per_node 0", "1 or more"]),
-        (["--nproc_per_node", "abc"], ["--nproc_per_node abc", "auto"]),
-        (
-            ["--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:{port}"],
-            ["{port}", "in use"],
-        ),
-        (["--nproc_per_node", "1", "--master-port", "{port}"], ["{port}", "in use"]),
-    ],
-)
-def test_launch_says_what_torchrun_would_trip_over(tmp_path: Path, launch_args, names):
+#: (segtrain.launch's arguments, what its one line names); ``{port}`` stands for a port in use
+LAUNCH_MISTAKES = [
+    (["--nproc_per_node", "0"], ["--nproc_per_node 0", "1 or more"]),
+    (["--nproc_per_node", "abc"], ["--nproc_per_node abc", "auto"]),
+    (
+        ["--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:{port}"],
+        ["{port}", "in use"],
+    ),
+    (["--nproc_per_node", "1", "--master-port", "{port}"], ["{port}", "in use"]),
+]
+
+
+@pytest.fixture(scope="module")
+def launch_mistakes(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Result]]:
+    """(the busy port, each of LAUNCH_MISTAKES through segtrain.launch's real main, all in one fresh process)."""
     import socket
 
+    root = tmp_path_factory.mktemp("launch")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = str(busy.getsockname()[1])
-        args = [a.replace("{port}", port) for a in launch_args]
-        proc = run_module(
-            "segtrain.launch",
-            [*args, "-m", "segtrain.train", "experiment=cpu_smoke"],
-            tmp_path,
-            tmp_path / "c",
-            check=False,
-            timeout=120,
-        )
-    one_line_error(proc, *(n.replace("{port}", port) for n in names))
+        cases = [
+            Case(
+                "segtrain.launch",
+                [*(a.replace("{port}", port) for a in args), "-m", "segtrain.train", "experiment=cpu_smoke"],
+                str(root),
+                {},
+            )
+            for args, _ in LAUNCH_MISTAKES
+        ]
+        return port, run_cases(cases, root / "c")
+
+
+@pytest.mark.parametrize(("case", "launch_args", "names"), [(i, *c) for i, c in enumerate(LAUNCH_MISTAKES)])
+def test_launch_says_what_torchrun_would_trip_over(
+    launch_mistakes: tuple[str, list[Result]], case: int, launch_args: list[str], names: list[str]
+):
+    port, results = launch_mistakes
+    one_line_error(results[case], *(n.replace("{port}", port) for n in names))
 
 
 # --------------------------------------------------------------------------- one line instead of a traceback
@@ -89,37 +101,43 @@ def _user_configs(root: Path, *extra: str) -> Path:
     return root
 
 
+#: (the command line's mistake, what its one line names); ``{name}`` stands for the user's folder holding it
+CONFIG_MISTAKES = [
+    (["trainer.epochs=${nope}"], ["trainer.epochs", "nope", "interpolation"]),
+    (["trainer.epochs=${trainer.epochs}"], ["trainer.epochs", "Recursive"]),
+    (["dataset.root=${oc.env:SEGTRAIN_NOPE}"], ["dataset.root", "SEGTRAIN_NOPE", "${oc.env:VAR,default}"]),
+    (["dataset.root=/data/café"], ["dataset.root=/data/café", "quoted", "\"dataset.root='/data/café'\""]),
+    (["--config-dir", "{broken}", "-cn", "broken"], ["broken.yaml, line 4", "not valid YAML"]),
+    (["--config-dir", "{tagged}"], ["tagged.yaml, line 1", "!!python/object/apply"]),
+    (["hydra.searchpath=[file://{bomb}]"], ["bomb.yaml", "100,000 values"]),
+    (
+        ["dataset=labelme", "dataset.train.dir=tr", "dataset.val.dir=va", "hydra.job.chdir=true"],
+        ["hydra.job.chdir=true", "relative paths"],
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def config_mistakes(tmp_path_factory: pytest.TempPathFactory) -> list[Result]:
+    """Each of CONFIG_MISTAKES through segtrain.train's real main, all in one fresh process
+    (tests/helpers/cases.py): config mistakes end before training, so the process start is most of each case."""
+    root = tmp_path_factory.mktemp("mistakes")
+    (root / "tr").mkdir()
+    cases = []
+    for i, (args, _) in enumerate(CONFIG_MISTAKES):
+        extra = [name for name in USER_FILES if any(f"{{{name}}}" in a for a in args)]
+        cfg = _user_configs(root / f"mine{i}", *extra)  # the case's own folder: only its mistake in it
+        args = [a.replace(f"{{{name}}}", str(cfg)) for a in args for name in extra or [""]]
+        cases.append(
+            Case("segtrain.train", ["experiment=cpu_smoke", *args, f"hydra.run.dir={root / f'run{i}'}"], str(root), {})
+        )
+    return run_cases(cases, root / "c")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("args", "names"),
-    [
-        (["trainer.epochs=${nope}"], ["trainer.epochs", "nope", "interpolation"]),
-        (["trainer.epochs=${trainer.epochs}"], ["trainer.epochs", "Recursive"]),
-        (["dataset.root=${oc.env:SEGTRAIN_NOPE}"], ["dataset.root", "SEGTRAIN_NOPE", "${oc.env:VAR,default}"]),
-        (["dataset.root=/data/café"], ["dataset.root=/data/café", "quoted", "\"dataset.root='/data/café'\""]),
-        (["--config-dir", "{broken}", "-cn", "broken"], ["broken.yaml, line 4", "not valid YAML"]),
-        (["--config-dir", "{tagged}"], ["tagged.yaml, line 1", "!!python/object/apply"]),
-        (["hydra.searchpath=[file://{bomb}]"], ["bomb.yaml", "100,000 values"]),
-        (
-            ["dataset=labelme", "dataset.train.dir=tr", "dataset.val.dir=va", "hydra.job.chdir=true"],
-            ["hydra.job.chdir=true", "relative paths"],
-        ),
-    ],
-)
-def test_config_mistakes_are_one_line(tmp_path: Path, args, names):
-    extra = [name for name in USER_FILES if any(f"{{{name}}}" in a for a in args)]
-    cfg = _user_configs(tmp_path / "mine", *extra)
-    args = [a.replace(f"{{{name}}}", str(cfg)) for a in args for name in extra or [""]]
-    (tmp_path / "tr").mkdir()
-    proc = run_module(
-        "segtrain.train",
-        ["experiment=cpu_smoke", *args, f"hydra.run.dir={tmp_path / 'run'}"],
-        tmp_path,
-        tmp_path / "c",
-        check=False,
-        timeout=120,
-    )
-    one_line_error(proc, *names)
+@pytest.mark.parametrize(("case", "args", "names"), [(i, *c) for i, c in enumerate(CONFIG_MISTAKES)])
+def test_config_mistakes_are_one_line(config_mistakes: list[Result], case: int, args: list[str], names: list[str]):
+    one_line_error(config_mistakes[case], *names)
 
 
 @pytest.mark.slow

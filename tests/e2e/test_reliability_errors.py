@@ -12,8 +12,9 @@ import time
 import pytest
 import torch
 
+from tests.helpers.cases import Case, run_cases
 from tests.helpers.fault_runs import SMOKE, load
-from tests.helpers.proc_utils import child_env, run_module
+from tests.helpers.proc_utils import run_module
 
 pytestmark = pytest.mark.slow
 
@@ -30,37 +31,38 @@ def finished(smoke_run):
     return smoke_run.last
 
 
-@pytest.mark.parametrize(
-    ("extra", "says"),
-    [
-        (["model.width=16"], "another model than the checkpoint's (model.width: 8 in the checkpoint, 16 now)"),
-        (["optim=sgd"], "trained with optim.name=adamw, this run uses optim.name=sgd"),
-        (["freeze=backbone"], "trained with freeze=None, this run has freeze='backbone'"),
-    ],
-)
-def test_resume_errors_say_what_differs(base, finished, extra, says, tmp_path):
-    proc = run_module(
-        "segtrain.train",
-        [*SMOKE, *extra, f"resume={finished}", f"hydra.run.dir={tmp_path / 'r'}"],
-        tmp_path,
-        base / "cache",
-        check=False,
-    )
-    assert proc.returncode == 2 and says in proc.stderr and "segtrain.finetune ckpt=" in proc.stderr
+RESUME_ERRORS = [
+    (["model.width=16"], "another model than the checkpoint's (model.width: 8 in the checkpoint, 16 now)"),
+    (["optim=sgd"], "trained with optim.name=adamw, this run uses optim.name=sgd"),
+    (["freeze=backbone"], "trained with freeze=None, this run has freeze='backbone'"),
+]
+
+
+@pytest.fixture(scope="module")
+def refused(base, finished):
+    """Every refused resume below, run by segtrain.train's real main in one fresh process (tests/helpers/cases.py):
+    the three changed settings, then model weights only, then a directory. A real command line resumes in
+    test_resuming_a_finished_run_warns_that_nothing_is_left."""
+    weights = base / "weights.pt"
+    torch.save(load(finished)["model"], weights)
+    targets = [[f"resume={finished}", *extra] for extra, _ in RESUME_ERRORS]
+    targets += [[f"resume={weights}"], [f"resume={finished.parent.parent}"]]
+    cases = [
+        Case("segtrain.train", [*SMOKE, *t, f"hydra.run.dir={base / f'refused{i}'}"], str(base), {})
+        for i, t in enumerate(targets)
+    ]
+    return run_cases(cases, base / "cache")
+
+
+@pytest.mark.parametrize(("case", "extra", "says"), [(i, *c) for i, c in enumerate(RESUME_ERRORS)])
+def test_resume_errors_say_what_differs(refused, case, extra, says):
+    proc = refused[case]
+    assert proc.returncode == 2 and says in proc.stderr and "segtrain.finetune ckpt=" in proc.stderr, extra
     assert "Traceback" not in proc.stderr
 
 
-def test_resume_from_weights_or_a_directory(base, finished, tmp_path):
-    weights = tmp_path / "weights.pt"
-    torch.save(load(finished)["model"], weights)
-    for target, says in ((weights, "holds model weights only"), (finished.parent.parent, "is a directory")):
-        proc = run_module(
-            "segtrain.train",
-            [*SMOKE, f"resume={target}", f"hydra.run.dir={tmp_path / 'r'}"],
-            tmp_path,
-            base / "cache",
-            check=False,
-        )
+def test_resume_from_weights_or_a_directory(refused):
+    for proc, says in zip(refused[len(RESUME_ERRORS) :], ("holds model weights only", "is a directory")):
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr[-500:]
 
 
@@ -97,17 +99,19 @@ def test_user_errors_are_one_line_once_and_debug_shows_the_traceback(base, tmp_p
     assert "error: data not found" in proc.stderr and "dataset.val.annotations" in proc.stderr, proc.stderr
     two = run_module("segtrain.train", args, tmp_path, base / "cache", check=False, nproc=2)
     assert two.returncode != 0 and (two.stdout + two.stderr).count("error: data not found") == 1
-    env = {**child_env(base / "cache"), "SEGTRAIN_DEBUG": "1"}
-    debug = run_module("segtrain.train", args, tmp_path, base / "cache", check=False, env=env)
-    assert "Traceback" in debug.stderr and "error: data not found" in debug.stderr
-    for args, says in (
+    mistakes = (
         (["experiment=v100"], "experiment=v100: no such preset"),
         (["trainer.device=cuda"], "trainer.device=cuda but CUDA is not available"),
         (["experiment=cpu_smoke", "trainer.batch_size=32"], "fewer than the per-rank batch 32"),
-    ):
-        p = run_module(
-            "segtrain.train", [*args, f"hydra.run.dir={tmp_path / 'x'}"], tmp_path, base / "cache", check=False
-        )
+    )
+    # the debug run and the other mistakes: segtrain.train's real main, in one more fresh process
+    debug, *others = run_cases(
+        [Case("segtrain.train", args, str(tmp_path), {"SEGTRAIN_DEBUG": "1"})]
+        + [Case("segtrain.train", [*a, f"hydra.run.dir={tmp_path / 'x'}"], str(tmp_path), {}) for a, _ in mistakes],
+        base / "cache",
+    )
+    assert "Traceback" in debug.stderr and "error: data not found" in debug.stderr
+    for p, (_, says) in zip(others, mistakes, strict=True):
         assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr[-800:]
 
 
