@@ -144,15 +144,23 @@ def test_config_mistakes_are_one_line(config_mistakes: list[Result], case: int, 
 def test_hydra_flags_after_the_overrides_and_a_users_own_preset(tmp_path: Path):
     cfg = _user_configs(tmp_path / "mine")
     run = ["segtrain.train"]
-    shown = run_module(run[0], ["experiment=cpu_smoke", "trainer.epochs=2", "--cfg", "job"], tmp_path, tmp_path / "c")
-    assert "epochs: 2" in shown.stdout and "output_subdir" not in shown.stdout
-    helped = run_module(run[0], ["trainer.epochs=2", "--help"], tmp_path, tmp_path / "c")
-    assert "Powered by Hydra" in helped.stdout or "override" in helped.stdout.lower(), helped.stdout[-500:]
-    mine = run_module(run[0], ["--config-dir", str(cfg), "experiment=mine", "--cfg", "job"], tmp_path, tmp_path / "c")
-    assert "epochs: 7" in mine.stdout
-    searched = run_module(
-        run[0], [f"hydra.searchpath=[file://{cfg}]", "experiment=mine", "--cfg", "job"], tmp_path, tmp_path / "c"
+    # Hydra's flags after the overrides and the user's own preset: segtrain.train's real main, in one process
+    shown, helped, mine, searched = run_cases(
+        [
+            Case(run[0], argv, str(tmp_path), {})
+            for argv in (
+                ["experiment=cpu_smoke", "trainer.epochs=2", "--cfg", "job"],
+                ["trainer.epochs=2", "--help"],
+                ["--config-dir", str(cfg), "experiment=mine", "--cfg", "job"],
+                [f"hydra.searchpath=[file://{cfg}]", "experiment=mine", "--cfg", "job"],
+            )
+        ],
+        tmp_path / "c",
     )
+    assert [r.returncode for r in (shown, helped, mine, searched)] == [0, 0, 0, 0], (shown, helped, mine, searched)
+    assert "epochs: 2" in shown.stdout and "output_subdir" not in shown.stdout
+    assert "Powered by Hydra" in helped.stdout or "override" in helped.stdout.lower(), helped.stdout[-500:]
+    assert "epochs: 7" in mine.stdout
     assert "epochs: 7" in searched.stdout
     swept = run_module(
         run[0],

@@ -8,6 +8,8 @@ that checkpoints of other tools with ``_orig_mod.`` keys load, and compiled trai
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +28,43 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 NHWC = torch.channels_last
 #: Inductor compiles in the process itself: no pool of compile workers to start per rank on a 2-core machine
 ONE_COMPILE_THREAD = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+#: The network the compiled runs train (``model.name=compiled_net:build``, a user's network by import path): one
+#: convolution block and the three heads, every output the trainer, validation and the checkpoint see. Compiling
+#: the built-in tiny net costs each rank minutes of Inductor time on a CPU; what ``trainer.compile`` does with
+#: DDP, the EMA, accumulation and the checkpoint's keys does not depend on the network's depth.
+COMPILED_NET = """
+import torch
+from torch import nn
+
+from segtrain.models import SegmentationModel
+
+
+class OneBlock(SegmentationModel):
+    instance_aware = True
+
+    def __init__(self, num_classes: int, width: int = 8):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU())
+        self.semantic = nn.Conv2d(width, num_classes, 1)
+        self.center = nn.Conv2d(width, 1, 1)
+        self.offset = nn.Conv2d(width, 2, 1)
+
+    def predict(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        f = self.backbone(x)
+        return {"semantic": self.semantic(f), "center": self.center(f), "offset": self.offset(f)}
+
+
+def build(spec):
+    return OneBlock(spec.num_classes)
+"""
+
+
+def compiled_net_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a compiled run: COMPILED_NET importable, Inductor's cache in ``tmp_path``, one thread."""
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "compiled_net.py").write_text(COMPILED_NET)
+    path = os.pathsep.join([str(tmp_path / "net"), os.environ.get("PYTHONPATH", "")])
+    return child_env(tmp_path / "c", PYTHONPATH=path, **ONE_COMPILE_THREAD, **extra)
 
 
 # --------------------------------------------------------------------------- precision=auto
@@ -225,17 +264,17 @@ def test_compile_failure_at_the_first_step_ends_in_one_line(tmp_path):
     """A real run whose compiler is missing (Inductor's C++ compiler, CXX): one line, exit 2, no traceback."""
     proc = run_module(
         "segtrain.train",
-        ["experiment=cpu_smoke", "trainer.compile=true", f"hydra.run.dir={tmp_path / 'run'}"],
+        [
+            "experiment=cpu_smoke",
+            "model.name=compiled_net:build",
+            "trainer.compile=true",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
         tmp_path,
         tmp_path / "c",
         check=False,
         timeout=600,
-        env=child_env(
-            tmp_path / "c",
-            CXX=str(tmp_path / "no-such-compiler"),
-            TORCHINDUCTOR_CACHE_DIR=str(tmp_path),
-            **ONE_COMPILE_THREAD,
-        ),
+        env=compiled_net_env(tmp_path, CXX=str(tmp_path / "no-such-compiler"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path)),
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -246,13 +285,14 @@ def test_compile_failure_at_the_first_step_ends_in_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_compiled_training_under_two_process_torchrun(tmp_path):
-    """trainer.compile=true with DDP (compiled inside the DDP wrapper), EMA and 2 micro-batches on the tiny model:
+    """trainer.compile=true with DDP (compiled inside the DDP wrapper), EMA and 2 micro-batches on COMPILED_NET:
     trains, validates, and its checkpoint has no wrapper prefixes."""
     run = tmp_path / "run"
     proc = run_module(
         "segtrain.train",
         [
             "experiment=cpu_smoke",
+            "model.name=compiled_net:build",
             "trainer.compile=true",
             "trainer.max_steps=2",
             "trainer.ema.decay=0.9",
@@ -263,7 +303,7 @@ def test_compiled_training_under_two_process_torchrun(tmp_path):
         tmp_path / "c",
         nproc=2,
         timeout=900,
-        env=child_env(tmp_path / "c", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), **ONE_COMPILE_THREAD),
+        env=compiled_net_env(tmp_path, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")),
     )
     assert "find_unused_parameters" not in proc.stderr  # every trained parameter gets a gradient
     ck = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
