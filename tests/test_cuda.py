@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from proc_utils import child_env, run_module
 
 from segtrain.config import compose
 from segtrain.data.dataset import PolygonDataset, collate
@@ -38,12 +37,13 @@ from segtrain.data.targets.device_targets import BatchTargets, make_targets_torc
 from segtrain.data.transforms.augmentations import build_pipeline
 from segtrain.data.transforms.device_augment import DeviceAugment
 from segtrain.device import to_device
+from tests.helpers.proc_utils import child_env, run_module
 
 pytestmark = pytest.mark.cuda
 
 KEYS = ("semantic", "center", "offset", "semantic_weight", "center_weight", "offset_weight")
 CLASSES = ["background", "person", "date", "fig", "hazelnut"]
-# Deterministic settings under which 1 and 2 processes must train alike (as tests/test_distributed.py, on CUDA)
+# Deterministic settings under which 1 and 2 processes must train alike (as tests/e2e/test_distributed.py, on CUDA)
 EXACT = [
     "experiment=cpu_smoke",
     "trainer.device=cuda",
@@ -188,8 +188,9 @@ def test_device_augmentation_on_cuda_matches_its_cpu_run(test_data):
 
 # ------------------------------------------------------------------------------------------ fp16
 def test_fp16_overflow_steps_skip_the_ema_on_cuda():
-    """Real fp16 autocast and a CUDA GradScaler; gradients forced to inf on steps 1 and 3 (tests/overflow_steps.py)."""
-    from overflow_steps import assert_overflow_steps_skip_the_ema
+    """Real fp16 autocast and a CUDA GradScaler; gradients forced to inf on steps 1 and 3
+    (tests/helpers/overflow_steps.py)."""
+    from tests.helpers.overflow_steps import assert_overflow_steps_skip_the_ema
 
     assert_overflow_steps_skip_the_ema("cuda", "fp16")
 
@@ -273,7 +274,7 @@ def test_one_process_torchrun_on_cuda(tmp_path):
 
 
 def test_two_nccl_processes_train_like_one(tmp_path):
-    """As tests/test_distributed.py with gloo: 2 processes on 2 GPUs over NCCL (SyncBN, global loss
+    """As tests/e2e/test_distributed.py with gloo: 2 processes on 2 GPUs over NCCL (SyncBN, global loss
     normalisation) end where 1 process on 1 GPU ends, within float noise."""
     if torch.cuda.device_count() < 2:  # here, not skipif: without CUDA the reason stays "CUDA not available"
         pytest.skip(f"needs 2 GPUs, {torch.cuda.device_count()} visible")

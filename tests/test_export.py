@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from proc_utils import REPO, child_env, run_module
 
 from segtrain.checkpoint.io import exported_model_kind, read_checkpoint
 from segtrain.config import ConfigError, compose, to_container
@@ -29,6 +28,7 @@ from segtrain.tools.export import (
     export_model,
     verify_export,
 )
+from tests.helpers.proc_utils import REPO, child_env, run_module
 
 SMOKE = ["experiment=cpu_smoke"]
 TOLERANCE = 1e-4  # max |exported - PyTorch| on the cpu_smoke model's outputs (each of magnitude ~1)

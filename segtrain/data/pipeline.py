@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from segtrain.config import Config
     from segtrain.data.mappers import CpuMapper, DeviceMapper, Reader, StageTimer
 
-#: Built-in models whose loss reads the semantic output only (``instance_aware = False``; tests/test_models.py
+#: Built-in models whose loss reads the semantic output only (``instance_aware = False``; tests/models/test_models.py
 #: keeps the two equal): their pipelines build semantic targets only. A user's own semantic-only model still
 #: gets every target (correct, only slower).
 SEMANTIC_ONLY_MODELS = frozenset({"deeplabv3", "fcn", "lraspp"})

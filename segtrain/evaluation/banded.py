@@ -8,7 +8,7 @@ what the outputs are made of: the class map (uint8), one uint16 map of segment i
 (instance, class) pairs) and, while it is written, one uint8 picture.
 
 Every result equals the one-shot path bit for bit (``to_native`` + ``panoptic_segmentation`` +
-``panoptic_from_prediction`` + ``instance_scores`` + the overlays), which ``tests/test_banded.py`` checks on
+``panoptic_from_prediction`` + ``instance_scores`` + the overlays), which ``tests/evaluation/test_banded.py`` checks on
 CPU (the same reasoning holds on CUDA, where it is not tested):
 
 - resampling (``grid_sample``), argmax and softmax compute each pixel on its own; bands are a multiple of 64

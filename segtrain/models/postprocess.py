@@ -43,7 +43,7 @@ Why it is fast and lean (the reference takes seconds and ~12 bytes x K x H x W o
 On the CPU (with numba) the same steps run as three compiled passes over the pixels
 (``postprocess_kernels.py``: peaks, vote + counts, paint), with the same tile bounds; a pixel whose two
 nearest centres are within a relative 1e-5, or whose target is not finite or huge, is left to the
-reference expression above, so the output is the same bit for bit (tests/test_postprocess_kernels.py).
+reference expression above, so the output is the same bit for bit (tests/models/test_postprocess_kernels.py).
 ``scripts/bench_postprocess.py`` prints each stage's time and share.
 
 Everything stays on the input's device (CPU or CUDA); only a few scalars and per-centre/per-tile tables
