@@ -100,6 +100,7 @@ def main() -> None:
         load_s = time.perf_counter() - start
 
         rec = records[0]
+        assert rec.panoptic_png is not None  # COCO panoptic records name their PNG
         rng = np.random.default_rng(1)
         _png(rec.panoptic_png, data["annotations"][0]["segments_info"], size, rng)
         photo = cv2.GaussianBlur(rng.integers(0, 256, (*size, 3), dtype=np.uint8), (0, 0), 3)

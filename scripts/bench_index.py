@@ -11,8 +11,9 @@ COCO-like vertex counts, ~450 MB) into a temporary folder, then prints ONE JSON 
   ``summary`` the time ratios build / json.load (wall and CPU) and (build peak - json.load peak)
   / json.load peak, with peaks measured above each process's RSS after its imports (VmHWM) and
   also absolute;
-* ``first_start``: ``load_coco`` with an empty cache (build + write + map);
-* ``second_start``: ``load_coco`` with the cache filled (fresh subprocess);
+* ``first_start``: ``load_coco`` with an empty cache (read, content hash, build, write, map), ``--repeat`` runs
+  interleaved with the others, best reported, with ``parts_seconds`` of that run;
+* ``second_start``: ``load_coco`` with that cache filled (fresh subprocess; hash the file, map the cache);
 * ``workers``: a DataLoader (``--workers`` forked workers, batch 8) over a data set whose
   ``__getitem__`` builds the record and touches every array of it (no image decoding), one full
   epoch; per worker the growth of USS, PSS and private-dirty memory from its first batch to the
@@ -23,8 +24,8 @@ COCO-like vertex counts, ~450 MB) into a temporary folder, then prints ONE JSON 
 Goals: worker growth <= 10 MB per worker; build <= 1.2x json.load; build peak <= json.load peak + 20%;
 and (printed as ``goal`` / ``goal_met``) the first start, content hash included, <= 0.5x json.load and the
 second start <= 0.2 s at a quarter of COCO train2017. ``first_start_parts_seconds`` says where a start's
-time goes: read, hash (on its own thread, beside the parse; ``hash_wait``: what the start waited for it),
-scan, parse, columns, write_map.
+time goes: read, hash, jit_load (numba and the compiled passes), structure, parse_text (the compiled passes
+over the annotations), parse (orjson), columns, write_map.
 
     python scripts/bench_index.py                                  # COCO train2017 scale (~5 GB RAM)
     python scripts/bench_index.py --images 5000 --polygons 36000   # small, quick
@@ -36,11 +37,13 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -179,9 +182,10 @@ def generate(path: Path, images: int = 118_287, polygons: int = 860_000, seed: i
             mv = memoryview(text.tobytes())
             areas = (rng.random(len(sel)) * 5e6).astype(np.int64)
             bb = (rng.random((len(sel), 4)) * 60000).astype(np.int64)
-            out = []
+            out: list[bytes | memoryview] = []
             q = 0
             for t, a in enumerate(sel.tolist()):
+                seg: bytes | memoryview
                 if is_crowd[a]:
                     j = int(ann_img[a])
                     counts = ",".join(map(str, _crowd_counts(rng, int(hs[j]), int(ws[j]))))
@@ -246,49 +250,62 @@ def _measure_json(path: str) -> dict:
     return {"seconds": seconds, "cpu_seconds": cpu, "peak_bytes": _peak(), "peak_over_start_bytes": _peak() - start}
 
 
+CPU_PARTS: dict[str, float] = {}  # the same parts' CPU seconds (this thread's)
+
+
 def _time_parts() -> dict[str, float]:
     """Wrap the functions that do each part of a start, so their seconds add up in the returned dict:
-    ``read`` (the file's bytes), ``hash`` (BLAKE2b of them, on its thread; ``hash_wait``: what the main
-    thread waited for it), ``stream_hash`` (hashing while streaming: a cache file of that name exists),
-    ``scan`` (the structural scan), ``parse`` (orjson), ``columns`` (the rest of the build: Python objects
-    to arrays), ``write_map`` (save and map the cache file)."""
+    ``read`` (the file's bytes), ``hash`` (the content hash of those bytes), ``stream_hash`` (a second start:
+    the file hashed as it streams past), ``jit_load`` (importing numba and the compiled passes, big files),
+    ``structure`` (the bracket scan), ``parse_text`` (the compiled passes that read annotations and polygons
+    from the text), ``parse`` (orjson: images, categories, the chunks left to it), ``columns`` (the rest of
+    the build: checks and arrays), ``write_map`` (save and map the cache file, checksums included)."""
     import segtrain.data.formats.coco as coco
     import segtrain.data.formats.index_cache as cache
+    import segtrain.data.formats.polygon_text as polygon_text
     from segtrain.data.formats.index import RecordIndex
 
     parts: dict[str, float] = {}
+    depth = [0]  # nested timed calls count in the outer part's CPU time only
 
-    def timed(owner, attr, part, static=False):
-        real = getattr(owner, attr)
-
-        def wrapper(*a, **k):
-            t = time.perf_counter()
+    def wrap(real: Any, part: str) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t, c = time.perf_counter(), time.thread_time()
+            depth[0] += 1
             try:
                 return real(*a, **k)
             finally:
+                depth[0] -= 1
                 parts[part] = parts.get(part, 0.0) + time.perf_counter() - t
+                CPU_PARTS[part] = CPU_PARTS.get(part, 0.0) + time.thread_time() - c
 
-        setattr(owner, attr, staticmethod(wrapper) if static else wrapper)
+        return wrapper
 
+    def timed(owner: Any, attr: str, part: str) -> None:
+        setattr(owner, attr, wrap(getattr(owner, attr), part))
+
+    real_kernels = coco._kernels
+    timed_kernels = wrap(real_kernels, "jit_load")
+
+    def kernels() -> Any:
+        fresh = "jit_load" not in parts
+        mod = timed_kernels()
+        if fresh and mod is not None:
+            timed(mod, "scan_annotations", "parse_text")
+            timed(mod, "brackets", "structure_compiled")
+        return mod
+
+    coco._kernels = kernels  # type: ignore[assignment]
     timed(coco, "read_annotation_file", "read")
-    timed(cache._Hashing, "_run", "hash")
-    timed(cache._Hashing, "hexdigest", "hash_wait")
+    timed(cache, "bytes_hash", "hash")
     timed(cache, "file_fingerprint", "stream_hash")
-    timed(coco, "Structure", "scan")
-    timed(coco, "_loads_chunk", "parse")
-    timed(coco, "parse_json", "parse")
+    timed(coco, "Structure", "structure")
+    timed(coco, "parse_json", "parse")  # what _loads_chunk and the whole-file parse call
+    timed(polygon_text, "extract_polygons", "parse_text")
     timed(coco, "build_coco", "build")
     timed(RecordIndex, "save", "write_map")
-    real_load = RecordIndex.load.__func__
-
-    def load(cls, *a, **k):
-        t = time.perf_counter()
-        try:
-            return real_load(cls, *a, **k)
-        finally:
-            parts["write_map"] = parts.get("write_map", 0.0) + time.perf_counter() - t
-
-    RecordIndex.load = classmethod(load)  # type: ignore[method-assign,assignment]
+    real_load: Any = RecordIndex.load
+    RecordIndex.load = classmethod(wrap(real_load.__func__, "write_map"))  # type: ignore[method-assign,assignment]
     return parts
 
 
@@ -301,11 +318,15 @@ def _measure_build(path: str, cache: str | None) -> dict:
     t = time.perf_counter()
     index, report = load_coco(path, Path(path).parent / "images", cm, check_files=False, cache_dir=cache)
     seconds, cpu = time.perf_counter() - t, _cpu() - cpu
-    if "build" in parts:
-        parts["columns"] = parts.pop("build") - parts.get("scan", 0.0) - parts.get("parse", 0.0)  # read: outside
-    parts["other"] = seconds - sum(v for k, v in parts.items() if k != "hash")  # the hash runs beside the rest
-    out = {"seconds": seconds, "cpu_seconds": cpu, "peak_bytes": _peak(), "peak_over_start_bytes": _peak() - start}
-    out["parts_seconds"] = {k: round(v, 4) for k, v in parts.items()}
+    out: dict[str, Any] = {"seconds": seconds, "cpu_seconds": cpu, "peak_bytes": _peak()}
+    out["peak_over_start_bytes"] = _peak() - start
+    for name, got, total in (("parts_seconds", parts, seconds), ("parts_cpu_seconds", CPU_PARTS, cpu)):
+        got.pop("structure_compiled", None)  # inside "structure"
+        if "build" in got:  # read and hash: outside the build
+            inside = ("jit_load", "structure", "parse_text", "parse")
+            got["columns"] = got.pop("build") - sum(got.get(k, 0.0) for k in inside)
+        got["other"] = total - sum(got.values())
+        out[name] = {k: round(v, 4) for k, v in got.items()}
     out.update(images=len(index), file=index.file, skipped=report.num_skipped_annotations + report.num_skipped_images)
     return out
 
@@ -319,6 +340,7 @@ def _measure_legacy(path: str, rev: str) -> dict:
     mod_path = Path(path).parent / "legacy_annotations.py"
     mod_path.write_bytes(src)
     spec = importlib.util.spec_from_file_location("legacy_annotations", mod_path)
+    assert spec is not None and spec.loader is not None  # a .py path always has a source loader
     legacy = importlib.util.module_from_spec(spec)
     sys.modules["legacy_annotations"] = legacy
     spec.loader.exec_module(legacy)
@@ -456,21 +478,28 @@ def main() -> None:
         info = generate(path, args.images, args.polygons, args.seed)
         info["generate_seconds"] = time.perf_counter() - t
         res: dict = {"data": info}
-        runs: dict[str, list[dict]] = {"json_load": [], "build": []}
-        for _ in range(args.repeat):  # interleaved, so load from other processes hits both alike
+        _sub("--_measure", "build", "--_file", str(path))  # untimed: compiles numba's passes once after install
+        runs: dict[str, list[dict]] = {"json_load": [], "build": [], "first_start": [], "second_start": []}
+        for k in range(args.repeat):  # interleaved, so load from other processes hits all alike
             runs["json_load"].append(_sub("--_measure", "json", "--_file", str(path)))
             runs["build"].append(_sub("--_measure", "build", "--_file", str(path)))
+            cache_k = str(Path(tmp) / f"cache{k}")  # an empty cache: the first start
+            runs["first_start"].append(_sub("--_measure", "build", "--_file", str(path), "--_cache", cache_k))
+            runs["second_start"].append(_sub("--_measure", "build", "--_file", str(path), "--_cache", cache_k))
+        shutil.copytree(cache_k, cache)  # what the worker measurements map
         for key, rs in runs.items():
+            best = min(rs, key=lambda r: r["seconds"])
             res[key] = {
-                "seconds": min(r["seconds"] for r in rs),
+                "seconds": best["seconds"],
                 "seconds_runs": [round(r["seconds"], 3) for r in rs],
                 "cpu_seconds": min(r["cpu_seconds"] for r in rs),
                 "cpu_seconds_runs": [round(r["cpu_seconds"], 3) for r in rs],
                 "peak_bytes": max(r["peak_bytes"] for r in rs),
                 "peak_over_start_bytes": max(r["peak_over_start_bytes"] for r in rs),
             }
-        res["first_start"] = _sub("--_measure", "build", "--_file", str(path), "--_cache", cache)
-        res["second_start"] = _sub("--_measure", "build", "--_file", str(path), "--_cache", cache)
+            if "parts_seconds" in best:  # of the fastest run
+                res[key]["parts_seconds"] = best["parts_seconds"]
+                res[key]["parts_cpu_seconds"] = best["parts_cpu_seconds"]
         w = ["--workers", str(args.workers), "--batch", str(args.batch)]
         res["workers"] = {"workers": args.workers, "batch": args.batch}
         res["workers"]["index"] = _sub("--_measure", "index", "--_file", str(path), "--_cache", cache, *w)
@@ -492,6 +521,7 @@ def main() -> None:
             "build_peak_abs_over_json_load_peak_abs": (b["peak_bytes"] - jl["peak_bytes"]) / jl["peak_bytes"],
             "first_start_over_json_load_time": res["first_start"]["seconds"] / jl["seconds"],
             "first_start_parts_seconds": res["first_start"]["parts_seconds"],
+            "first_start_parts_cpu_seconds": res["first_start"]["parts_cpu_seconds"],
             "second_start_seconds": res["second_start"]["seconds"],
             "second_start_parts_seconds": res["second_start"]["parts_seconds"],
             "worker_growth_mb_max_uss": res["workers"]["index"]["max_uss_growth_mb"],
@@ -504,11 +534,20 @@ def main() -> None:
             },
         }
         first = res["first_start"]["seconds"] / jl["seconds"]
+        first_cpu = res["first_start"]["cpu_seconds"] / jl["cpu_seconds"]
+        second = res["second_start"]["seconds"]
+        res["summary"]["first_start_over_json_load_cpu_time"] = first_cpu
         res["goal"] = (
-            f"first start (read, content hash, build, write, map) <= {FIRST_START_GOAL}x json.load; second start "
-            f"<= {SECOND_START_GOAL} s (at 1/4 of COCO train2017: --images 29572 --polygons 215000)"
+            f"first start (read, content hash, build, write, map) <= {FIRST_START_GOAL}x json.load (wall; best of "
+            f"--repeat runs of each); second start <= {SECOND_START_GOAL} s (at 1/4 of COCO train2017: --images "
+            "29572 --polygons 215000)"
         )
-        res["goal_met"] = first <= FIRST_START_GOAL and res["second_start"]["seconds"] <= SECOND_START_GOAL
+        res["goal_met"] = {
+            "first_start": first <= FIRST_START_GOAL,
+            "first_start_cpu": first_cpu <= FIRST_START_GOAL,
+            "second_start": second <= SECOND_START_GOAL,
+            "all": first <= FIRST_START_GOAL and second <= SECOND_START_GOAL,
+        }
         if "list_baseline" in res["workers"]:
             res["summary"]["baseline_worker_growth_mb_max_uss"] = res["workers"]["list_baseline"]["max_uss_growth_mb"]
     print(json.dumps(res, indent=1))

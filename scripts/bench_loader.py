@@ -13,6 +13,12 @@ wall time and its thread CPU time are recorded; ``*_over_decode`` compares sums 
 images measured at the same moments. ``cpu`` (time this thread ran, page faults included) is the
 cost per core; ``wall`` adds whatever the neighbours cost us. Per-round ratios show the spread.
 
+``stage_ms`` splits each row's item by stage (CPU time of the worker thread). The CPU training path rows
+(``*_targets_in_worker``) add ``worker_profile``: the item as a loader worker runs it (a batch of items
+built and held, then collated in the worker), CPU ms and share per stage (read, decode, rasterise, augment,
+targets, to_tensor, collate); ``cpu_training_path_full_over_decode`` prints the 1024x2048 split beside the
+goal, whether it is met and by how much it is missed (``over_goal``).
+
 ``jpeg_sensitivity``: the same synthetic scenes re-encoded at several JPEG qualities, plus smooth
 scenes (no background noise): decoding cost follows the compressed size, the rest does not, so the
 ratio grows as images compress better (CPU augmentation and the device worker part both shown).
@@ -62,7 +68,7 @@ from segtrain.data.images.image_io import decode_image, read_encoded  # noqa: E4
 from segtrain.data.loaders import keep_freed_memory  # noqa: E402
 from segtrain.data.mappers import StageTimer  # noqa: E402
 from segtrain.data.pipeline import plan_pipeline  # noqa: E402
-from segtrain.data.records import ClassMap  # noqa: E402
+from segtrain.data.records import ClassMap, ImageRecord  # noqa: E402
 
 FULL_GOAL = 1.8
 DEVICE_GOAL = 1.3
@@ -70,10 +76,10 @@ DECODE_GOAL = 0.3  # issue 20: with dataset.decode=device the worker costs under
 REAL_CLASSES = ["background", "person", "date", "fig", "hazelnut"]
 
 
-def real_records() -> list:
+def real_records() -> list[ImageRecord]:
     """COCO and LabelMe samples with images (../shared/data when present, else tests/data)."""
     shared = REPO.parent / "shared" / "data"
-    out = []
+    out: list[ImageRecord] = []
     for root in (shared, REPO / "tests" / "data"):
         coco = root / "mmpose_coco_person" / "test_coco.json"
         if coco.is_file():
@@ -112,14 +118,23 @@ def make_dataset(
     if semantic_only:  # a semantic-only model: semantic targets only (no centres, offsets, their weights)
         over.append("model=lraspp")
     plan = plan_pipeline(compose(over), "cuda")
-    return PolygonDataset(records, plan.mapper(timer=StageTimer()), classes=classes)
+    # CPU time per stage: the split stays meaningful when neighbours slow the wall clock down
+    return PolygonDataset(records, plan.mapper(timer=StageTimer(time.thread_time)), classes=classes)
+
+
+def stage_timer(ds: PolygonDataset) -> StageTimer:
+    """The stage timer that :func:`make_dataset` gave the data set's mapper."""
+    timer = ds.mapper.timer
+    assert timer is not None, "build the data set with make_dataset (a mapper with a StageTimer)"
+    return timer
 
 
 def _timed(fn: Callable[..., object], *args: object) -> tuple[float, float]:
-    """(wall, thread CPU) seconds of ``fn(*args)``."""
+    """(thread CPU, wall) seconds of ``fn(*args)``, in the order of the ``cpu`` and ``wall`` columns (the
+    figures before this order was fixed carried the wall ratio under ``cpu`` and the CPU one under ``wall``)."""
     c0, t0 = time.thread_time(), time.perf_counter()
     fn(*args)
-    return time.perf_counter() - t0, time.thread_time() - c0
+    return time.thread_time() - c0, time.perf_counter() - t0
 
 
 def bench(ds: PolygonDataset, input_size: tuple[int, int], rounds: int) -> dict:
@@ -134,8 +149,9 @@ def bench(ds: PolygonDataset, input_size: tuple[int, int], rounds: int) -> dict:
         for i in range(n):
             decode(i)
             ds[(10_000 + epoch, i)]
-    ds.mapper.timer.reset()
-    dec = np.zeros((rounds, n, 2))  # (wall, cpu)
+    timer = stage_timer(ds)
+    timer.reset()
+    dec = np.zeros((rounds, n, 2))  # (cpu, wall), as _timed returns them
     full = np.zeros((rounds, n, 2))
     for r in range(rounds):
         for i in range(n):
@@ -148,7 +164,7 @@ def bench(ds: PolygonDataset, input_size: tuple[int, int], rounds: int) -> dict:
                 dec[r, i] = _timed(decode, i)
     d, f = dec.sum(axis=(0, 1)), full.sum(axis=(0, 1))
     per_round = full.sum(axis=1) / dec.sum(axis=1)  # (rounds, 2)
-    stages = {k: round(v, 3) for k, v in ds.mapper.timer.ms_per_item().items()}
+    stages = {k: round(v, 3) for k, v in timer.ms_per_item().items()}
     out = {
         "images": n,
         "image_size": [int(ds.records[0].height), int(ds.records[0].width)],
@@ -168,8 +184,37 @@ def bench(ds: PolygonDataset, input_size: tuple[int, int], rounds: int) -> dict:
         "decode": round(rounds * n / d[0], 1),
         "full": round(rounds * n / f[0], 1),
     }
-    out["stage_ms"] = stages  # wall, from the mapper's timer
+    out["stage_ms"] = stages  # CPU time of this thread, from the mapper's timer
     return out
+
+
+def worker_profile(ds: PolygonDataset, rounds: int, batch: int = 4) -> dict:
+    """One loader worker's item by stage, CPU ms per item, as a worker runs it: ``batch`` items built and
+    held, then collated (``collate`` is the worker's too: the DataLoader collates in the worker). Held items
+    keep their outputs alive, so the stages write into fresh memory as they do in a worker; ``bench`` drops
+    each item at once and measures the ratio."""
+    from segtrain.data.dataset import collate
+
+    n = len(ds)
+    timer = stage_timer(ds)
+    timer.reset()
+    col = 0.0
+    for r in range(rounds):
+        for s in range(0, n, batch):
+            items = [ds[(100 + r, i)] for i in range(s, min(s + batch, n))]
+            c0 = time.thread_time()
+            collate(items)
+            col += time.thread_time() - c0
+    stages = dict(timer.ms_per_item())
+    stages["collate"] = 1000.0 * col / max(timer.items, 1)
+    total = sum(stages.values())
+    return {
+        "batch": batch,
+        "cpu_ms_per_item": {k: round(v, 3) for k, v in stages.items()},
+        "share": {k: round(v / total, 3) for k, v in stages.items()},
+        "total_ms": round(total, 3),
+        "over_decode_with_collate": round((total - stages.get("read", 0.0)) / stages["decode"], 3),
+    }
 
 
 def device_side(ds: PolygonDataset, batch: int = 8, repeats: int = 3, where: str = "cuda") -> dict:
@@ -208,7 +253,9 @@ def synthetic_records(tmp: str, count: int, quality: int | None = None, smooth: 
     out_dir = Path(tmp) / f"q{quality}{'s' if smooth else ''}"
     out_dir.mkdir(exist_ok=True)
     for rec in recs:
+        assert rec.path is not None  # the synthetic set's records name their JPEG files
         img = cv2.imread(str(rec.path), cv2.IMREAD_COLOR)
+        assert img is not None, rec.path
         if smooth:
             img = cv2.GaussianBlur(img, (0, 0), 3)
         path = out_dir / Path(rec.path).name
@@ -260,9 +307,9 @@ def main() -> None:
     results["real_samples_device_worker"] = bench(
         make_dataset(recs, REAL_CLASSES, (512, 512), device=True), (512, 512), rounds
     )
-    results["real_samples_targets_in_worker"] = bench(
-        make_dataset(recs, REAL_CLASSES, (512, 512), worker_targets=True), (512, 512), rounds
-    )
+    ds = make_dataset(recs, REAL_CLASSES, (512, 512), worker_targets=True)
+    results["real_samples_targets_in_worker"] = bench(ds, (512, 512), rounds)
+    results["real_samples_targets_in_worker"]["worker_profile"] = worker_profile(ds, rounds)
     results["real_samples_targets_in_worker_semantic_only"] = bench(
         make_dataset(recs, REAL_CLASSES, (512, 512), worker_targets=True, semantic_only=True), (512, 512), rounds
     )
@@ -277,9 +324,9 @@ def main() -> None:
         results["synthetic_1024x2048_device_worker"] = bench(
             make_dataset(syn, classes, (1024, 2048), device=True), (1024, 2048), rounds
         )
-        results["synthetic_1024x2048_targets_in_worker"] = bench(
-            make_dataset(syn, classes, (1024, 2048), worker_targets=True), (1024, 2048), rounds
-        )
+        ds = make_dataset(syn, classes, (1024, 2048), worker_targets=True)
+        results["synthetic_1024x2048_targets_in_worker"] = bench(ds, (1024, 2048), rounds)
+        results["synthetic_1024x2048_targets_in_worker"]["worker_profile"] = worker_profile(ds, rounds)
         results["synthetic_1024x2048_targets_in_worker_semantic_only"] = bench(
             make_dataset(syn, classes, (1024, 2048), worker_targets=True, semantic_only=True), (1024, 2048), rounds
         )
@@ -313,7 +360,11 @@ def main() -> None:
         for key in ("real_samples", "synthetic_1024x2048")
     }
     path["goal"] = f"cpu full_over_decode <= {FULL_GOAL} for the panoptic and the semantic-only rows"
-    path["goal_met"] = all(row[m]["cpu"] <= FULL_GOAL for row in list(path.values())[:2] for m in row)
+    worst = float(max(row[m]["cpu"] for row in list(path.values())[:2] for m in row))
+    path["goal_met"] = bool(worst <= FULL_GOAL)
+    path["worst_cpu"] = worst
+    path["over_goal"] = round(max(worst / FULL_GOAL - 1.0, 0.0), 3)  # how far above the goal, as a fraction
+    path["stage_split_1024x2048"] = results["synthetic_1024x2048_targets_in_worker"]["worker_profile"]
     results["cpu_training_path_full_over_decode"] = path
     print(json.dumps(results, indent=1))
 

@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -49,8 +50,10 @@ MODELS: dict[str, list[str]] = {
 INSTANCES = 5  # Mask2Former targets: masks per image (things and stuff)
 
 
-def batch(instance_aware: bool, masks: bool) -> dict[str, object]:
-    """Random targets of the shapes each model's loss takes (``masks``: Mask2Former's per-instance masks)."""
+def batch(instance_aware: bool, masks: bool) -> dict[str, Any]:
+    """Random targets of the shapes each model's loss takes (``masks``: Mask2Former's per-instance masks).
+
+    Values are tensors, or lists of tensors for Mask2Former, as the trainer's batches are."""
     g = torch.Generator().manual_seed(0)
     if masks:
         return {
@@ -58,7 +61,7 @@ def batch(instance_aware: bool, masks: bool) -> dict[str, object]:
             "mask_labels": [(torch.rand(INSTANCES, SIZE, SIZE, generator=g) > 0.5).to(torch.uint8)] * BATCH,
             "class_labels": [torch.randint(0, CLASSES, (INSTANCES,), generator=g)] * BATCH,
         }
-    b: dict[str, object] = {
+    b: dict[str, Any] = {
         "image": torch.rand(BATCH, 3, SIZE, SIZE, generator=g),
         "semantic": torch.randint(0, CLASSES, (BATCH, SIZE, SIZE), generator=g),
         "semantic_weight": torch.ones(BATCH, SIZE, SIZE),

@@ -151,12 +151,12 @@ def make_scene(height: int, width: int, instances: int, seed: int, noise: float)
     ys = torch.arange(height, dtype=torch.float64)[:, None].expand(height, width).flatten()
     xs = torch.arange(width, dtype=torch.float64)[None, :].expand(height, width).flatten()
     area = torch.bincount(flat, minlength=instances + 1).double()
-    cy = torch.bincount(flat, ys, minlength=instances + 1) / area.clamp(min=1)
-    cx = torch.bincount(flat, xs, minlength=instances + 1) / area.clamp(min=1)
+    mean_y = torch.bincount(flat, ys, minlength=instances + 1) / area.clamp(min=1)
+    mean_x = torch.bincount(flat, xs, minlength=instances + 1) / area.clamp(min=1)
     off = torch.randn(2, height, width, generator=g) * 30.0  # arbitrary votes off the instances
     noisy = torch.randn(2, height, width, generator=g) * noise
-    off[0][thing] = (cy[flat] - ys).float().reshape(height, width)[thing] + noisy[0][thing]
-    off[1][thing] = (cx[flat] - xs).float().reshape(height, width)[thing] + noisy[1][thing]
+    off[0][thing] = (mean_y[flat] - ys).float().reshape(height, width)[thing] + noisy[0][thing]
+    off[1][thing] = (mean_x[flat] - xs).float().reshape(height, width)[thing] + noisy[1][thing]
     flip = thing & (torch.rand(height, width, generator=g) < 0.02)  # label noise for majority voting
     sem[flip] = torch.randint(11, 19, (int(flip.sum()),), generator=g)
     heat = torch.rand(height, width, generator=g) * 0.05
@@ -165,7 +165,7 @@ def make_scene(height: int, width: int, instances: int, seed: int, noise: float)
     for k in range(1, instances + 1):
         if area[k] == 0:
             continue
-        py, px = round(float(cy[k])), round(float(cx[k]))
+        py, px = round(float(mean_y[k])), round(float(mean_x[k]))
         y0, y1, x0, x1 = max(0, py - 25), min(height, py + 26), max(0, px - 25), min(width, px + 26)
         gauss = torch.exp(-((yy[y0:y1] - py) ** 2 + (xx[:, x0:x1] - px) ** 2) / (2 * 8.0**2))
         heat[y0:y1, x0:x1] = torch.maximum(heat[y0:y1, x0:x1], gauss * (0.7 + 0.3 * float(torch.rand(1, generator=g))))

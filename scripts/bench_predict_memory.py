@@ -56,8 +56,8 @@ def main() -> None:
         torch.manual_seed(0)
         model = build_model(cfg.model)
         with torch.no_grad():  # centre peaks above threshold and thing pixels: every stage runs
-            model.heads.center[1].bias.fill_(0.5)
-            model.heads.semantic[1].bias.copy_(torch.tensor([0.0, 1.0, 1.0, 1.0]))
+            model.get_parameter("heads.center.1.bias").fill_(0.5)
+            model.get_parameter("heads.semantic.1.bias").copy_(torch.tensor([0.0, 1.0, 1.0, 1.0]))
         torch.save(model.state_dict(), d / "tiny.pt")
         n = a.size
         yy, xx = np.mgrid[0:n, 0:n]

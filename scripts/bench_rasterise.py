@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import cv2
@@ -79,10 +80,10 @@ def _classmap_for(labels: set[str]) -> ClassMap:
     return ClassMap(["background", *sorted(labels - {"__ignore__"})])
 
 
-def find_datasets(roots: list[Path], scratch: Path) -> list[tuple[str, list[ImageRecord]]]:
+def find_datasets(roots: list[Path], scratch: Path) -> list[tuple[str, Sequence[ImageRecord]]]:
     """(name, records) of every COCO instances JSON and LabelMe folder under the roots
     (empty placeholder images in ``scratch`` for annotation-only samples)."""
-    out = []
+    out: list[tuple[str, Sequence[ImageRecord]]] = []
     for root in roots:
         labelme_dirs = set()
         for js in sorted(root.rglob("*.json")):
@@ -166,6 +167,7 @@ def labelme_vs_coco(roots: list[Path]) -> dict:
             lm_recs, _ = load_labelme(root / lm_dir, cmap)
             lm_by_stem = {r.image_id: r for r in lm_recs}
             for crec in coco_recs:
+                assert crec.path is not None  # COCO records name their image file
                 lrec = lm_by_stem.get(Path(crec.path.name).stem)
                 if lrec is None:
                     continue
@@ -197,7 +199,7 @@ def _pycocotools_image(rec: ImageRecord, compose: bool) -> None:
             )
         else:
             m = mask_utils.decode(inst.rle)
-        if compose:
+        if out is not None:
             out[m > 0] = k
 
 

@@ -37,15 +37,13 @@ import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))  # tests/s3_server.py: moto on loopback and the delaying proxy
-
-from s3_server import S3Proxy, s3_client, start_moto_process  # noqa: E402
 
 from segtrain.config import compose  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
 from segtrain.data.formats.synthetic import ensure_synthetic  # noqa: E402
 from segtrain.data.loaders import build_loader  # noqa: E402
 from segtrain.distributed import DistInfo  # noqa: E402
+from tests.helpers.s3_server import S3Proxy, s3_client, start_moto_process  # noqa: E402  (moto on loopback, the delaying proxy)
 
 
 def process_tree_cpu_s() -> float:

@@ -29,7 +29,9 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import TypedDict  # noqa: E402
 
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
@@ -45,6 +47,18 @@ OUTPUT_KEYS = ("semantic", "center", "offset", "semantic_weight", "center_weight
 THING_CLASSES = (1, 2, 3, 4, 5, 6)
 STUFF_CLASSES = (7, 8)
 CROWD = 255
+
+
+class TargetOptions(TypedDict):
+    """The keyword arguments every implementation compared here takes."""
+
+    stuff_classes: Sequence[int]
+    ignore_label: int
+    valid: np.ndarray | None
+    small_instance_area: int
+    small_instance_weight: float
+
+
 SPEEDUP_GOAL = 40.0  # issue 20: make_targets at 1024x2048 with 20 instances vs the reference
 RATIO_GOAL = 2.0  # ... and at most this multiple of the time to write its outputs
 
@@ -73,7 +87,7 @@ def reference_targets(
     x_coord = np.cumsum(np.ones((h, w), np.float32), axis=1) - 1
     r = gaussian_radius(sigma)
     size = 2 * r + 1
-    x = np.arange(0, size, 1, float)
+    x = np.arange(0, size, 1, dtype=np.float64)
     y = x[:, np.newaxis]
     g = np.exp(-((x - r) ** 2 + (y - r) ** 2) / (2 * sigma**2))
     background = int(classes[0])
@@ -142,13 +156,15 @@ def random_instances(h: int, w: int, n: int, seed: int) -> tuple[np.ndarray, np.
             rad = radius * rng.uniform(0.5, 1.0, nv)
             pts = np.stack([cx + rad * np.cos(ang), cy + rad * 0.8 * np.sin(ang)], 1)
         else:
-            pts = cv2.ellipse2Poly(
-                (int(cx), int(cy)),
-                (int(radius), int(radius * rng.uniform(0.3, 1.0))),
-                int(rng.integers(0, 180)),
-                0,
-                360,
-                5,
+            pts = np.asarray(
+                cv2.ellipse2Poly(
+                    (int(cx), int(cy)),
+                    (int(radius), int(radius * rng.uniform(0.3, 1.0))),
+                    int(rng.integers(0, 180)),
+                    0,
+                    360,
+                    5,
+                )
             )
         cv2.fillPoly(mask, [np.round(pts).astype(np.int32)], k)
         classes.append(CROWD if rng.random() < 0.1 else int(rng.choice(THING_CLASSES)))
@@ -193,17 +209,18 @@ def interleaved(fns: dict, rounds: int) -> dict:
 
 
 def compare(ours: dict, ref: dict) -> dict:
-    out = {"identical": True, "max_abs_diff": {}}
+    max_abs_diff: dict[str, float | None] = {}
+    identical = True
     for key in OUTPUT_KEYS:
         a, b = ours[key], ref[key]
         if a.shape != b.shape:
-            out["max_abs_diff"][key] = None
-            out["identical"] = False
+            max_abs_diff[key] = None
+            identical = False
             continue
-        out["max_abs_diff"][key] = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+        max_abs_diff[key] = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
         same = a.dtype == b.dtype and a.flags.c_contiguous and np.array_equal(a, b)
-        out["identical"] &= bool(same)
-    return out
+        identical &= bool(same)
+    return {"identical": identical, "max_abs_diff": max_abs_diff}
 
 
 def write_bounds(outputs: dict) -> dict:
@@ -268,13 +285,13 @@ def time_case(case: dict, repeats: int, ref_repeats: int) -> dict:
 
 def make_case(h: int, w: int, n: int, use_valid: bool, seed: int) -> dict:
     mask, classes, valid = random_instances(h, w, n, seed)
-    kwargs = dict(
-        stuff_classes=STUFF_CLASSES,
-        ignore_label=255,
-        valid=valid if use_valid else None,
-        small_instance_area=max(16, h * w // 512),
-        small_instance_weight=3.0,
-    )
+    kwargs: TargetOptions = {
+        "stuff_classes": STUFF_CLASSES,
+        "ignore_label": 255,
+        "valid": valid if use_valid else None,
+        "small_instance_area": max(16, h * w // 512),
+        "small_instance_weight": 3.0,
+    }
     outputs = make_targets(mask, classes, 8.0, **kwargs)
     check = compare(outputs, reference_targets(mask, classes, 8.0, **kwargs))
     check["numpy_path_identical"] = compare(numpy_path(mask, classes, 8.0, **kwargs), outputs)["identical"]

@@ -380,7 +380,9 @@ def peer_loop(
     mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     data = [((b["image"].float() / 255 - mean) / std, b["semantic"].long()) for b in batches]
     groups = [{k: v for k, v in g.items() if k != "initial_lr"} for g in optimizer.param_groups]
-    peer_optimizer = type(optimizer)(groups)
+    # the concrete class (SGD, AdamW) takes the groups alone; the Optimizer base's signature also wants defaults
+    optimizer_class: Callable[..., torch.optim.Optimizer] = type(optimizer)
+    peer_optimizer = optimizer_class(groups)
     total = 10**9
     lr_scheduler = torch.optim.lr_scheduler.LambdaLR(peer_optimizer, lambda x: (1 - x / total) ** 0.9)
 

@@ -273,7 +273,7 @@ DATA_SCRIPT = (
 
 def cuda_test_files() -> list[str]:
     """Test files holding CUDA tests (a text search: collecting only these keeps pytest's start short)."""
-    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py") if "mark.cuda" in p.read_text())
+    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py") if "mark.cuda" in p.read_text())
 
 
 # ---------------------------------------------------------------------------------------------------- checks

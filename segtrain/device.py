@@ -14,7 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from segtrain.config import PRECISIONS  # noqa: F401 - the choices; auto resolves here
+from segtrain.config import (
+    PRECISIONS,  # noqa: F401 - the choices; auto resolves here
+    TrainerConfig,
+)
 from segtrain.placement import HOST_KEYS, WEIGHT_KEYS
 
 log = logging.getLogger(__name__)
@@ -97,11 +100,11 @@ def _to(value: Any, device: torch.device) -> Any:
     return value.to(device, non_blocking=True)
 
 
-def configure_determinism(trainer: Any) -> None:
+def configure_determinism(trainer_cfg: TrainerConfig) -> None:
     """Seed torch/NumPy and pick cuDNN's mode (``trainer.seed``, ``trainer.deterministic``)."""
-    torch.manual_seed(trainer.seed)
-    np.random.seed(trainer.seed % 2**32)
-    if trainer.deterministic:
+    torch.manual_seed(trainer_cfg.seed)
+    np.random.seed(trainer_cfg.seed % 2**32)
+    if trainer_cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True

@@ -96,7 +96,7 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         _report_crash(err)
 
 
-def where_to_write(err: BaseException, cfg: Any) -> str:
+def where_to_write(err: BaseException, cfg: DictConfig) -> str:
     """How to point the output that ``err`` (an OSError naming a path) could not write elsewhere."""
     try:
         return _where_to_write(err, cfg)
@@ -104,7 +104,7 @@ def where_to_write(err: BaseException, cfg: Any) -> str:
         return "Make it writable, or choose a writable place"
 
 
-def _where_to_write(err: BaseException, cfg: Any) -> str:
+def _where_to_write(err: BaseException, cfg: DictConfig) -> str:
     path = Path(os.fsdecode(getattr(err, "filename", "") or "")).expanduser().absolute()
     places = [
         (OmegaConf.select(cfg, "dataset.cache_dir"), "set SEGTRAIN_CACHE=DIR (or dataset.cache_dir=DIR)"),

@@ -9,9 +9,12 @@ Hydra take to start.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from segtrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from segtrain.config import Config
 
 WORKER = "worker"
 DEVICE = "device"
@@ -26,17 +29,17 @@ HOST_KEYS = ("jpeg", "jpeg_length", "orientation")
 WEIGHT_KEYS = ("semantic_weight", "center_weight", "offset_weight")
 
 
-def check(cfg: Any) -> None:
+def check(cfg: Config) -> None:
     """The placement options agree with each other (``config.validate``; no device needed, no torch)."""
     decide(cfg, None, train=True)
 
 
-def decide(cfg: Any, device_type: str | None, train: bool) -> tuple[str, str, str]:
+def decide(cfg: Config, device_type: str | None, train: bool) -> tuple[str, str, str]:
     """(decode, augment, targets), each ``worker`` or ``device``; raises ConfigError for combinations
     that cannot run."""
-    aug_device = str(cfg.augment.device)
-    where = str(cfg.dataset.targets.where)
-    decode = str(cfg.dataset.decode)
+    aug_device = cfg.augment.device
+    where = cfg.dataset.targets.where
+    decode = cfg.dataset.decode
     if where == "worker" and aug_device != "cpu":
         raise ConfigError(
             f"dataset.targets.where=worker needs augment.device=cpu: with augment.device={aug_device} the "

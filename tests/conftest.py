@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from proc_utils import REFERENCE_RUN_ARGS, SMOKE_RUN_ARGS
+
+from tests.helpers.proc_utils import REFERENCE_RUN_ARGS, SMOKE_RUN_ARGS
 
 TEST_DATA = Path(__file__).resolve().parent / "data"
 # Samples that may not be copied into the repository (GPL-3.0 / unclear provenance) live beside it.
@@ -81,10 +82,10 @@ def smoke_batches(smoke_cache):
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3 API (moto's server) on 127.0.0.1, with this process's environment pointing at it (dummy
-    credentials, ``AWS_ENDPOINT_URL``); tests/s3_server.py says more. Skipped without moto (the dev extra)."""
+    credentials, ``AWS_ENDPOINT_URL``); tests/helpers/s3_server.py says more. Skipped without moto (the dev extra)."""
     pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install -e '.[dev]')")
     pytest.importorskip("s3fs", reason="s3fs is not installed (pip install -e '.[storage]')")
-    from s3_server import start_moto
+    from tests.helpers.s3_server import start_moto
 
     server = start_moto()
     mp = pytest.MonkeyPatch()
@@ -100,7 +101,7 @@ def bucket(s3_server, request):
     """A fresh bucket on :func:`s3_server`, named after the test."""
     import re
 
-    from s3_server import s3_client
+    from tests.helpers.s3_server import s3_client
 
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") or "bucket"
     s3_client(s3_server.endpoint).create_bucket(Bucket=name)
@@ -170,7 +171,7 @@ def _once(root: Path, name: str, make: Callable[[Path], None]) -> Path:
 
 def _train(args: list[str]) -> Callable[[Path], None]:
     def make(folder: Path) -> None:
-        from proc_utils import run_module
+        from tests.helpers.proc_utils import run_module
 
         (folder / "cwd").mkdir()  # not the repository: the configs must come from the package
         proc = run_module(

@@ -20,11 +20,11 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from proc_utils import child_env, run_module
 
 from segtrain.config import compose
 from segtrain.data.dataset import PolygonDataset, collate
@@ -37,12 +37,13 @@ from segtrain.data.targets.device_targets import BatchTargets, make_targets_torc
 from segtrain.data.transforms.augmentations import build_pipeline
 from segtrain.data.transforms.device_augment import DeviceAugment
 from segtrain.device import to_device
+from tests.helpers.proc_utils import child_env, run_module
 
 pytestmark = pytest.mark.cuda
 
 KEYS = ("semantic", "center", "offset", "semantic_weight", "center_weight", "offset_weight")
 CLASSES = ["background", "person", "date", "fig", "hazelnut"]
-# Deterministic settings under which 1 and 2 processes must train alike (as tests/test_distributed.py, on CUDA)
+# Deterministic settings under which 1 and 2 processes must train alike (as tests/e2e/test_distributed.py, on CUDA)
 EXACT = [
     "experiment=cpu_smoke",
     "trainer.device=cuda",
@@ -117,7 +118,7 @@ def _check_make_targets_torch_bit_for_bit(device: str) -> None:
         table[b, : len(c)] = c
     valid = rng.random(masks.shape) > 0.02
     valid[0, 400:] = False
-    kw = {"stuff_classes": (3,), "small_instance_area": 300, "small_instance_weight": 2.0}
+    kw: dict[str, Any] = {"stuff_classes": (3,), "small_instance_area": 300, "small_instance_weight": 2.0}
     got = make_targets_torch(
         torch.from_numpy(masks).to(device),
         torch.from_numpy(table).to(device),
@@ -187,8 +188,9 @@ def test_device_augmentation_on_cuda_matches_its_cpu_run(test_data):
 
 # ------------------------------------------------------------------------------------------ fp16
 def test_fp16_overflow_steps_skip_the_ema_on_cuda():
-    """Real fp16 autocast and a CUDA GradScaler; gradients forced to inf on steps 1 and 3 (tests/overflow_steps.py)."""
-    from overflow_steps import assert_overflow_steps_skip_the_ema
+    """Real fp16 autocast and a CUDA GradScaler; gradients forced to inf on steps 1 and 3
+    (tests/helpers/overflow_steps.py)."""
+    from tests.helpers.overflow_steps import assert_overflow_steps_skip_the_ema
 
     assert_overflow_steps_skip_the_ema("cuda", "fp16")
 
@@ -272,7 +274,7 @@ def test_one_process_torchrun_on_cuda(tmp_path):
 
 
 def test_two_nccl_processes_train_like_one(tmp_path):
-    """As tests/test_distributed.py with gloo: 2 processes on 2 GPUs over NCCL (SyncBN, global loss
+    """As tests/e2e/test_distributed.py with gloo: 2 processes on 2 GPUs over NCCL (SyncBN, global loss
     normalisation) end where 1 process on 1 GPU ends, within float noise."""
     if torch.cuda.device_count() < 2:  # here, not skipif: without CUDA the reason stays "CUDA not available"
         pytest.skip(f"needs 2 GPUs, {torch.cuda.device_count()} visible")

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from proc_utils import REPO, child_env, run_module
 
 from segtrain.checkpoint.io import exported_model_kind, read_checkpoint
 from segtrain.config import ConfigError, compose, to_container
@@ -29,6 +28,7 @@ from segtrain.tools.export import (
     export_model,
     verify_export,
 )
+from tests.helpers.proc_utils import REPO, child_env, run_module
 
 SMOKE = ["experiment=cpu_smoke"]
 TOLERANCE = 1e-4  # max |exported - PyTorch| on the cpu_smoke model's outputs (each of magnitude ~1)
@@ -39,6 +39,7 @@ def _randomise(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     g = torch.Generator().manual_seed(seed)
     for m in model.modules():
         if isinstance(m, torch.nn.BatchNorm2d):
+            assert m.running_mean is not None and m.running_var is not None  # track_running_stats: the default
             m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=g))
             m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=g))
     return model
@@ -251,7 +252,9 @@ def test_static_onnx_shape(tmp_path):
     session = ort.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
     assert session.get_inputs()[0].shape == [1, 3, 64, 48]
     x = torch.rand(1, 3, 64, 48)
-    assert max(verify_export(result.path, "onnx", model, [x]).values()) <= TOLERANCE
+    diffs = verify_export(result.path, "onnx", model, [x])
+    assert diffs is not None
+    assert max(diffs.values()) <= TOLERANCE
 
 
 def test_failed_export_leaves_no_file(tmp_path, monkeypatch):

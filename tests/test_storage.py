@@ -52,7 +52,8 @@ def test_missing_key_and_missing_bucket_are_one_line_naming_the_url(bucket):
 
 def test_a_denied_bucket_is_one_line_naming_the_url(s3_server, bucket, monkeypatch):
     import s3fs
-    from s3_server import S3Proxy
+
+    from tests.helpers.s3_server import S3Proxy
 
     proxy = S3Proxy(s3_server.endpoint, deny={bucket}).start()
     try:
@@ -93,7 +94,8 @@ def test_a_bounded_read_is_one_request_and_a_larger_object_one_line(s3_server, b
     """An image is one GET (a ranged one carrying the size limit), never a HEAD first: with 20-50 ms per request
     a second round trip per image would double what the loader waits for."""
     import s3fs
-    from s3_server import S3Proxy
+
+    from tests.helpers.s3_server import S3Proxy
 
     url = f"s3://{bucket}/images/a.jpg"
     storage.write_bytes(url, b"x" * 1000)

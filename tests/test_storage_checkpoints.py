@@ -11,11 +11,11 @@ import textwrap
 
 import pytest
 import torch
-from proc_utils import REPO
-from s3_server import S3Proxy, child_env, s3_client, wait_for
 
 from segtrain import storage
 from segtrain.checkpoint import io as ckpt_io
+from tests.helpers.proc_utils import REPO
+from tests.helpers.s3_server import S3Proxy, child_env, s3_client, wait_for
 
 
 def blob(step: int, size: int = 16) -> dict:
@@ -99,8 +99,8 @@ LONG = [*SMOKE, "trainer.max_steps=null", "trainer.epochs=3", "trainer.log_every
 
 @pytest.mark.slow
 def test_sigterm_saves_to_s3_and_resume_auto_on_a_fresh_node_is_exact(s3_server, bucket, tmp_path, reference_run):
-    from proc_utils import child_env as proc_env
-    from proc_utils import run_module
+    from tests.helpers.proc_utils import child_env as proc_env
+    from tests.helpers.proc_utils import run_module
 
     cache = tmp_path / "cache"
     # the session's uninterrupted run (tests/conftest.py): LONG's 3 epochs of 4 steps, logged less often and with
@@ -112,7 +112,7 @@ def test_sigterm_saves_to_s3_and_resume_auto_on_a_fresh_node_is_exact(s3_server,
     first = tmp_path / "node1"
     cmd = [
         sys.executable,
-        str(REPO / "tests" / "train_with_faults.py"),
+        str(REPO / "tests" / "helpers" / "train_with_faults.py"),
         *LONG,
         f"hydra.run.dir={first}",
         f"trainer.checkpoint.dir={remote}",

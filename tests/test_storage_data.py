@@ -9,9 +9,9 @@ import logging
 
 import pytest
 import torch
-from s3_server import s3_client
 
 from segtrain import storage
+from tests.helpers.s3_server import s3_client
 
 
 def upload_folder(endpoint: str, bucket: str, folder, prefix: str) -> None:
@@ -117,9 +117,8 @@ def test_an_image_outside_the_remote_folders_is_refused(s3_server, bucket, test_
 @pytest.mark.slow
 def test_a_coco_folder_in_a_bucket_trains_evaluates_and_predicts_under_torchrun(s3_server, bucket, tmp_path):
     """The whole COCO folder (annotations + images) in the bucket, checkpoints there too; 2 processes."""
-    from proc_utils import child_env, run_module
-
     from segtrain.data.formats.synthetic import ensure_synthetic
+    from tests.helpers.proc_utils import child_env, run_module
 
     synth = ensure_synthetic(tmp_path / "data", 16, 6, (64, 64), 6, 3)  # cpu_smoke's data set, as a COCO folder
     for split in ("train", "val"):
@@ -177,10 +176,10 @@ def test_a_coco_folder_in_a_bucket_trains_evaluates_and_predicts_under_torchrun(
 
 def test_the_doctor_names_storage_latency_when_the_store_is_slow(s3_server, coco_bucket, tmp_path, monkeypatch):
     import s3fs
-    from s3_server import S3Proxy
 
     import segtrain.tools.doctor as doctor
     from segtrain.distributed import DistInfo
+    from tests.helpers.s3_server import S3Proxy
 
     proxy = S3Proxy(s3_server.endpoint, delay_s=0.05).start()  # 50 ms per request
     try:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from s3_server import s3_client
+
+from tests.helpers.s3_server import s3_client
 
 
 def upload_tree(endpoint: str, bucket: str, folder: Path, prefix: str) -> str:
@@ -61,7 +62,7 @@ def test_a_coco_panoptic_data_set_on_s3_gives_the_items_it_gives_from_disk(s3_se
 
 
 def test_a_cityscapes_folder_on_s3_gives_the_items_it_gives_from_disk(s3_server, bucket, tmp_path):
-    from test_cityscapes import H, W, _street, _write
+    from tests.data.test_cityscapes import H, W, _street, _write
 
     local = tmp_path / "cityscapes"
     for k in range(3):

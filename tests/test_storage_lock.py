@@ -8,11 +8,11 @@ import logging
 import time
 
 import pytest
-from s3_server import wait_for
 
 from segtrain import storage
 from segtrain.config import ConfigError
 from segtrain.engine.lease_lock import LeaseLock
+from tests.helpers.s3_server import wait_for
 
 
 def lock_content(url: str) -> dict:
@@ -73,7 +73,7 @@ def test_an_expired_lease_of_a_dead_run_is_taken_over_with_a_line(bucket, caplog
 
 @pytest.mark.slow
 def test_a_second_run_on_a_remote_run_directory_is_refused(s3_server, bucket, tmp_path):
-    from proc_utils import child_env, run_module
+    from tests.helpers.proc_utils import child_env, run_module
 
     url = f"s3://{bucket}/runs/busy"
     holder = LeaseLock(url, "/elsewhere").acquire()  # a run on another node, alive

@@ -1,4 +1,5 @@
-"""segtrain's configuration: the schema (:mod:`.schema`), the checks made before any work (:mod:`.checks`),
+"""segtrain's configuration: the schema (:mod:`.schema`) with what each value may hold declared on its field
+(:mod:`.rules`), the checks made before any work (:mod:`.checks`),
 and composition into the resolved config every rank sees (:mod:`.resolve`).
 
 ``compose(overrides)`` gives the config exactly as ``python -m segtrain.train <overrides>`` sees it. Nothing
@@ -8,7 +9,11 @@ here imports torch or any segtrain package (the layers above read the config; it
 from segtrain.config.checks import (
     BOOL_WORD_KEYS,
     BOUNDS,
+    CHOICES,
+    CROSS_KEY_RULES,
+    FIELD_RULES,
     check_overrides,
+    check_value,
     given_on_command_line,
     validate,
 )
@@ -53,6 +58,7 @@ from segtrain.config.schema import (
     ProfileConfig,
     ScheduleConfig,
     SegtrainConfig,
+    TrackingConfig,
     TrainerConfig,
     config_dir,
 )
@@ -62,6 +68,9 @@ __all__ = [
     "BACKGROUND_NAMES",
     "BOOL_WORD_KEYS",
     "BOUNDS",
+    "CHOICES",
+    "CROSS_KEY_RULES",
+    "FIELD_RULES",
     "CHECKPOINT_SECTIONS",
     "DISCOVERED",
     "COMPILE_MODES",
@@ -93,9 +102,11 @@ __all__ = [
     "ProfileConfig",
     "ScheduleConfig",
     "SegtrainConfig",
+    "TrackingConfig",
     "TrainerConfig",
     "chdir_note",
     "check_overrides",
+    "check_value",
     "compose",
     "config_dir",
     "checkpoint_sources",

@@ -1,41 +1,29 @@
 """Checks of a composed config, before any work: mistyped keys and wrong types (before Hydra composes),
-missing paths, fixed choices and registered names, the one table of value bounds (``BOUNDS``), data values
+missing paths, registered names, the rules declared on the schema's fields (:mod:`.rules`, walked by
+:func:`check_fields`), the named cross-key rules (:data:`CROSS_KEY_RULES`), data values
 bounded by what they make segtrain allocate, and classes that fit the data format. The same checks run on
 a checkpoint's stored config. They never import torch, so a config mistake is reported in the time Python
 and Hydra take to start."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from segtrain.config.rules import Bound, Phase, Rule, declared_rules, is_image_size
 from segtrain.config.schema import (
     BACKGROUND_NAMES,
-    COMPILE_MODES,
-    EXPORT_FORMATS,
     IGNORE_LABEL,
-    INFERENCE_MODES,
-    MAX_IMAGE_PIXELS_CAP,
     MAX_SIGMA,
-    MAX_SYNTHETIC_IMAGES,
-    MAX_SYNTHETIC_INSTANCES,
-    ON_ERROR,
-    OUTPUT_STRIDES,
-    PANOPTIC_BACKGROUNDS,
     PANOPTIC_EXPORTS,
-    PANOPTIC_UNANNOTATED,
-    PRECISIONS,
-    UNLISTED,
-    VALIDATION_METRICS,
     SegtrainConfig,
     config_dir,
 )
 from segtrain.errors import ConfigError
-from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 _GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment", "hparams_search")
 
@@ -207,34 +195,17 @@ def check_missing(cfg: DictConfig) -> None:
         raise ConfigError(f"{which} needs values for: {', '.join(names)}. Set them on the command line:\n{lines}")
 
 
-_CHOICES = {
-    "dataset.on_error": ON_ERROR,
-    "dataset.unlisted": UNLISTED,
-    "augment.device": ("cpu", "cuda", "auto"),
-    "dataset.targets.where": ("auto", "worker", "device"),
-    "dataset.decode": ("auto", "cpu", "device"),
-    "trainer.device": ("auto", "cpu", "cuda"),
-    "trainer.precision": PRECISIONS,
-    "trainer.channels_last": ("auto", "true", "false"),
-    "trainer.compile": ("false", "true", *COMPILE_MODES),
-    "trainer.ddp.backend": ("auto", "nccl", "gloo"),
-    "trainer.ddp.find_unused_parameters": ("auto", "true", "false"),
-    "trainer.checkpoint.mode": ("max", "min"),
-    "trainer.profile.mode": ("off", "torch"),
-    "trainer.on_nonfinite": ("stop", "skip_step"),
-    "trainer.val_resolution": ("input", "native"),
-    "dataset.panoptic.background": PANOPTIC_BACKGROUNDS,
-    "dataset.panoptic.unannotated": PANOPTIC_UNANNOTATED,
-    "inference.mode": INFERENCE_MODES,
-    "evaluate.resolution": ("native", "input"),
-    "export.format": EXPORT_FORMATS,
-    "model.output_stride": OUTPUT_STRIDES,
-}
+#: Every rule declared on a schema field (:mod:`.rules`), by key, in field order: the one table of what a
+#: value may hold, read by :func:`check_fields` for a user's config and a checkpoint's stored one alike.
+FIELD_RULES: dict[str, Rule] = declared_rules(SegtrainConfig)
 
+#: Views of :data:`FIELD_RULES`: the numeric bounds and the fixed choices.
+BOUNDS: dict[str, Bound] = {k: r.bound for k, r in FIELD_RULES.items() if r.bound is not None}
+CHOICES: dict[str, tuple[Any, ...]] = {k: r.choices for k, r in FIELD_RULES.items() if r.choices is not None}
 
 #: Keys whose choices mix words with true/false: YAML and Hydra read an unquoted ``false`` as a bool,
 #: which a ``str`` field stores as ``"False"``; both mean the word.
-BOOL_WORD_KEYS = tuple(k for k, allowed in _CHOICES.items() if {"true", "false"} <= set(allowed))
+BOOL_WORD_KEYS = tuple(k for k, allowed in CHOICES.items() if {"true", "false"} <= set(allowed))
 
 
 def _normalise_bool_words(cfg: DictConfig) -> None:
@@ -246,216 +217,48 @@ def _normalise_bool_words(cfg: DictConfig) -> None:
                 OmegaConf.update(cfg, key, str(value).lower(), merge=False)
 
 
+def check_fields(cfg: DictConfig, phase: Phase) -> None:
+    """The one generic check: every declared rule's part for ``phase``, in field order; one line naming the key,
+    the value and what is allowed."""
+    for key, declared in FIELD_RULES.items():
+        declared.check(key, OmegaConf.select(cfg, key), phase)
+
+
+def check_value(key: str, value: Any) -> None:
+    """``value`` against every part of the rule declared on ``key``'s field, with the config check's message: for
+    code that takes a config value as an argument (a backbone's output stride, an export format) and must refuse a
+    wrong one as the config would."""
+    FIELD_RULES[key].check(key, value)
+
+
 def validate(cfg: DictConfig) -> None:
     """Checks that a type cannot express; each message names the key."""
     _normalise_bool_words(cfg)
-    for key, allowed in _CHOICES.items():
-        value = OmegaConf.select(cfg, key)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not one of {list(allowed)}")
+    check_fields(cfg, "choice")
     check_registered(cfg)
     check_loggers(cfg)
     check_model(cfg)
-    check_ranges(cfg)
     check_classes(cfg)
+    check_ranges(cfg)
     from segtrain.placement import check as check_placement  # where each input stage runs: decided there, once
 
     check_placement(cfg)
-    if len(cfg.dataset.input_size) != 2 or min(cfg.dataset.input_size) < 8:
-        raise ConfigError(f"dataset.input_size must be [H, W] with H, W >= 8, got {list(cfg.dataset.input_size)}")
-    metric = cfg.trainer.checkpoint.metric
-    if metric not in VALIDATION_METRICS:
-        import difflib
-
-        near = difflib.get_close_matches(str(metric), VALIDATION_METRICS, n=1, cutoff=0.3)
-        hint = f" Did you mean trainer.checkpoint.metric={near[0]}?" if near else ""
-        raise ConfigError(
-            f"trainer.checkpoint.metric={metric!r}: validation never reports it, so best.pt would never be "
-            f"written.{hint} Validation reports: {', '.join(VALIDATION_METRICS)}"
-        )
-
-
-@dataclass(frozen=True)
-class Bound:
-    """The numbers a key may hold: ``low``/``high`` (None: unbounded; ``*_open``: that end excluded), and why.
-    A list value (``optim.betas``) is checked element by element. ``early``: checked with the data values,
-    before any data is read or generated (the sizes that bound what the data set makes segtrain allocate)."""
-
-    low: float | None = None
-    high: float | None = None
-    why: str = ""
-    low_open: bool = False
-    high_open: bool = False
-    early: bool = False
-
-    def admits(self, v: float) -> bool:
-        """False for NaN and for +-inf wherever an end is finite (comparisons with NaN are all False)."""
-        above = self.low is None or v > self.low or (not self.low_open and v == self.low)
-        below = self.high is None or v < self.high or (not self.high_open and v == self.high)
-        return bool(above and below) and v == v
-
-    def text(self) -> str:
-        """``>= 1``, ``> 0``, ``>= 0 and < 1``."""
-        ends = []
-        if self.low is not None:
-            ends.append(f"{'>' if self.low_open else '>='} {_shown(self.low)}")
-        if self.high is not None:
-            ends.append(f"{'<' if self.high_open else '<='} {_shown(self.high)}")
-        return " and ".join(ends)
-
-
-def _shown(x: float) -> str:
-    """``%g``, but a large integer end in full (``4,294,967,296``, not ``4.29497e+09``)."""
-    return f"{x:,}" if isinstance(x, int) and abs(x) >= 10**6 else f"{x:g}"
-
-
-_POSITIVE = Bound(0, None, low_open=True)
-
-
-_AT_LEAST_0 = Bound(0, None)
-
-
-_AT_LEAST_1 = Bound(1, None)
-
-
-#: Values that cannot be right, declared once: key -> allowed range, checked by :func:`check_ranges` for a
-#: user's config and a checkpoint's stored one alike (config_from_checkpoint finalises it). None passes
-#: where the schema says Optional. Add a key here rather than a check elsewhere.
-BOUNDS: dict[str, Bound] = {
-    "trainer.epochs": _AT_LEAST_1,
-    "trainer.max_steps": _AT_LEAST_1,
-    "trainer.batch_size": _AT_LEAST_1,
-    "trainer.val_batch_size": _AT_LEAST_1,
-    "trainer.num_workers": _AT_LEAST_0,
-    "trainer.prefetch_factor": _AT_LEAST_1,
-    "trainer.cpu_threads": _AT_LEAST_1,
-    "trainer.log_every": _AT_LEAST_1,
-    "trainer.val_every": _AT_LEAST_1,
-    "trainer.accumulate": _AT_LEAST_1,
-    "trainer.nonfinite_limit": _AT_LEAST_1,
-    "trainer.grad_clip": _AT_LEAST_0,
-    "trainer.num_log_images": _AT_LEAST_0,
-    "trainer.data_wait_warn": _AT_LEAST_0,
-    "trainer.loss.semantic": _AT_LEAST_0,
-    "trainer.loss.center": _AT_LEAST_0,
-    "trainer.loss.offset": _AT_LEAST_0,
-    "trainer.loss.top_k_percent": Bound(0, 1, "the fraction of pixels whose losses are averaged", low_open=True),
-    "trainer.checkpoint.every_steps": _AT_LEAST_0,
-    "trainer.checkpoint.keep_last": _AT_LEAST_0,
-    "trainer.early_stop.patience": _AT_LEAST_0,
-    "trainer.early_stop.min_delta": _AT_LEAST_0,
-    "trainer.ema.decay": Bound(0, 1, "0 turns EMA off", high_open=True),
-    "trainer.ema.warmup_steps": _AT_LEAST_0,
-    "trainer.ddp.timeout_s": _AT_LEAST_1,
-    "trainer.ddp.rendezvous_timeout_s": _AT_LEAST_1,
-    "trainer.profile.wait": _AT_LEAST_0,
-    "trainer.profile.warmup": _AT_LEAST_0,
-    "trainer.profile.active": _AT_LEAST_1,
-    "optim.lr": _POSITIVE,
-    "optim.backbone_lr_mult": _AT_LEAST_0,
-    "optim.layer_decay": Bound(0, 1, "a layer's learning rate over the next deeper one's; 1 is off", low_open=True),
-    "optim.weight_decay": _AT_LEAST_0,
-    "optim.momentum": Bound(0, 1, "the fraction of the last update kept", high_open=True),
-    "optim.betas": Bound(0, 1, "Adam's decay rates of the moment estimates", high_open=True),
-    "schedule.warmup_steps": _AT_LEAST_0,
-    "schedule.warmup_factor": Bound(0, 1, "the first step's fraction of optim.lr"),
-    "schedule.power": _AT_LEAST_0,
-    "schedule.min_lr": _AT_LEAST_0,
-    "schedule.step_size": _AT_LEAST_1,
-    "schedule.gamma": _POSITIVE,
-    "schedule.milestones": Bound(0, 1, "fractions of the run after warm-up"),
-    "model.width": Bound(1, 1024, "the tiny model's channels; its widest layers have 4x as many"),
-    "model.decoder_channels": Bound(1, 4096, "channels of a layer"),
-    "model.head_channels": Bound(1, 4096, "channels of a layer"),
-    "dataset.targets.sigma": _POSITIVE,
-    "dataset.targets.small_instance_area": _AT_LEAST_0,
-    "dataset.targets.small_instance_weight": _AT_LEAST_0,
-    "dataset.max_image_pixels": Bound(
-        1,
-        MAX_IMAGE_PIXELS_CAP,
-        f"2**32: a 65536 x 65536 image, 12 GiB as RGB; the default {DEFAULT_MAX_IMAGE_PIXELS:,} fits any camera",
-        early=True,
-    ),
-    "dataset.synthetic.num_train": Bound(1, MAX_SYNTHETIC_IMAGES, "images the default data set writes", early=True),
-    "dataset.synthetic.num_val": Bound(1, MAX_SYNTHETIC_IMAGES, "images the default data set writes", early=True),
-    "dataset.synthetic.max_instances": Bound(1, MAX_SYNTHETIC_INSTANCES, "objects per synthetic image", early=True),
-    "dataset.panoptic.label_divisor": _AT_LEAST_1,
-    "dataset.panoptic.stuff_area": _AT_LEAST_0,
-    "dataset.panoptic.threshold": Bound(0, 1, "the centre heatmap's values lie in [0, 1]", low_open=True),
-    "dataset.panoptic.nms_kernel": _AT_LEAST_1,
-    "dataset.panoptic.top_k": _AT_LEAST_1,
-    "inference.input_size": Bound(8, 65536, "pixels of a side; their product is bounded by dataset.max_image_pixels"),
-    "inference.pad_multiple": Bound(1, 1024, "the padded image grows to a multiple of it; the network needs 32"),
-    "trainer.seed": Bound(0, 2**32 - 1, "numpy's seeds"),
-    "dataset.synthetic.seed": Bound(0, 2**32 - 1, "numpy's seeds"),
-    "inference.overlap": Bound(0, 0.75, "each pixel runs through the network up to 1/(1-overlap)^2 times: 16 at 0.75"),
-    "doctor.num_images": _AT_LEAST_1,
-    "doctor.steps": _AT_LEAST_1,
-    "doctor.workers": _AT_LEAST_0,
-}
-
-
-#: Keys holding a fixed number of values.
-_LENGTHS = {"optim.betas": 2, "inference.input_size": 2}
-
-
-def _is_number(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _check_bounds(cfg: DictConfig, early: bool) -> None:
-    """The :data:`BOUNDS` whose ``early`` flag is ``early``: one line naming the key, the value and the range."""
-    for key, bound in BOUNDS.items():
-        if bound.early != early:
-            continue
-        value = OmegaConf.select(cfg, key)
-        if value is None:
-            continue
-        values = list(value) if OmegaConf.is_list(value) or isinstance(value, list | tuple) else [value]
-        if key in _LENGTHS and len(values) != _LENGTHS[key]:
-            raise ConfigError(f"{key}={values} must hold {_LENGTHS[key]} values")
-        for v in values:
-            if not _is_number(v) or not bound.admits(v):
-                why = f" ({bound.why})" if bound.why else ""
-                shown = values if len(values) > 1 or key in _LENGTHS else v
-                raise ConfigError(f"{key}={shown!r} must be {bound.text()}{why}")
 
 
 def check_ranges(cfg: DictConfig) -> None:
     """Numbers that cannot be right (zero epochs, a NaN rate, sigma <= 0, ...) fail before any work: one line
-    naming the key, the value and the allowed range (:data:`BOUNDS`; the ``early`` ones are
-    :func:`check_data_values`')."""
+    naming the key, the value and the allowed range (the ``data`` phase is :func:`check_data_values`')."""
     check_finite(cfg)
-    _check_bounds(cfg, early=False)
-    pan = cfg.dataset.panoptic
-    if pan.nms_kernel % 2 == 0:
-        raise ConfigError(f"dataset.panoptic.nms_kernel={pan.nms_kernel} must be odd")
-    # label_divisor > top_k: check_data_values (it runs first, before class discovery)
-    check_training_values(cfg)
-    exports = cfg.evaluate.export
-    named = [exports] if isinstance(exports, str) else list(exports or [])
-    panoptic_exports = [n for n in named if str(n).split(",")[0].strip() in PANOPTIC_EXPORTS]
-    if panoptic_exports and not cfg.evaluate.panoptic:
-        raise ConfigError(
-            f"evaluate.export={panoptic_exports[0]} writes panoptic predictions, which evaluate.panoptic=false turns "
-            "off: set evaluate.panoptic=true or drop evaluate.export"
-        )
+    check_fields(cfg, "value")
+    check_cross_key(cfg, "value")
 
 
-def check_training_values(cfg: DictConfig) -> None:
-    """Values each in range whose combination trains nothing, or something other than asked."""
-    lr, min_lr = cfg.optim.lr, cfg.schedule.min_lr
-    if min_lr > lr:
-        raise ConfigError(
-            f"schedule.min_lr={min_lr:g} is above optim.lr={lr:g}: min_lr is a floor on the rate, so every step "
-            f"would train at {min_lr:g}. Lower schedule.min_lr (e.g. 0 or {lr / 100:g}) or raise optim.lr"
-        )
-    loss = cfg.trainer.loss
-    if loss.semantic == 0 and loss.center == 0 and loss.offset == 0:
-        raise ConfigError(
-            "trainer.loss.semantic, trainer.loss.center and trainer.loss.offset are all 0: the loss would be 0 on "
-            "every step and nothing would train. Give at least one a positive weight (defaults: 1, 200, 0.01)"
-        )
+def check_data_values(cfg: DictConfig) -> None:
+    """Values of the data section that cannot be right, each bounded by what it makes segtrain allocate or
+    write (``dataset.max_image_pixels`` above all), checked before any data is read or generated. The same
+    check runs on a checkpoint's stored config (config_from_checkpoint finalises it)."""
+    check_fields(cfg, "data")
+    check_cross_key(cfg, "data")
 
 
 def check_finite(cfg: DictConfig) -> None:
@@ -477,40 +280,54 @@ def check_finite(cfg: DictConfig) -> None:
                 raise ConfigError(f"{key}={v} must be a finite number")
 
 
-def _pair(cfg: DictConfig, key: str) -> list[int]:
-    value = OmegaConf.select(cfg, key)
-    values = list(value) if OmegaConf.is_list(value) or isinstance(value, list | tuple) else [value]
-    if len(values) != 2 or not all(type(v) is int and v >= 8 for v in values):
-        raise ConfigError(f"{key} must be [H, W] with integers H, W >= 8, got {values}")
-    return values
+# --------------------------------------------------------------------------- cross-key rules
+@dataclass(frozen=True)
+class CrossKeyRule:
+    """A rule between keys, each in range alone: its name, the phase it runs in, and the check."""
+
+    name: str
+    phase: Phase
+    check: Callable[[DictConfig], None]
 
 
-def check_data_values(cfg: DictConfig) -> None:
-    """Values of the data section that cannot be right, each bounded by what it makes segtrain allocate or
-    write (``dataset.max_image_pixels`` above all), checked before any data is read or generated. The same
-    check runs on a checkpoint's stored config (config_from_checkpoint finalises it)."""
-    _check_bounds(cfg, early=True)
+def check_cross_key(cfg: DictConfig, phase: Phase) -> None:
+    """The :data:`CROSS_KEY_RULES` of ``phase``, in order."""
+    for cross in CROSS_KEY_RULES:
+        if cross.phase == phase:
+            cross.check(cfg)
+
+
+def _image_sizes_fit_the_pixel_cap(cfg: DictConfig) -> None:
+    """Every image size declared with ``pixels`` (a well-formed one: the others are their rule's) holds at most
+    ``dataset.max_image_pixels`` pixels."""
     pixels = OmegaConf.select(cfg, "dataset.max_image_pixels")
-    sized = ["dataset.input_size", "dataset.synthetic.image_size"]
-    inference = OmegaConf.select(cfg, "inference.input_size", default=None)
-    if inference is not None and len(inference) == 2 and all(type(v) is int and v >= 8 for v in inference):
-        sized.append("inference.input_size")  # other mistakes in it: BOUNDS, with the others
-    for key in sized:
-        h, w = _pair(cfg, key)
+    for key, declared in FIELD_RULES.items():
+        value = OmegaConf.select(cfg, key) if declared.pixels else None
+        if value is None or not is_image_size(list(value)):
+            continue
+        h, w = value
         if h * w > pixels:
             raise ConfigError(
                 f"{key}=[{h}, {w}] is {h * w:,} pixels, more than dataset.max_image_pixels={pixels:,}: every "
                 f"item would need at least {h * w * 3 / 2**30:.1f} GiB. Use a smaller size (e.g. [512, 512]), or "
                 "raise dataset.max_image_pixels if you really train at that size"
             )
-    sigma, side = OmegaConf.select(cfg, "dataset.targets.sigma"), max(_pair(cfg, "dataset.input_size"))
+
+
+def _sigma_fits_the_input(cfg: DictConfig) -> None:
+    """``dataset.targets.sigma`` at most half the longer side of ``dataset.input_size`` and :data:`MAX_SIGMA`
+    (its lower end is its field's bound, checked with the ranges)."""
+    sigma, side = OmegaConf.select(cfg, "dataset.targets.sigma"), max(cfg.dataset.input_size)
     most = min(side / 2, MAX_SIGMA)
-    if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not sigma <= most:  # NaN too; > 0: ranges
+    if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not sigma <= most:  # NaN too
         raise ConfigError(
             f"dataset.targets.sigma={sigma!r} must be a number in (0, {most:g}] (at most half the longer side of "
             f"dataset.input_size and {MAX_SIGMA}: a wider centre Gaussian covers the whole object or image and "
             "its (6 sigma + 3)^2 window costs memory per instance); Panoptic-DeepLab uses 8"
         )
+
+
+def _label_divisor_above_top_k(cfg: DictConfig) -> None:
     divisor = OmegaConf.select(cfg, "dataset.panoptic.label_divisor")
     top_k = OmegaConf.select(cfg, "dataset.panoptic.top_k")
     if type(divisor) is int and type(top_k) is int and divisor <= top_k:
@@ -519,6 +336,48 @@ def check_data_values(cfg: DictConfig) -> None:
             "panoptic id is class * label_divisor + instance (1..top_k), so a smaller divisor mixes up classes; "
             "the default is 1000"
         )
+
+
+def _min_lr_below_lr(cfg: DictConfig) -> None:
+    lr, min_lr = cfg.optim.lr, cfg.schedule.min_lr
+    if min_lr > lr:
+        raise ConfigError(
+            f"schedule.min_lr={min_lr:g} is above optim.lr={lr:g}: min_lr is a floor on the rate, so every step "
+            f"would train at {min_lr:g}. Lower schedule.min_lr (e.g. 0 or {lr / 100:g}) or raise optim.lr"
+        )
+
+
+def _some_loss_weighted(cfg: DictConfig) -> None:
+    loss = cfg.trainer.loss
+    if loss.semantic == 0 and loss.center == 0 and loss.offset == 0:
+        raise ConfigError(
+            "trainer.loss.semantic, trainer.loss.center and trainer.loss.offset are all 0: the loss would be 0 on "
+            "every step and nothing would train. Give at least one a positive weight (defaults: 1, 200, 0.01)"
+        )
+
+
+def _panoptic_export_needs_panoptic(cfg: DictConfig) -> None:
+    exports = cfg.evaluate.export
+    named = [exports] if isinstance(exports, str) else list(exports or [])
+    panoptic_exports = [n for n in named if str(n).split(",")[0].strip() in PANOPTIC_EXPORTS]
+    if panoptic_exports and not cfg.evaluate.panoptic:
+        raise ConfigError(
+            f"evaluate.export={panoptic_exports[0]} writes panoptic predictions, which evaluate.panoptic=false turns "
+            "off: set evaluate.panoptic=true or drop evaluate.export"
+        )
+
+
+#: The rules between keys, in the order they run: values each in range whose combination cannot be right. The
+#: ``data`` ones run before class discovery (:func:`check_data_values`), the ``value`` ones with the ranges. Add a
+#: rule on one key to its field in :mod:`.schema` instead.
+CROSS_KEY_RULES: tuple[CrossKeyRule, ...] = (
+    CrossKeyRule("image sizes fit dataset.max_image_pixels", "data", _image_sizes_fit_the_pixel_cap),
+    CrossKeyRule("dataset.targets.sigma fits dataset.input_size", "data", _sigma_fits_the_input),
+    CrossKeyRule("dataset.panoptic.label_divisor above top_k", "data", _label_divisor_above_top_k),
+    CrossKeyRule("schedule.min_lr at most optim.lr", "value", _min_lr_below_lr),
+    CrossKeyRule("some trainer.loss weight positive", "value", _some_loss_weighted),
+    CrossKeyRule("evaluate.export panoptic needs evaluate.panoptic", "value", _panoptic_export_needs_panoptic),
+)
 
 
 def check_classes(cfg: DictConfig) -> None:

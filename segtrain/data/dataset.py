@@ -215,7 +215,7 @@ def check_labelled(cfg: Config, records: Sequence[ImageRecord]) -> None:
     from segtrain.config import IGNORE_LABEL
     from segtrain.data.formats.registry import FORMATS
 
-    if FORMATS.get(str(cfg.dataset.format)).unlabeled == "background":
+    if FORMATS.get(cfg.dataset.format).unlabeled == "background":
         return  # unannotated pixels train as the background class
     for rec in records:
         for inst in rec.instances:

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from segtrain import storage
-from segtrain.config import ConfigError
+from segtrain.config import ConfigError, TrainerConfig
 from segtrain.data.dataset import PolygonDataset, collate
 from segtrain.data.read_ahead import epoch_keys, shard_keys, stride
 from segtrain.data.targets.allocator import keep_freed_memory
@@ -42,31 +42,32 @@ def per_rank_batch(global_batch: int, world_size: int, key: str = "trainer.batch
     return global_batch // world_size
 
 
-def fit_batch_to_data(trainer: Any, num_images: int, world_size: int, announce: bool = True) -> int | None:
-    """A global batch from the configs (not the command line) that the training set cannot fill is lowered
-    to the largest that fits, so a preset's batch trains a 4-image folder; returns the new batch, or None.
+def fit_batch_to_data(trainer_cfg: TrainerConfig, num_images: int, world_size: int, announce: bool = True) -> int:
+    """The global batch to train with: a batch from the configs (not the command line) that the training set
+    cannot fill is lowered to the largest that fits, so a preset's batch trains a 4-image folder; otherwise
+    ``trainer.batch_size``. The config itself is left as it is (the caller decides what records the result).
 
     A ``trainer.batch_size`` given on the command line is never changed: ``build_loader`` refuses it."""
     from segtrain.config import given_on_command_line
 
+    configured = trainer_cfg.batch_size
     per_rank = num_images // world_size
-    step = world_size * int(trainer.accumulate)
-    if per_rank * world_size >= int(trainer.batch_size) or given_on_command_line("trainer.batch_size"):
-        return None
+    step = world_size * trainer_cfg.accumulate
+    if per_rank * world_size >= configured or given_on_command_line("trainer.batch_size"):
+        return configured
     fitted = (per_rank * world_size) // step * step
     if fitted < step:
-        return None  # not even one image per rank and micro-batch: build_loader says so
+        return configured  # not even one image per rank and micro-batch: build_loader says so
     if announce:
         log.warning(
             "trainer.batch_size=%s (from the configs) is more than the %d training images fill on %d process(es): "
             "training with trainer.batch_size=%d (%d per rank); set trainer.batch_size to choose",
-            trainer.batch_size,
+            configured,
             num_images,
             world_size,
             fitted,
             fitted // world_size,
         )
-    trainer.batch_size = fitted
     return fitted
 
 
@@ -190,26 +191,33 @@ def epoch_sample_keys(dataset: PolygonDataset, epoch: int, order: list[int], bat
 
 
 def build_loader(
-    dataset: PolygonDataset, dist: DistInfo, trainer: Any, train: bool, batch_size: int | None = None
+    dataset: PolygonDataset,
+    dist: DistInfo,
+    trainer_cfg: TrainerConfig,
+    train: bool,
+    batch_size: int | None = None,
+    global_batch: int | None = None,
 ) -> DataLoader:
-    """``trainer`` is ``cfg.trainer``; batch sizes there are global. ``batch_size`` (evaluation only) is
-    per rank and overrides them (native-resolution items differ in size: 1)."""
-    workers = int(trainer.num_workers)
+    """``trainer_cfg`` is ``cfg.trainer``; batch sizes there are global. ``batch_size`` (evaluation only) is
+    per rank and overrides them (native-resolution items differ in size: 1); ``global_batch`` replaces
+    ``trainer.batch_size`` as the training batch and the default evaluation batch (:func:`fit_batch_to_data`)."""
+    workers = trainer_cfg.num_workers
+    global_bs = trainer_cfg.batch_size if global_batch is None else global_batch
     common: dict[str, Any] = {
         "num_workers": workers,
         "collate_fn": collate,
-        "pin_memory": bool(trainer.pin_memory) and dist.device.type == "cuda",
+        "pin_memory": trainer_cfg.pin_memory and dist.device.type == "cuda",
         "worker_init_fn": worker_init if workers > 0 else None,
-        "persistent_workers": bool(trainer.persistent_workers) and workers > 0,
+        "persistent_workers": trainer_cfg.persistent_workers and workers > 0,
     }
     if workers > 0:
-        common["prefetch_factor"] = int(trainer.prefetch_factor)
+        common["prefetch_factor"] = trainer_cfg.prefetch_factor
     # images on an object store: each process requests its next batch while it decodes this one
     records: Any = getattr(dataset, "records", None)  # any map-style data set works; segtrain's carry records
     remote = records is not None and len(records) > 0 and storage.is_remote(records[0].path)
     if train:
-        bs = per_rank_batch(int(trainer.batch_size), dist.world_size)
-        sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, int(trainer.seed), int(trainer.batch_size))
+        bs = per_rank_batch(global_bs, dist.world_size)
+        sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, trainer_cfg.seed, global_bs)
         if len(sampler) < bs:
             per_rank = len(dataset) // dist.world_size
             if len(dataset) < dist.world_size:  # not one image per process: no batch size can help
@@ -223,7 +231,7 @@ def build_loader(
         sampler.fingerprint = records_fingerprint(records) if records is not None else ""
         sampler.read_ahead = stride(bs, workers) if remote else 0
         return DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **common)
-    vbs = int(trainer.val_batch_size or trainer.batch_size)
+    vbs = trainer_cfg.val_batch_size or global_bs
     bs = batch_size or max(math.ceil(vbs / dist.world_size), 1)
     shard = ShardSampler(len(dataset), dist.rank, dist.world_size)
     shard.read_ahead = stride(bs, workers) if remote else 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import albumentations as A
@@ -31,13 +30,21 @@ import cv2
 import numpy as np
 import torch
 
-from segtrain.config import IGNORE_LABEL, INFERENCE_MODES, Config, ConfigError, DatasetConfig
+from segtrain.config import (
+    IGNORE_LABEL,
+    INFERENCE_MODES,
+    AugmentConfig,
+    Config,
+    ConfigError,
+    check_value,
+)
 from segtrain.data.formats.coco_panoptic import rasterise_panoptic, read_segment_ids
 from segtrain.data.images.image_io import decode_image, device_jpeg_orientation, read_encoded
 from segtrain.data.records import AnnotationError, ImageRecord, crowd_classes
-from segtrain.data.targets.builders import make_targets
+from segtrain.data.targets.builders import build_targets
 from segtrain.data.targets.mask_targets import mask_targets
 from segtrain.data.targets.rasterise import rasterise
+from segtrain.data.targets.spec import TargetSpec
 from segtrain.data.transforms.augmentations import DEVICE_PIPELINES, evaluation_pipeline
 from segtrain.data.transforms.cpu_augment import (
     MAX_INSTANCES,
@@ -53,65 +60,27 @@ from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 Reader = Callable[[ImageRecord], tuple[bytes, str]]
 
 
-@dataclass(frozen=True)
-class TargetSpec:
-    """How targets are built (``dataset.targets`` + the stuff classes)."""
-
-    sigma: float = 8.0
-    stuff_ids: tuple[int, ...] = ()
-    small_instance_area: int = 0
-    small_instance_weight: float = 1.0
-    # ``dataset.crowd_in_semantic``: crowd regions carry their class in ``semantic`` (centre and offset
-    # weights stay 0); false: they are ignored (255) like every ignore region
-    crowd_in_semantic: bool = True
-    # False for a semantic-only model (its loss reads no centre or offset): items carry ``semantic`` and
-    # ``semantic_weight`` only, and no centre heatmap, offsets or their weights are built, moved or collated
-    instances: bool = True
-
-    @classmethod
-    def from_config(cls, ds: DatasetConfig, instances: bool = True) -> TargetSpec:
-        classes = list(ds.classes)
-        return cls(
-            instances=bool(instances),
-            sigma=ds.targets.sigma,
-            stuff_ids=tuple(classes.index(s) for s in ds.stuff_classes),
-            small_instance_area=ds.targets.small_instance_area,
-            small_instance_weight=ds.targets.small_instance_weight,
-            crowd_in_semantic=bool(getattr(ds, "crowd_in_semantic", True)),
-        )
-
-    def crowd(self, rec: ImageRecord, n: int) -> np.ndarray | None:
-        """The ``crowd_classes`` argument of ``make_targets`` for ``rec`` with ``n`` ids (ids past the record's
-        instances, e.g. invented pixels, are no crowd), or None when crowd regions are ignored."""
-        return padded_crowd(rec, n) if self.crowd_in_semantic else None
-
-    def kwargs(self) -> dict[str, Any]:
-        return {
-            "stuff_classes": self.stuff_ids,
-            "ignore_label": IGNORE_LABEL,
-            "small_instance_area": self.small_instance_area,
-            "small_instance_weight": self.small_instance_weight,
-            "instances": self.instances,
-        }
-
-
 class StageTimer:
-    """Seconds per stage, summed over items (``lap(name)`` closes the stage that just ran)."""
+    """Seconds per stage, summed over items (``lap(name)`` closes the stage that just ran).
 
-    def __init__(self) -> None:
+    ``clock``: wall time by default (what a worker takes, neighbours included); ``time.thread_time`` gives
+    the CPU time of the stage alone (what it costs per core, the figure a loaded machine leaves intact)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
         self.reset()
 
     def reset(self) -> None:
         self.times: dict[str, float] = {}
         self.items = 0
-        self._last = time.perf_counter()
+        self._last = self.clock()
 
     def start(self) -> None:
         self.items += 1
-        self._last = time.perf_counter()
+        self._last = self.clock()
 
     def lap(self, name: str) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         self.times[name] = self.times.get(name, 0.0) + now - self._last
         self._last = now
 
@@ -236,10 +205,10 @@ class CpuMapper(_Mapper):
             aug = plan.run(image, ids, outside=n, owned=True, reduced=reduced)
         self._clock.lap("augment")
         classes = inst_classes if aug.covered else np.append(inst_classes, IGNORE_LABEL)
-        crowd = self.targets.crowd(rec, len(classes))
+        crowd = target_crowd(self.targets, rec, len(classes))
         if self.targets_on_device:
             item = {
-                "image": torch.from_numpy(aug.image).permute(2, 0, 1),  # strided views: collate copies once
+                "image": planar(aug.image),
                 "instance": torch.from_numpy(aug.ids),
                 "instance_classes": torch.from_numpy(classes.astype(np.int64, copy=False)),
                 "outside": torch.tensor(n),
@@ -256,9 +225,7 @@ class CpuMapper(_Mapper):
         # Training items carry uint8 weight planes where the values allow (a quarter of the bytes written,
         # collated and moved); to_device makes them float32 on the device, the values the loss reads.
         compact = self.uint8_images and not self.eval_info
-        tg = make_targets(
-            ids32, classes, self.targets.sigma, crowd_classes=crowd, compact_weights=compact, **self.targets.kwargs()
-        )
+        tg = build_targets(ids32, classes, self.targets, crowd_classes=crowd, compact_weights=compact)
         masks = mask_targets(ids32, classes, self.targets.stuff_ids) if self.with_masks else {}
         self._clock.lap("targets")
         item = to_tensors(aug.image, aug.clear_outside(ids32), tg, self.uint8_images)
@@ -291,7 +258,7 @@ class DeviceMapper(_Mapper):
     def __init__(
         self,
         input_size: tuple[int, int],
-        augment: Any,
+        augment: AugmentConfig,
         targets: TargetSpec,
         *,
         decode_on_device: bool = False,
@@ -299,7 +266,7 @@ class DeviceMapper(_Mapper):
         reader: Reader | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
-        if str(augment.name) not in DEVICE_PIPELINES:
+        if augment.name not in DEVICE_PIPELINES:
             raise ConfigError(
                 f"augment.device={augment.device} implements the pipelines {list(DEVICE_PIPELINES)}, "
                 f"not augment.name={augment.name!r}; use augment.device=cpu for custom pipelines"
@@ -341,7 +308,7 @@ class DeviceMapper(_Mapper):
         return item
 
     def _add_crowd(self, item: dict[str, torch.Tensor], rec: ImageRecord, n: int) -> None:
-        crowd = self.targets.crowd(rec, n)
+        crowd = target_crowd(self.targets, rec, n)
         if crowd is not None:
             item["crowd_classes"] = torch.from_numpy(crowd)
 
@@ -386,8 +353,7 @@ class NativeMapper(_Mapper):
         reader: Reader | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
-        if mode not in self.MODES:
-            raise ConfigError(f"inference.mode={mode!r} is not one of {list(self.MODES)}")
+        check_value("inference.mode", mode)
         super().__init__(evaluation_pipeline(input_size), timer, reader, max_image_pixels)
         self.mode = mode
         self.input_size = (int(input_size[0]), int(input_size[1]))
@@ -450,6 +416,12 @@ def semantic_of(inst: np.ndarray, inst_classes: np.ndarray, crowd: np.ndarray | 
     return lut.astype(np.uint8)[inst]
 
 
+def target_crowd(spec: TargetSpec, rec: ImageRecord, n: int) -> np.ndarray | None:
+    """The ``crowd_classes`` argument of the target builders for ``rec`` with ``n`` ids (ids past the record's
+    instances, e.g. invented pixels, are no crowd), or None when crowd regions are ignored."""
+    return padded_crowd(rec, n) if spec.crowd_in_semantic else None
+
+
 def padded_crowd(rec: ImageRecord, n: int) -> np.ndarray:
     """(n,) int64 ``crowd_classes(rec)`` padded with -1 (ids past the record's instances: invented pixels)."""
     crowd = crowd_classes(rec)
@@ -470,12 +442,23 @@ def instance_info(
     }
 
 
+def planar(image: np.ndarray) -> torch.Tensor:
+    """(3,H,W) uint8 contiguous tensor of an (H,W,3) uint8 image (any row stride, e.g. an augmented window).
+
+    Items are stacked into a batch by ``collate``, in the loader worker: stacking channel-last views as
+    (3,H,W) makes torch gather every byte with a stride of 3 (about 10 ms per 1024x2048 image, single-threaded),
+    while ``cv2.split`` writes the three planes in one pass (about 0.3 ms) and the stack is then a plain copy."""
+    h, w, c = image.shape
+    out = torch.empty((c, h, w), dtype=torch.uint8)
+    planes = [out[i].numpy() for i in range(c)]
+    cv2.split(image, planes)  # into the given planes: same size and type, nothing is reallocated
+    return out
+
+
 def to_tensors(
     image: np.ndarray, inst: np.ndarray, tg: dict[str, np.ndarray], uint8: bool = True
 ) -> dict[str, torch.Tensor]:
-    img = torch.from_numpy(image).permute(2, 0, 1)  # strided views are fine: collate copies them
-    if not uint8:
-        img = img.float().div_(255.0)
+    img = planar(image) if uint8 else torch.from_numpy(image).permute(2, 0, 1).float().div_(255.0)
     return {
         "image": img,
         "instance": torch.from_numpy(inst.astype(np.int32, copy=False)),

@@ -42,13 +42,13 @@ if TYPE_CHECKING:
     from segtrain.config import Config
     from segtrain.data.mappers import CpuMapper, DeviceMapper, Reader, StageTimer
 
-#: Built-in models whose loss reads the semantic output only (``instance_aware = False``; tests/test_models.py
+#: Built-in models whose loss reads the semantic output only (``instance_aware = False``; tests/models/test_models.py
 #: keeps the two equal): their pipelines build semantic targets only. A user's own semantic-only model still
 #: gets every target (correct, only slower).
 SEMANTIC_ONLY_MODELS = frozenset({"deeplabv3", "fcn", "lraspp"})
 
 
-def instance_targets(cfg: Any) -> bool:
+def instance_targets(cfg: Config) -> bool:
     """Does ``cfg``'s model train on centre/offset targets (False: semantic and its weight only)?"""
     model = getattr(cfg, "model", None)
     name = getattr(model, "name", None) if model is not None else None
@@ -97,8 +97,9 @@ class PipelinePlan:
 
     def mapper(self, *, timer: StageTimer | None = None, reader: Reader | None = None) -> CpuMapper | DeviceMapper:
         """What a loader worker does to one record (``timer``: per-stage seconds; ``reader``: image bytes)."""
-        from segtrain.data.mappers import CpuMapper, DeviceMapper, TargetSpec
+        from segtrain.data.mappers import CpuMapper, DeviceMapper
         from segtrain.data.targets.mask_targets import wants_mask_targets
+        from segtrain.data.targets.spec import TargetSpec
         from segtrain.data.transforms.augmentations import build_pipeline
 
         cfg = self.cfg
@@ -141,8 +142,8 @@ class PipelinePlan:
             return identity
         import torch
 
-        from segtrain.data.mappers import TargetSpec
         from segtrain.data.targets.allocator import keep_freed_memory_once
+        from segtrain.data.targets.spec import TargetSpec
 
         if (self.device or "cpu").startswith("cpu"):  # targets in host memory: fresh buffers every batch
             keep_freed_memory_once()

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
-from segtrain.config import ON_ERROR, UNLISTED
+from segtrain.config import ON_ERROR, ConfigError, check_value
+from segtrain.config import UNLISTED as UNLISTED  # what `unlisted` may be: the schema's tuple, for ClassMap's callers
 from segtrain.errors import UserError
 
 IGNORE = "__ignore__"
@@ -125,8 +126,10 @@ class ClassMap:
         dup = sorted({c for c in self.classes if self.classes.count(c) > 1})
         if dup:
             raise AnnotationError(f"dataset.classes lists {dup} more than once; class names must be unique")
-        if unlisted not in UNLISTED:
-            raise AnnotationError(f"dataset.unlisted={unlisted!r} is not one of {list(UNLISTED)}")
+        try:
+            check_value("dataset.unlisted", unlisted)
+        except ConfigError as e:  # a ClassMap is read with the annotations: their error type
+            raise AnnotationError(str(e)) from None
         self.unlisted = unlisted
         self.index = {c: i for i, c in enumerate(self.classes)}
         self.class_map: dict[str, str | None] = {}

@@ -19,9 +19,9 @@ from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.checkpoint.resume import find_resume_checkpoint, restore_training_state
 from segtrain.checkpoint.state import Checkpointer
-from segtrain.config import ConfigError, to_container
+from segtrain.config import Config, ConfigError, to_container
 from segtrain.console import progress_bar
-from segtrain.data import build_training_data, check_paths, per_rank_batch
+from segtrain.data import BatchStep, build_training_data, check_paths, per_rank_batch
 from segtrain.device import configure_determinism, effective_precision
 from segtrain.distributed import DistInfo, broadcast_object
 from segtrain.engine.ema import ModelEMA
@@ -47,7 +47,11 @@ log = logging.getLogger("segtrain.trainer")
 
 
 def build_trainer(
-    cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, classes: tuple[int, int] | None = None
+    cfg: Config,
+    run_dir: Path,
+    dist: DistInfo,
+    init_weights: Any = None,
+    classes: tuple[int, int] | None = None,
 ) -> tuple[Trainer, RunDirLock | None, tuple[Path, Any] | None]:
     """Everything ``cfg`` describes, restored from ``resume=`` when given, the run directory's lock, and the
     (path, loaded file) resumed from; ``init_weights``: a loaded ``ckpt=`` file (fine-tuning: weights only,
@@ -64,22 +68,26 @@ def build_trainer(
 
 
 def _build(
-    cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any, classes: tuple[int, int] | None
+    cfg: Config, run_dir: Path, dist: DistInfo, init_weights: Any, classes: tuple[int, int] | None
 ) -> tuple[Trainer, tuple[Path, Any] | None]:
     tr = cfg.trainer
     configure_determinism(tr)
     precision = effective_precision(tr.precision, dist.device)
     data = build_training_data(cfg, dist)
+    # a preset's batch lowered to fit a small training set: the run's record, its checkpoints and the resume
+    # check carry the batch it trains with (set here once, in the open, before anything reads it)
+    if data.batch_size != tr.batch_size:
+        tr.batch_size = data.batch_size
     model = prepare_model(cfg, dist, init_weights, classes)
     apply_memory_format(model, tr.channels_last, dist, precision)  # before the EMA copies it
     check_metric_available(cfg, model)
     optimizer = build_optimizer(model, cfg.optim)
-    total_steps = len(data.train_loader) * int(tr.epochs)
+    total_steps = len(data.train_loader) * tr.epochs
     if tr.max_steps is not None:
-        total_steps = min(total_steps, int(tr.max_steps))
+        total_steps = min(total_steps, tr.max_steps)
     warn_long_warmup(cfg, total_steps, dist.is_main)
     root = checkpoint_root(cfg, run_dir)
-    checkpointer = Checkpointer(root, to_container(cfg), int(tr.checkpoint.keep_last), dist.is_main)
+    checkpointer = Checkpointer(root, to_container(cfg), tr.checkpoint.keep_last, dist.is_main)
     trainer = Trainer(
         model,
         optimizer,
@@ -102,7 +110,7 @@ def _build(
         metrics = evaluate(
             net,
             data.val_loader,
-            evaluators_for(cfg, net, dist.device, panoptic=bool(tr.val_panoptic), records=data.val_set.records),
+            evaluators_for(cfg, net, dist.device, panoptic=tr.val_panoptic, records=data.val_set.records),
             dist.device,
             precision,
             progress_bar(dist.is_main, tr.progress),
@@ -128,10 +136,16 @@ def _build(
     return trainer, found
 
 
-def fit(cfg: Any, run_dir: Path, dist: DistInfo, init_weights: Any = None, **kwargs: Any) -> float | None:
+def fit(
+    cfg: Config,
+    run_dir: Path,
+    dist: DistInfo,
+    init_weights: Any = None,
+    classes: tuple[int, int] | None = None,
+) -> float | None:
     """Build the trainer ``cfg`` describes and train; returns the best ``trainer.checkpoint.metric`` (None: no
     validation measured it), what a sweep optimises."""
-    trainer, lock, found = build_trainer(cfg, run_dir, dist, init_weights, **kwargs)
+    trainer, lock, found = build_trainer(cfg, run_dir, dist, init_weights, classes)
     started = time.perf_counter()
     try:
         # the run starts: from here on it writes into its directory (nothing before, so a refusal touched nothing)
@@ -181,9 +195,9 @@ def copy_logs(run_dir: Path, root: Any) -> None:
                 log.warning("could not copy %s to %s: %s", name, root, e)
 
 
-def log_start(cfg: Any, trainer: Trainer) -> None:
+def log_start(cfg: Config, trainer: Trainer) -> None:
     tr, dist, s = cfg.trainer, trainer.dist, trainer.state
-    per_rank = per_rank_batch(int(tr.batch_size), dist.world_size)
+    per_rank = per_rank_batch(tr.batch_size, dist.world_size)
     log.info(
         "training %s on %s x%d: %d images, %d steps/epoch, global batch %d (%d per rank%s), %d epochs, %d steps%s",
         cfg.model.name,
@@ -216,10 +230,10 @@ def log_start(cfg: Any, trainer: Trainer) -> None:
         )
 
 
-def warn_long_warmup(cfg: Any, total_steps: int, main: bool) -> None:
+def warn_long_warmup(cfg: Config, total_steps: int, main: bool) -> None:
     """A warmup as long as the run (``trainer.max_steps`` unset: the steps follow from the data) never reaches
     ``optim.lr``; said in one line (a short trial run of a long recipe may mean it)."""
-    warmup = int(cfg.schedule.warmup_steps)
+    warmup = cfg.schedule.warmup_steps
     if main and warmup >= total_steps:
         log.warning(
             "schedule.warmup_steps=%d is not below this run's %d optimiser steps: it ends still warming up and "
@@ -230,7 +244,7 @@ def warn_long_warmup(cfg: Any, total_steps: int, main: bool) -> None:
         )
 
 
-def log_summary(cfg: Any, trainer: Trainer, run_dir: Path, seconds: float) -> None:
+def log_summary(cfg: Config, trainer: Trainer, run_dir: Path, seconds: float) -> None:
     """What a user wants at the end: the best result, where it is, how long it took, how to look at it."""
     if not trainer.dist.is_main:
         return
@@ -247,14 +261,14 @@ def log_summary(cfg: Any, trainer: Trainer, run_dir: Path, seconds: float) -> No
     log.info("\n  ".join(lines))
 
 
-def checkpoint_root(cfg: Any, run_dir: Path) -> Any:
+def checkpoint_root(cfg: Config, run_dir: Path) -> Any:
     """Where ``checkpoints/`` lives: ``trainer.checkpoint.dir`` (a folder or a URL such as s3://bucket/runs/x) when
     set, else the run directory (a Path, or a UPath for a URL: the same methods)."""
     chosen = cfg.trainer.checkpoint.get("dir") if hasattr(cfg.trainer.checkpoint, "get") else None
     return storage.location(chosen) if chosen else run_dir
 
 
-def claim_run_dir(cfg: Any, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
+def claim_run_dir(cfg: Config, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
     """Rank 0 locks the run directory and refuses to mix a fresh run with another's checkpoints; every
     rank learns the outcome, so all fail together with rank 0's message."""
     lock, problem = None, None
@@ -262,7 +276,7 @@ def claim_run_dir(cfg: Any, run_dir: Path, dist: DistInfo) -> RunDirLock | None:
         try:
             root = checkpoint_root(cfg, run_dir)
             lock = RunDirLock(run_dir, remote=root if storage.is_remote(root) else None).acquire()
-            check_fresh(root, cfg.resume, bool(cfg.trainer.overwrite))
+            check_fresh(root, cfg.resume, cfg.trainer.overwrite)
         except ConfigError as e:
             if lock is not None:
                 lock.release(refused=True)
@@ -285,7 +299,7 @@ def check_scored(metrics: dict[str, Any], what: str) -> None:
         )
 
 
-def check_metric_available(cfg: Any, model: nn.Module) -> None:
+def check_metric_available(cfg: Config, model: nn.Module) -> None:
     """A panoptic checkpoint metric needs an instance-aware model and panoptic validation."""
     from segtrain.config import PANOPTIC_METRICS
 
@@ -300,7 +314,7 @@ def check_metric_available(cfg: Any, model: nn.Module) -> None:
             raise ConfigError(f"trainer.checkpoint.metric={metric} needs trainer.val_panoptic=true")
 
 
-def step_trainer(cfg: Any, dist: DistInfo, batch_step: Any = None, total_steps: int = 10**9) -> Trainer:
+def step_trainer(cfg: Config, dist: DistInfo, batch_step: BatchStep | None = None, total_steps: int = 10**9) -> Trainer:
     """A trainer for measuring the step (doctor, benchmarks): the configured model, optimiser and
     schedule on this rank's device, no data, no files, no hooks."""
     model = prepare_model(cfg, dist)

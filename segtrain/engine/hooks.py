@@ -27,9 +27,9 @@ import torch
 from tqdm import tqdm
 
 from segtrain.checkpoint import io
-from segtrain.config import POSTPROCESS, VALIDATION_METRICS, ConfigError, ProfileConfig
+from segtrain.config import POSTPROCESS, VALIDATION_METRICS, Config, ConfigError, ProfileConfig
 from segtrain.console import progress_bar
-from segtrain.data import collate
+from segtrain.data import PolygonDataset, collate
 from segtrain.device import to_device
 from segtrain.distributed import all_reduce_, is_dist
 from segtrain.engine.profiling import DataWaitMeter, torch_profiler
@@ -242,7 +242,9 @@ class TensorBoardImages(HookBase):
     instance-aware models the panoptic ground truth / panoptic prediction (each instance its own
     colour, stuff by class) / centre heatmap; each tile under its title (``PANEL_TITLES``)."""
 
-    def __init__(self, num_images: int, panels: Any, spec: PanopticSpec | None, class_names: Sequence[str]) -> None:
+    def __init__(
+        self, num_images: int, panels: PolygonDataset | None, spec: PanopticSpec | None, class_names: Sequence[str]
+    ) -> None:
         """``panels``: input-size validation items; ``spec``: the panoptic post-processing (instance-aware
         models); ``class_names``: the legend's."""
         self.num_images = int(num_images)
@@ -382,7 +384,12 @@ class EarlyStopping(HookBase):
 
 # --------------------------------------------------------------------------- assembly
 def default_hooks(
-    cfg: Any, run_dir: Path, *, validate: Callable[[], dict[str, Any]], checkpointer: Checkpointer, panels: Any
+    cfg: Config,
+    run_dir: Path,
+    *,
+    validate: Callable[[], dict[str, Any]],
+    checkpointer: Checkpointer,
+    panels: PolygonDataset | None,
 ) -> list[HookBase]:
     """The built-in hooks, in the order they run at each call point, then the user's (``trainer.hooks``).
 
@@ -414,7 +421,7 @@ def default_hooks(
     return hooks + user_hooks(tr.hooks)
 
 
-def user_hooks(entries: Any) -> list[HookBase]:
+def user_hooks(entries: Sequence[Any] | None) -> list[HookBase]:
     """``trainer.hooks``: registry names, or ``{name: ..., <kwargs>}`` entries."""
     hooks = []
     for entry in entries or []:

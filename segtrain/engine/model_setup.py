@@ -16,7 +16,7 @@ from torch import nn
 
 from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.config import Config, LossConfig
-from segtrain.data import collate
+from segtrain.data import PolygonDataset, collate
 from segtrain.device import autocast, to_channels_last, to_device, use_channels_last
 from segtrain.distributed import DistInfo, all_reduce_
 from segtrain.engine.freeze import apply_freeze, freeze_report
@@ -37,7 +37,7 @@ def prepare_model(
     """
     model = build_model(cfg.model, trust=cfg.trust_checkpoint)
     if init_weights is not None:
-        load_checkpoint_weights(model, init_weights, str(cfg.ckpt), strict=cfg.ckpt_strict, classes=classes, asked=cfg)
+        load_checkpoint_weights(model, init_weights, cfg.ckpt or "", strict=cfg.ckpt_strict, classes=classes, asked=cfg)
     if cfg.trainer.sync_bn:
         if dist.distributed:
             model = convert_sync_batchnorm(model, dist.device)
@@ -136,10 +136,10 @@ def wrap_model(
     evidence. ``unwrap`` reaches the plain module under both wrappers: validation and the EMA run it uncompiled,
     checkpoints carry no ``module.`` / ``_orig_mod.`` keys."""
     tr = cfg.trainer
-    setting = str(tr.compile).lower()
+    setting = tr.compile.lower()
     find_unused = False
     if dist.distributed:
-        if str(tr.ddp.find_unused_parameters).lower() == "auto":
+        if tr.ddp.find_unused_parameters.lower() == "auto":
             unused = find_unused_parameters(model, probe(), tr.loss, precision)
             flags = torch.tensor([len(unused)], device=dist.device)
             all_reduce_(flags)
@@ -152,7 +152,7 @@ def wrap_model(
                     ", ".join(unused[:8]) or "on another rank",
                 )
         else:
-            find_unused = str(tr.ddp.find_unused_parameters).lower() == "true"
+            find_unused = tr.ddp.find_unused_parameters.lower() == "true"
     if setting != "false":
         # The order PyTorch documents for DDP: compile the inner module, then wrap it ("Where to apply
         # torch.compile?", https://docs.pytorch.org/docs/stable/compile/programming_model.where_to_apply_compile.html:
@@ -170,12 +170,12 @@ def wrap_model(
             device_ids=device_ids,
             output_device=dist.local_rank if device_ids else None,
             find_unused_parameters=find_unused,
-            static_graph=bool(tr.ddp.static_graph),
+            static_graph=tr.ddp.static_graph,
         )
     return model
 
 
-def probe_batch(dataset: Any) -> dict[str, torch.Tensor]:
+def probe_batch(dataset: PolygonDataset) -> dict[str, torch.Tensor]:
     """Two validation items (final targets whatever the training mapper), for the unused-parameter probe.
 
     Collated as the loader collates (per-instance vectors differ in length between items)."""

@@ -130,7 +130,7 @@ def _step(t: float, step: int, cfg: ScheduleConfig) -> float:
 def _multistep(t: float, step: int, cfg: ScheduleConfig) -> float:
     """``gamma`` once for every milestone passed; milestones are fractions of the run, so the curve keeps its shape
     whatever the data set's size (detectron2's WarmupMultiStepLR with steps at those fractions of MAX_ITER)."""
-    return float(cfg.gamma ** sum(t >= m for m in cfg.milestones))
+    return cfg.gamma ** sum(t >= m for m in cfg.milestones)
 
 
 @SCHEDULES.register("constant")

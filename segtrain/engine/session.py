@@ -10,12 +10,12 @@ import platform
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import cv2
 import torch
 
 import segtrain
+from segtrain.config import Config, TrainerConfig
 from segtrain.distributed import DistInfo, broadcast_object, cleanup, setup
 from segtrain.engine.recorder import close_run_log, setup_logging, start_run_log
 from segtrain.launch_env import DEFERRAL
@@ -25,7 +25,7 @@ log = logging.getLogger("segtrain")
 
 @contextlib.contextmanager
 def session(
-    cfg: Any, output_dir: str, log_name: str = "train.log", owned: bool = False
+    cfg: Config, output_dir: str, log_name: str = "train.log", owned: bool = False
 ) -> Iterator[tuple[DistInfo, Path]]:
     """Rank 0's ``output_dir`` becomes everyone's run directory (Hydra resolves ``${now:...}`` per
     process, so only rank 0's value is trusted; the others were told by the entry point to
@@ -75,13 +75,13 @@ def session(
         cleanup()
 
 
-def start_run_record(cfg: Any, run_dir: Path) -> None:
+def start_run_record(cfg: Config, run_dir: Path) -> None:
     """Rank 0, once the job owns ``run_dir``: the log file (with what was logged so far) and the run record."""
     start_run_log()
     write_run_record(cfg, run_dir)
 
 
-def write_run_record(cfg: Any, run_dir: Path) -> None:
+def write_run_record(cfg: Config, run_dir: Path) -> None:
     """``.hydra/`` (Hydra's ``hydra.output_subdir``): ``config.yaml`` = the config the job really runs with
     (resolved; for evaluate/predict/finetune the checkpoint's model and data set merged in), ``overrides.yaml``
     and ``hydra.yaml`` as Hydra writes them; each file atomically. Hydra itself was told to write nothing
@@ -107,11 +107,11 @@ def write_run_record(cfg: Any, run_dir: Path) -> None:
     atomic_write_bytes(folder / "hydra.yaml", OmegaConf.to_yaml(hydra_cfg).encode())
 
 
-def cpu_threads(trainer: Any) -> int:
+def cpu_threads(trainer_cfg: TrainerConfig) -> int:
     """Threads for torch on a CPU run: the configured number, else the cores this process may use
     once the other local ranks and every loader worker have theirs."""
-    if trainer.cpu_threads:
-        return int(trainer.cpu_threads)
+    if trainer_cfg.cpu_threads:
+        return trainer_cfg.cpu_threads
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // local - int(trainer.num_workers))
+    return max(1, cores // local - trainer_cfg.num_workers)

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from segtrain.checkpoint import io
+from segtrain.config import Config, TrackingConfig
 from segtrain.engine.hooks import HookBase
 from segtrain.engine.recorder import scalar_tags
 from segtrain.fileio import atomic_write_bytes
@@ -78,11 +79,11 @@ class RunInfo:
 
 
 #: Trackers by name: a factory called with ``cfg.trainer.tracking``; None for TensorBoard (the Recorder's).
-LOGGERS: Registry[Callable[[Any], Tracker | None]] = Registry("trainer.loggers")
+LOGGERS: Registry[Callable[[TrackingConfig], Tracker | None]] = Registry("trainer.loggers")
 
 
 @LOGGERS.register("tensorboard")
-def _tensorboard(tracking: Any) -> None:
+def _tensorboard(tracking: TrackingConfig) -> None:
     """TensorBoard is the Recorder's own writer (``Recorder(tensorboard=...)``); no extra tracker."""
     return None
 
@@ -133,7 +134,7 @@ class MLflowTracker(Tracker):
     #: cost a run seconds once. A value set in the environment wins.
     RETRIES = "2"
 
-    def __init__(self, tracking: Any) -> None:
+    def __init__(self, tracking: TrackingConfig) -> None:
         self.uri = tracking.mlflow_uri
         self.client: Any = None
         self.run_id = ""
@@ -190,7 +191,7 @@ class WandbTracker(Tracker):
 
     name = "wandb"
 
-    def __init__(self, tracking: Any) -> None:
+    def __init__(self, tracking: TrackingConfig) -> None:
         self.run: Any = None
 
     def start(self, run_id: str | None, run: RunInfo) -> str:
@@ -237,7 +238,7 @@ class TrackerHook(HookBase):
         self,
         trackers: Sequence[Tracker],
         run_dir: Path,
-        tracking: Any,
+        tracking: TrackingConfig,
         params: dict[str, Any],
         class_names: Sequence[str],
     ) -> None:
@@ -338,7 +339,7 @@ class TrackerHook(HookBase):
             return None
 
 
-def tracker_hook(cfg: Any, run_dir: Path) -> TrackerHook | None:
+def tracker_hook(cfg: Config, run_dir: Path) -> TrackerHook | None:
     """The hook for ``cfg.trainer.loggers``' trackers; None when TensorBoard is the only one."""
     from segtrain.config import to_container
 

@@ -36,6 +36,7 @@ from segtrain.errors import NonFiniteError, Preempted, mark_running
 from segtrain.preemption import StopSignals
 
 if TYPE_CHECKING:
+    from segtrain.config import LossConfig, TrainerConfig
     from segtrain.data import BatchStep
 
 log = logging.getLogger("segtrain.trainer")
@@ -96,7 +97,7 @@ class Events:
 class StepSettings:
     """What one optimiser step needs besides the objects: read once from ``cfg.trainer`` (build.py)."""
 
-    loss: Any = None  # the trainer.loss section (weights, top_k_percent); None: the schema's defaults
+    loss: LossConfig = field(default_factory=lambda: _default_loss())  # trainer.loss (weights, top_k_percent)
     precision: str = "fp32"  # effective: fp16/bf16 only where the device supports them
     accumulate: int = 1
     grad_clip: float = 0.0
@@ -107,20 +108,21 @@ class StepSettings:
     deferred_checks: bool | None = None  # None: on CUDA when nothing must decide per step (step_checks.py)
 
     @classmethod
-    def from_config(cls, tr: Any, precision: str) -> StepSettings:
+    def from_config(cls, trainer_cfg: TrainerConfig, precision: str) -> StepSettings:
         return cls(
-            loss=tr.loss,
+            loss=trainer_cfg.loss,
             precision=precision,
-            accumulate=int(tr.accumulate),
-            grad_clip=float(tr.grad_clip),
-            on_nonfinite=str(tr.on_nonfinite),
-            nonfinite_limit=int(tr.nonfinite_limit),
-            nvtx=bool(tr.profile.nvtx),
-            check_every=int(tr.log_every),
+            accumulate=trainer_cfg.accumulate,
+            grad_clip=trainer_cfg.grad_clip,
+            on_nonfinite=trainer_cfg.on_nonfinite,
+            nonfinite_limit=trainer_cfg.nonfinite_limit,
+            nvtx=trainer_cfg.profile.nvtx,
+            check_every=trainer_cfg.log_every,
         )
 
 
-def _default_loss() -> Any:
+def _default_loss() -> LossConfig:
+    """The schema's ``trainer.loss`` defaults, as the composed config holds them."""
     from omegaconf import OmegaConf
 
     from segtrain.config import LossConfig
@@ -202,7 +204,7 @@ class Trainer:
         self.scaler = scaler if scaler is not None else torch.amp.GradScaler("cpu", enabled=False)
         self.loader = loader
         self.batch_step = batch_step
-        self.settings = settings if settings is not None else StepSettings(loss=_default_loss())
+        self.settings = settings if settings is not None else StepSettings()
         self.dist = dist if dist is not None else DistInfo()
         self.device = self.dist.device
         self.ema = ema

@@ -8,7 +8,7 @@ what the outputs are made of: the class map (uint8), one uint16 map of segment i
 (instance, class) pairs) and, while it is written, one uint8 picture.
 
 Every result equals the one-shot path bit for bit (``to_native`` + ``panoptic_segmentation`` +
-``panoptic_from_prediction`` + ``instance_scores`` + the overlays), which ``tests/test_banded.py`` checks on
+``panoptic_from_prediction`` + ``instance_scores`` + the overlays), which ``tests/evaluation/test_banded.py`` checks on
 CPU (the same reasoning holds on CUDA, where it is not tested):
 
 - resampling (``grid_sample``), argmax and softmax compute each pixel on its own; bands are a multiple of 64
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from segtrain.config import POSTPROCESS
+from segtrain.config import POSTPROCESS, Config
 from segtrain.data import inference_size, prepare_input
 from segtrain.device import autocast
 from segtrain.evaluation.evaluator import PanopticSpec, ids_at_size
@@ -87,12 +87,12 @@ class NativeOutputs:
 
 @torch.no_grad()
 def network_outputs(
-    model: nn.Module, image: np.ndarray, cfg: Any, device: torch.device, precision: str = "fp32"
+    model: nn.Module, image: np.ndarray, cfg: Config, device: torch.device, precision: str = "fp32"
 ) -> NativeOutputs:
     """``inference.predict_image`` without the resampling: the network's outputs for one (H, W, 3) uint8 RGB
     image, to be brought to its grid band by band."""
     inf = cfg.inference
-    x, scale = prepare_input(image, str(inf.mode), inference_size(cfg), int(inf.pad_multiple))
+    x, scale = prepare_input(image, inf.mode, inference_size(cfg), inf.pad_multiple)
     inp = torch.from_numpy(np.ascontiguousarray(x)).permute(2, 0, 1).float().div_(255).unsqueeze(0).to(device)
     del x
     with autocast(device, precision):

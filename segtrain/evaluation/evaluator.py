@@ -120,7 +120,7 @@ class PanopticSpec:
         classes = [str(c) for c in ds.classes]
         # Class 0 is the background when unannotated pixels are background (COCO, LabelMe) or when it is
         # named so (COCO panoptic keeps one that never gets pixels); Cityscapes' class 0 is road.
-        unlabeled = FORMATS.get(str(ds.format)).unlabeled if str(ds.format) in FORMATS else "background"
+        unlabeled = FORMATS.get(ds.format).unlabeled if ds.format in FORMATS else "background"
         named = bool(classes) and classes[0].lower() in BACKGROUND_NAMES
         background_class = 0 if unlabeled == "background" or named else -1
         stuff = {classes.index(s) for s in ds.stuff_classes}
@@ -359,13 +359,13 @@ def evaluators_for(
     and an out-of-range label names its image."""
     evs: list[Evaluator] = [SemanticEvaluator(cfg.model.num_classes, device, records)]
     if panoptic and getattr(unwrap(model), "instance_aware", False):
-        size = (int(cfg.dataset.input_size[0]), int(cfg.dataset.input_size[1]))
+        size = (cfg.dataset.input_size[0], cfg.dataset.input_size[1])
         evs.append(
             PanopticEvaluator(
                 PanopticSpec.from_config(cfg),
                 records=records,
                 input_size=size,
-                max_image_pixels=int(cfg.dataset.max_image_pixels),
+                max_image_pixels=cfg.dataset.max_image_pixels,
                 **kwargs,
             )
         )

@@ -30,7 +30,7 @@ Outputs = dict[str, torch.Tensor]
 def model_from_checkpoint(cfg: Config, blob: Any, device: torch.device) -> nn.Module:
     """The checkpoint's network in eval mode; its EMA weights when it has them."""
     model = build_model(cfg.model)
-    load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=cfg.ckpt_strict, prefer_ema=True, asked=cfg)
+    load_checkpoint_weights(model, blob, cfg.ckpt or "", strict=cfg.ckpt_strict, prefer_ema=True, asked=cfg)
     return model.to(device).eval()
 
 
@@ -96,15 +96,15 @@ def to_native(outputs: Outputs, scale: float, size: tuple[int, int]) -> Outputs:
     return out
 
 
-def run_network(net: nn.Module, image: torch.Tensor, cfg: Any) -> Outputs:
+def run_network(net: nn.Module, image: torch.Tensor, cfg: Config) -> Outputs:
     """The network on a prepared input: in one pass, or in sliding windows (``inference.mode=sliding``)."""
     inf = cfg.inference
     if inf.mode == "sliding":
-        return sliding_window(net, image, inference_size(cfg), float(inf.overlap))
+        return sliding_window(net, image, inference_size(cfg), inf.overlap)
     return net(image)
 
 
-def native_forward(cfg: Any) -> Callable[[nn.Module, dict[str, torch.Tensor]], Outputs]:
+def native_forward(cfg: Config) -> Callable[[nn.Module, dict[str, torch.Tensor]], Outputs]:
     """``forward(net, batch)`` for native-resolution items (``data.mappers.NativeMapper``, batch size 1)."""
 
     def forward(net: nn.Module, batch: dict[str, torch.Tensor]) -> Outputs:
@@ -116,12 +116,12 @@ def native_forward(cfg: Any) -> Callable[[nn.Module, dict[str, torch.Tensor]], O
 
 @torch.no_grad()
 def predict_image(
-    model: nn.Module, image: np.ndarray, cfg: Any, device: torch.device, precision: str = "fp32"
+    model: nn.Module, image: np.ndarray, cfg: Config, device: torch.device, precision: str = "fp32"
 ) -> Outputs:
     """All outputs for one (H,W,3) uint8 RGB image at its own resolution, as ``inference.*`` says:
     ``semantic`` (1,C,H,W) logits, and for instance-aware models ``center`` (1,1,H,W), ``offset`` (1,2,H,W)."""
     inf = cfg.inference
-    x, scale = prepare_input(image, str(inf.mode), inference_size(cfg), int(inf.pad_multiple))
+    x, scale = prepare_input(image, inf.mode, inference_size(cfg), inf.pad_multiple)
     inp = torch.from_numpy(np.ascontiguousarray(x)).permute(2, 0, 1).float().div_(255).unsqueeze(0).to(device)
     with autocast(device, precision):
         out = run_network(model, inp, cfg)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.models.resnet import BasicBlock
 
-from segtrain.config import OUTPUT_STRIDES, ConfigError
+from segtrain.config import ConfigError, check_value
 from segtrain.models.timm_backbone import build_timm_backbone, is_timm
 
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101")
@@ -109,8 +109,7 @@ def mobilenet_backbone(name: str, output_stride: int) -> tuple[nn.Module, dict[s
 
 def build_backbone(name: str, output_stride: int) -> tuple[nn.Module, dict[str, int]]:
     """The feature extractor and the channels of each of its ``FEATURES``."""
-    if output_stride not in OUTPUT_STRIDES:
-        raise ConfigError(f"model.output_stride={output_stride} is not one of {list(OUTPUT_STRIDES)}")
+    check_value("model.output_stride", output_stride)
     if name in RESNETS:
         return resnet_backbone(name, output_stride)
     if name in MOBILENETS:

@@ -2,7 +2,7 @@
 
 The rules are those of the paper's code (``MaskFormer.semantic_inference`` / ``panoptic_inference`` /
 ``instance_inference``) as transformers' ``Mask2FormerImageProcessor`` implements them; the panoptic result
-equals ``post_process_panoptic_segmentation`` on the same logits (tests/test_mask2former.py), vectorised
+equals ``post_process_panoptic_segmentation`` on the same logits (tests/models/test_mask2former.py), vectorised
 over queries instead of one full-image pass per query:
 
 - panoptic: each query's class is the argmax of its softmax (no-object included); queries whose class is

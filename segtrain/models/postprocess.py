@@ -43,7 +43,7 @@ Why it is fast and lean (the reference takes seconds and ~12 bytes x K x H x W o
 On the CPU (with numba) the same steps run as three compiled passes over the pixels
 (``postprocess_kernels.py``: peaks, vote + counts, paint), with the same tile bounds; a pixel whose two
 nearest centres are within a relative 1e-5, or whose target is not finite or huge, is left to the
-reference expression above, so the output is the same bit for bit (tests/test_postprocess_kernels.py).
+reference expression above, so the output is the same bit for bit (tests/models/test_postprocess_kernels.py).
 ``scripts/bench_postprocess.py`` prints each stage's time and share.
 
 Everything stays on the input's device (CPU or CUDA); only a few scalars and per-centre/per-tile tables
@@ -52,12 +52,14 @@ cross to the host.  Memory is O(H x W + tiles x K), never O(K x H x W).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from typing_extensions import TypedDict, Unpack
 
 from segtrain.config import POSTPROCESS
 
@@ -66,7 +68,13 @@ try:  # one pass per stage on the CPU (postprocess_kernels.py); the tensor path 
 except ImportError:  # numba unavailable: the tensor path, identical and a few times slower
     _kernels = None  # type: ignore[assignment]
 
-__all__ = ["find_instance_centers", "panoptic_segmentation", "panoptic_segmentation_batch", "panoptic_table"]
+__all__ = [
+    "PanopticOptions",
+    "find_instance_centers",
+    "panoptic_segmentation",
+    "panoptic_segmentation_batch",
+    "panoptic_table",
+]
 
 # Tiles x centres held at once when pruning candidates (float64 bounds): a few MB.
 _TILE_BUDGET = 1 << 19
@@ -487,17 +495,20 @@ def _panoptic_cpu(
     return pan.reshape(1, h, w), instances
 
 
+class PanopticOptions(TypedDict, total=False):
+    """The keyword options of :func:`panoptic_segmentation`, which :func:`panoptic_segmentation_batch` passes on
+    (their defaults are in ``panoptic_segmentation``'s signature only)."""
+
+    label_divisor: int
+    stuff_area: int
+    void_label: int
+    threshold: float
+    nms_kernel: int
+    top_k: int | None
+
+
 def panoptic_segmentation_batch(
-    semantic: Tensor,
-    center: Tensor,
-    offset: Tensor,
-    thing_ids: Iterable[int],
-    label_divisor: int = POSTPROCESS.label_divisor,
-    stuff_area: int = POSTPROCESS.stuff_area,
-    void_label: int = -1,
-    threshold: float = POSTPROCESS.threshold,
-    nms_kernel: int = POSTPROCESS.nms_kernel,
-    top_k: int | None = POSTPROCESS.top_k,
+    semantic: Tensor, center: Tensor, offset: Tensor, thing_ids: Iterable[int], **options: Unpack[PanopticOptions]
 ) -> tuple[Tensor, list[dict[str, Tensor]]]:
     """``panoptic_segmentation`` for a batch: semantic (B, H, W) or (B, 1, H, W), center (B, 1, H, W),
     offset (B, 2, H, W) -> ((B, H, W) int64 panoptic maps, list of B instance dicts)."""
@@ -517,20 +528,14 @@ def panoptic_segmentation_batch(
     things: Sequence[int] = list(thing_ids)
     maps, infos = [], []
     for b in range(semantic.shape[0]):
-        pan, info = panoptic_segmentation(
-            semantic[b : b + 1],
-            center[b],
-            offset[b],
-            things,
-            label_divisor=label_divisor,
-            stuff_area=stuff_area,
-            void_label=void_label,
-            threshold=threshold,
-            nms_kernel=nms_kernel,
-            top_k=top_k,
-        )
+        pan, info = panoptic_segmentation(semantic[b : b + 1], center[b], offset[b], things, **options)
         maps.append(pan[0])
         infos.append(info)
     if not maps:
         return torch.zeros(0, *semantic.shape[1:], dtype=torch.int64, device=semantic.device), []
     return torch.stack(maps), infos
+
+
+# The batch form takes the same options with the same defaults: say so to ``inspect`` (help(), the check that
+# every default is the schema's) from the one signature that holds them.
+panoptic_segmentation_batch.__signature__ = inspect.signature(panoptic_segmentation)  # type: ignore[attr-defined]

@@ -22,12 +22,9 @@ Compiled lazily on first call and cached on disk, like segtrain's data kernels. 
 
 from __future__ import annotations
 
-import warnings
-
-import numba
 import numpy as np
 
-_warned: list[RuntimeError] = []
+from segtrain.jit import cached_jit
 
 # Near ties (squared distances within this relative gap, plus an absolute one for targets on a centre)
 # are left to the reference expression.
@@ -36,21 +33,7 @@ _ABS_GAP = 1e-6
 # Beyond this a float32 square may overflow in the reference: left to it.
 _HUGE = 1e18
 
-
-def _jit(fn):
-    """``numba.njit(cache=True, nogil=True)``, or without the cache where no directory is writable."""
-    try:
-        return numba.njit(cache=True, nogil=True)(fn)
-    except RuntimeError as exc:  # "cannot cache function ...: no locator available"
-        if not _warned:
-            _warned.append(exc)
-            warnings.warn(
-                f"{exc}; segtrain's post-processing kernels are compiled in every process. "
-                "Set NUMBA_CACHE_DIR to a writable directory to cache them.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return numba.njit(nogil=True)(fn)
+_jit = cached_jit("post-processing")
 
 
 @_jit
@@ -146,7 +129,7 @@ def vote(sem, offset, is_thing, cy, cx, origin_y, origin_x, tile, nty, ntx, ncan
     k = cy.shape[0]
     inv = 1.0 / tile
     n_fb = 0
-    run_key, run_len = 0, 0  # consecutive pixels of one row of the table: counted once per run
+    run_key, run_len = np.int64(0), 0  # consecutive pixels of one row of the table: counted once per run
     for y in range(h):
         fy = np.float32(y)
         srow, oy, ox, krow = sem[y], offset[0, y], offset[1, y], key[y * w : (y + 1) * w]

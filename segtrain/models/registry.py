@@ -14,7 +14,7 @@ from typing import Any, TypeVar, cast
 from omegaconf.errors import MissingMandatoryValue
 from torch import nn
 
-from segtrain.config import ConfigError, ModelConfig
+from segtrain.config import ConfigError, ModelConfig, check_value
 from segtrain.registry import Registry, check_call
 
 Builder = Callable[..., nn.Module]  # builder(spec, **model.kwargs)
@@ -58,7 +58,9 @@ def _read(cfg: Any, key: str) -> Any:
 
 
 def model_spec(cfg: Any) -> ModelSpec:
-    """Accept a DictConfig, a dict or any object with attributes (e.g. SimpleNamespace)."""
+    """Accept a DictConfig, a dict or any object with attributes (e.g. SimpleNamespace); each integer is held
+    to the rule its schema field declares (``model.width``'s bound, ``model.output_stride``'s choices), the same
+    check a config gets."""
     if isinstance(cfg, ModelSpec):
         return cfg
     values: dict[str, Any] = {"kwargs": read_kwargs(cfg)}
@@ -75,8 +77,7 @@ def model_spec(cfg: Any) -> ModelSpec:
                 value = int(value)
             except (TypeError, ValueError):
                 raise ConfigError(f"model.{f.name} must be an integer, got {value!r}") from None
-            if value < 1:
-                raise ConfigError(f"model.{f.name}={value} must be >= 1")
+            check_value(f"model.{f.name}", value)  # the rule the schema declares on the field
         values[f.name] = value
     return ModelSpec(**values)
 

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from segtrain import storage
 from segtrain.config import Config
 from segtrain.data import (
+    BatchStep,
     Instance,
     PolygonDataset,
     StageTimer,
@@ -55,7 +56,7 @@ def warm_rasteriser() -> None:
     rasterise([Instance("warm-up", "warm-up", 1, [square])], 4, 4, np.uint16)
 
 
-def warm_up(dataset: Any, items: int = WARMUP_ITEMS) -> None:
+def warm_up(dataset: PolygonDataset, items: int = WARMUP_ITEMS) -> None:
     """Run the per-item pipeline on ``items`` images and collate them, untimed, so that one-time costs
     are not reported as per-image costs. Uses the last images: the measured ones (the first) are still
     read for the first time, as in an epoch."""
@@ -65,7 +66,7 @@ def warm_up(dataset: Any, items: int = WARMUP_ITEMS) -> None:
         collate([dataset[(0, (n - 1 - k) % n)] for k in range(min(items, n))])
 
 
-def stage_times(dataset: Any, num_images: int, warmup: int = WARMUP_ITEMS) -> dict[str, float]:
+def stage_times(dataset: PolygonDataset, num_images: int, warmup: int = WARMUP_ITEMS) -> dict[str, float]:
     """Mean milliseconds per image of each stage inside the dataset (read, decode, rasterise, ...),
     measured as a loader worker runs them: one torch thread, after ``warmup`` untimed images
     (:func:`warm_up`). The data set's mapper must have been built with a :class:`~segtrain.data.StageTimer`."""
@@ -182,11 +183,11 @@ def _throughput(dataset: PolygonDataset, batch_size: int, workers: int, batches:
 
 
 def model_throughput(
-    cfg: Any,
+    cfg: Config,
     batch: dict[str, torch.Tensor],
     dist: DistInfo,
     steps: int,
-    batch_transform: Any = None,
+    batch_transform: BatchStep | None = None,
     budget_s: float = 15.0,
 ) -> dict[str, float]:
     """Training steps per second on an in-memory batch: what the model could consume with a free loader
@@ -226,7 +227,7 @@ def thread_candidates(current: int, cores: int) -> list[int]:
 
 
 def thread_trial(
-    cfg: Any, batch: dict[str, torch.Tensor], dist: DistInfo, transform: Any, current_ips: float
+    cfg: Config, batch: dict[str, torch.Tensor], dist: DistInfo, transform: BatchStep | None, current_ips: float
 ) -> dict[str, Any]:
     """The model step's img/s with other ``trainer.cpu_threads`` values (a CPU run's A/B, on the batch training
     uses), beside the current thread count's figure ``current_ips``; the thread count is restored after."""
@@ -305,15 +306,15 @@ def stage_advice(stage: str, cuda: bool) -> str:
     return ADVICE.get(stage, f"speed up the {stage} stage")
 
 
-def diagnose(cfg: Config, dist: DistInfo, dataset: Any = None) -> dict[str, Any]:
+def diagnose(cfg: Config, dist: DistInfo, dataset: PolygonDataset | None = None) -> dict[str, Any]:
     """Measure and decide: input-bound or compute-bound, by how much, which stage, and what to try."""
     tr = cfg.trainer
     dataset = dataset if dataset is not None else build_dataset(cfg, "train", device=dist.device, timer=StageTimer())
-    configured = int(tr.batch_size)
+    configured = tr.batch_size
     # measured on the batch training will use: a preset's batch the data set cannot fill is lowered as training
     # lowers it (the same function)
-    lowered = fit_batch_to_data(tr, len(dataset), dist.world_size, announce=False)
-    bs = per_rank_batch(int(tr.batch_size), dist.world_size)
+    global_bs = fit_batch_to_data(tr, len(dataset), dist.world_size, announce=False)
+    bs = per_rank_batch(global_bs, dist.world_size)
     n_img = cfg.doctor.num_images
     report: dict[str, Any] = {
         "dataset": cfg.dataset.name,
@@ -324,7 +325,7 @@ def diagnose(cfg: Config, dist: DistInfo, dataset: Any = None) -> dict[str, Any]
         "per_rank_batch": bs,
         "cpu_count": os.cpu_count(),
     }
-    if lowered is not None:
+    if global_bs != configured:
         report["batch_lowered_from"] = configured
     stages = stage_times(dataset, n_img)  # after WARMUP_ITEMS untimed images: one-time costs excluded
     if len(dataset) and storage.is_remote(dataset.records[0].path):  # reading is requests to an object store
@@ -335,17 +336,17 @@ def diagnose(cfg: Config, dist: DistInfo, dataset: Any = None) -> dict[str, Any]
     report["pipeline_ms_per_image"] = sum(stages.values())
     batches = max(2, -(-n_img // bs))
     pin = dist.device.type == "cuda"
-    workers = sorted({int(w) for w in cfg.doctor.workers} | {int(tr.num_workers)})
+    workers = sorted({*cfg.doctor.workers, tr.num_workers})
     report["loader"] = [loader_throughput(dataset, bs, w, batches, pin) for w in workers]
     sample = collate([dataset[(0, i % len(dataset))] for i in range(bs)])
     plan = plan_pipeline(cfg, dist.device)
-    transform = plan.batch_step(int(tr.seed), dist.rank)
+    transform = plan.batch_step(tr.seed, dist.rank)
     for stage in ("decode", "augment", "targets"):
         report[f"{stage}_device"] = str(dist.device) if getattr(plan, stage) == DEVICE else "cpu (loader workers)"
     report["model_step"] = model_throughput(cfg, sample, dist, cfg.doctor.steps, transform)
     if dist.device.type == "cpu":
         report["cpu_threads_trial"] = thread_trial(cfg, sample, dist, transform, report["model_step"]["images_per_s"])
-    report.update(verdict(report, int(tr.num_workers), cfg))
+    report.update(verdict(report, tr.num_workers, cfg))
     return report
 
 
@@ -356,7 +357,7 @@ def smaller_model(cfg: Config) -> str:
     return "a smaller model (model=tiny, or a lighter model.backbone)"
 
 
-def verdict(report: dict[str, Any], configured_workers: int, cfg: Any) -> dict[str, Any]:
+def verdict(report: dict[str, Any], configured_workers: int, cfg: Config) -> dict[str, Any]:
     """Input- or compute-bound, by what factor, the dominant stage, and advice for the run's device."""
     loader = {r["workers"]: r for r in report["loader"]}
     current = loader[configured_workers]["images_per_s"]

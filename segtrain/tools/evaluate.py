@@ -19,7 +19,7 @@ from typing import Any
 
 from segtrain.config import Config, ConfigError
 from segtrain.console import progress_bar
-from segtrain.data import build_dataset, build_loader, coco_ids
+from segtrain.data import PolygonDataset, build_dataset, build_loader, coco_ids
 from segtrain.device import effective_precision
 from segtrain.distributed import DistInfo
 from segtrain.errors import UserError
@@ -37,8 +37,8 @@ log = logging.getLogger("segtrain.evaluate")
 class ExportContext:
     """What an exporter is built from: the resolved config, the val data set, where to write, the ranks."""
 
-    cfg: Any
-    dataset: Any
+    cfg: Config
+    dataset: PolygonDataset
     run_dir: Path
     dist: DistInfo
     spec: PanopticSpec | None  # None when the model's predictions are semantic only
@@ -241,7 +241,7 @@ def evaluate_checkpoint(cfg: Config, blob: Any, dist: DistInfo, run_dir: Path) -
         )
     classes = [str(c) for c in cfg.dataset.classes]
     metrics["per_class"] = {c: metrics["iou"][i] for i, c in enumerate(classes)}
-    metrics["checkpoint"] = str(cfg.ckpt)
+    metrics["checkpoint"] = cfg.ckpt
     metrics["resolution"] = where
     written: dict[str, str] = {}
     for export in exports:

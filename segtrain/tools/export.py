@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 import segtrain
 from segtrain.checkpoint.state import load_checkpoint_weights
-from segtrain.config import EXPORT_FORMATS, Config, ConfigError, to_container
+from segtrain.config import EXPORT_FORMATS, Config, ConfigError, check_value, to_container
 from segtrain.fileio import temp_beside
 from segtrain.models import build_model
 
@@ -276,8 +276,7 @@ def export_model(
     """Write ``model`` (eval mode, on the CPU) as ``fmt`` to ``path`` atomically; traced/exported on a
     (2, 3, *input_size) example when dynamic, (1, 3, *input_size) otherwise. ``check(written file, result)``
     runs on the file before it takes its name (verification): when it raises, nothing is left behind."""
-    if fmt not in EXPORT_FORMATS:
-        raise ConfigError(f"export.format={fmt!r} is not one of {list(EXPORT_FORMATS)}")
+    check_value("export.format", fmt)
     path = Path(path)
     model = model.eval()
     h, w = (int(v) for v in input_size)
@@ -411,10 +410,10 @@ def model_metadata(cfg: Config, weights: str) -> dict[str, Any]:
     inf, spec = cfg.inference, PanopticSpec.from_config(cfg)
     return {
         "inference": {
-            "mode": str(inf.mode),
+            "mode": inf.mode,
             "input_size": list(inference_size(cfg)),
-            "pad_multiple": int(inf.pad_multiple),
-            "overlap": float(inf.overlap),
+            "pad_multiple": inf.pad_multiple,
+            "overlap": inf.overlap,
         },
         "postprocess": {
             "threshold": spec.threshold,
@@ -432,7 +431,7 @@ def model_metadata(cfg: Config, weights: str) -> dict[str, Any]:
         "thing_ids": [i for i in range(1, len(classes)) if i not in stuff],  # class 0 is background
         "stuff_ids": sorted(stuff),
         "input": "image: float32 (B, 3, H, W), RGB in [0, 1] (ImageNet normalisation is inside the graph)",
-        "checkpoint": str(cfg.ckpt),
+        "checkpoint": cfg.ckpt,
         "weights": weights,
     }
 
@@ -449,10 +448,11 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
             "format=torchscript is a legacy format (torch.jit is deprecated in PyTorch); format=torch_export "
             "writes the maintained .pt2 ExportedProgram"
         )
-    output = Path(str(ex.output)) if ex.output else default_output(str(cfg.ckpt), fmt)
-    check_output(output, str(cfg.ckpt), cfg.overwrite)
+    ckpt = cfg.ckpt or ""  # set: the entry point refuses a run without ckpt=
+    output = Path(ex.output) if ex.output else default_output(ckpt, fmt)
+    check_output(output, ckpt, cfg.overwrite)
     model = build_model(cfg.model)
-    report = load_checkpoint_weights(model, blob, str(cfg.ckpt), strict=cfg.ckpt_strict, prefer_ema=True, asked=cfg)
+    report = load_checkpoint_weights(model, blob, ckpt, strict=cfg.ckpt_strict, prefer_ema=True, asked=cfg)
     model = model.to("cpu").eval()
     log.info("exporting %s (%s weights of %s) as %s to %s", cfg.model.name, report.weights, cfg.ckpt, fmt, output)
     h, w = (int(v) for v in cfg.dataset.input_size)
@@ -484,7 +484,7 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
             TOLERANCES.get(fmt, TOLERANCE),
         )
 
-    dynamic = bool(ex.dynamic)
+    dynamic = ex.dynamic
     if dynamic and fmt != "torchscript" and getattr(model, "query_outputs", False):
         # transformers' Mask2Former specialises its shapes when traced: a "dynamic" graph would fix them anyway
         log.info("%s exports to %s at a fixed input size (dataset.input_size %dx%d)", cfg.model.name, fmt, h, w)
@@ -494,7 +494,7 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
         output,
         fmt,
         list(cfg.dataset.input_size),
-        opset=int(ex.opset),
+        opset=ex.opset,
         dynamic=dynamic,
         metadata=model_metadata(cfg, report.weights),
         check=verify,

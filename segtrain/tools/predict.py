@@ -135,7 +135,7 @@ def output_names(root: Path, files: list[Path]) -> dict[Path, Path]:
 
 
 def check_outputs(
-    cfg: Any,
+    cfg: Config,
     root: Path,
     files: list[Path],
     out_dir: Path,
@@ -146,7 +146,7 @@ def check_outputs(
     doc); ``suffixes``: the files written per input."""
     if out_dir.exists() and not out_dir.is_dir():
         raise PredictInputError(f"output={cfg.output} is a file; predict writes into a folder: name a folder")
-    folder_input = Path(str(cfg.input)).expanduser().is_dir()
+    folder_input = cfg.input is not None and Path(cfg.input).expanduser().is_dir()
     if folder_input and (out_dir.resolve() == root.resolve() or root.resolve() in out_dir.resolve().parents):
         raise PredictInputError(
             f"output={cfg.output} is inside input={cfg.input}: predictions would be written among the images (and "
@@ -155,7 +155,7 @@ def check_outputs(
     planned = [out_dir / f"{names[f]}{suffix}" for f in files for suffix in suffixes]
     protected = {p.resolve() for p in files if not storage.is_remote(p)}
     if cfg.ckpt:
-        protected.add(Path(str(cfg.ckpt)).resolve())
+        protected.add(Path(cfg.ckpt).resolve())
     clash = next((p for p in planned if p.resolve() in protected), None)
     if clash is not None:
         raise PredictInputError(
@@ -184,7 +184,7 @@ def predict(cfg: Config, blob: Any, device: torch.device) -> list[Path]:
         raise PredictInputError("segtrain.predict needs output=FOLDER")
     root, files = collect_inputs(cfg.input)
     names = output_names(root, files)
-    out_dir = Path(str(cfg.output)).expanduser()
+    out_dir = Path(cfg.output).expanduser()
     model = model_from_checkpoint(cfg, blob, device)
     precision = effective_precision(cfg.trainer.precision, device)
     classes = [str(c) for c in cfg.dataset.classes]

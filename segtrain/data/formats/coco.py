@@ -7,8 +7,10 @@ scan (json_chunks.py) finds the elements of the ``images`` and ``annotations`` a
 ``array.fromlist`` and are checked vectorised) and freed before the next. Anything unusual (RLE,
 nested ``[[x, y], ...]`` points, wrong types) takes a per-annotation path that names the problem;
 a document the scan cannot split (or a syntax error) is parsed whole, for the exact error. In files of
-``polygon_text.MIN_FILE_BYTES`` and more, plain polygon lists skip the parser: polygon_text.py reads them
-from the text into float64 arrays (the parser's exact values).
+``polygon_text.MIN_FILE_BYTES`` and more, compiled passes (coco_text_kernels.py, numba) find the document's
+structure and read every chunk of annotations written the plain way straight from the text into arrays (the
+parser's exact values; no Python object per annotation or number); a chunk holding anything else is parsed,
+its plain polygon lists read from the text (polygon_text.py), with the same checks and messages.
 
 What is checked, before training starts: JSON syntax; ``images`` / ``annotations`` /
 ``categories`` structure; id types (integers or strings; booleans, floats, lists and objects are
@@ -21,16 +23,18 @@ unless ``check_files=True``: a missing image is reported when it is read (see im
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 from array import array
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain, repeat
 from operator import itemgetter, methodcaller
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -39,7 +43,7 @@ import segtrain.data.formats.polygon_text as polygon_text
 from segtrain import storage
 from segtrain.data.formats.index import RecordIndex, blob_arrays, encode_column
 from segtrain.data.formats.index_cache import cached_file_index, cached_index, file_fingerprint
-from segtrain.data.formats.json_chunks import NotSplittable, Structure, iter_chunks, skeleton
+from segtrain.data.formats.json_chunks import NotSplittable, Structure, chunk_cuts, iter_chunks, parse_piece, skeleton
 from segtrain.data.formats.reading import (
     Problems,
     bounded_list,
@@ -207,12 +211,60 @@ def _loads_annotations(text: bytes) -> Any:
     return out
 
 
+@functools.cache
+def _kernels() -> ModuleType | None:
+    """The compiled text passes (coco_text_kernels.py), loaded on first use; None without numba."""
+    try:
+        import segtrain.data.formats.coco_text_kernels as kernels
+    except ImportError:  # pragma: no cover - numba is a dependency; the parser alone gives the same index
+        return None
+    return kernels
+
+
+@dataclass
+class _Scanned:
+    """A chunk of annotations read by the compiled pass (coco_text_kernels.scan_annotations), and the parsed
+    RLE objects of those that have one (position in the chunk -> dict)."""
+
+    ints: np.ndarray
+    area: np.ndarray
+    has_area: np.ndarray
+    nparts: np.ndarray
+    lens: np.ndarray
+    vals: np.ndarray
+    rles: dict[int, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.ints)
+
+
+def _scanned_chunks(kernels: ModuleType, raw: bytes, span: tuple[int, int], starts: np.ndarray) -> Iterator[Any]:
+    """The annotations at ``span`` chunk by chunk: read by the compiled pass where a whole chunk is plain, else
+    parsed (its plain polygon lists read from the text, polygon_text.py)."""
+    buf = np.frombuffer(raw, np.uint8)
+    for a, b in chunk_cuts(span, starts, CHUNK_BYTES):
+        found = kernels.scan_annotations(buf, a, b)
+        if found is not None:
+            ints, area, has_area, nparts, seg, lens, vals = found
+            scanned = _Scanned(ints, area, has_area, nparts, lens, vals)
+            try:
+                for k in np.flatnonzero(seg[:, 0] >= 0).tolist():
+                    scanned.rles[k] = _loads_chunk(raw[seg[k, 0] : seg[k, 1]])
+            except NotSplittable:
+                pass  # the parser of the whole chunk names the problem
+            else:
+                yield scanned
+                continue
+        yield parse_piece(raw, a, b, _loads_annotations)
+
+
 def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) -> RecordIndex:
     src = str(path)
     raw: bytes | None  # None once converted (freed)
     raw = holder[0]
     if split:
-        structure = Structure(raw)
+        kernels = _kernels() if len(raw) >= polygon_text.MIN_FILE_BYTES else None
+        structure = Structure(raw) if kernels is None else Structure(raw, kernels.brackets)
         spans = structure.top_level_arrays()
         if "images" not in spans:
             raise NotSplittable("no top-level 'images' array")
@@ -227,12 +279,14 @@ def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) 
         if "categories" in spans:
             cats = _loads_chunk(raw[spans["categories"][0] : spans["categories"][1] + 1])
         anns_ok = "annotations" in spans or "annotations" not in top
-        chunks: Iterator[list] = iter(())
+        chunks: Iterator[list | _Scanned] = iter(())
         if "annotations" in spans:
             ann_span = spans["annotations"]
             starts = structure.element_starts(ann_span)
-            loads = _loads_annotations if len(raw) >= polygon_text.MIN_FILE_BYTES else _loads_chunk
-            chunks = iter_chunks(raw, ann_span, starts, CHUNK_BYTES, loads)
+            if kernels is not None:
+                chunks = _scanned_chunks(kernels, raw, ann_span, starts)
+            else:
+                chunks = iter_chunks(raw, ann_span, starts, CHUNK_BYTES, _loads_chunk)
         del structure
     else:
         top = parse_json(raw, path)
@@ -259,7 +313,10 @@ def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) 
     base = 0
     for chunk in chunks:
         base += len(chunk)
-        conv.add(chunk, base - len(chunk))
+        if isinstance(chunk, _Scanned):
+            conv.add_scanned(chunk, base - len(chunk))
+        else:
+            conv.add(chunk, base - len(chunk))
     del chunks
     holder.clear()  # the text is converted: free it before the arrays are assembled
     raw = None
@@ -349,14 +406,11 @@ class _Images:
 
     def _slow(self, images: list, src: str, max_pixels: int, problems: Problems) -> None:
         for i, im in enumerate(images):
-            if type(im) is not dict:
-                problems.image(f"{src}: images[{i}] is {shown(im)}, not an object")
+            problem = _element_problem(src, "images", i, im, "every COCO image needs a unique integer id")
+            if problem:
+                problems.image(problem)
                 continue
-            im_id = im.get("id")
-            if type(im_id) not in (int, str):
-                what = "has no 'id'" if im_id is None else f"has the id {shown(im_id)}"
-                problems.image(f"{src}: images[{i}] {what}; every COCO image needs a unique integer id")
-                continue
+            im_id = im["id"]
             if isinstance(im_id, str) and not is_utf8(im_id):
                 problems.image(f"{src}: images[{i}] has the id {ascii(im_id)}, which is not valid Unicode text")
                 continue
@@ -399,6 +453,18 @@ class _Images:
             self.names.append(file_name)
             self.heights.append(h)
             self.widths.append(w)
+
+
+def _element_problem(src: str, array: str, i: int, item: Any, rule: str) -> str | None:
+    """What makes element ``i`` of ``array`` unusable before any other check (not an object, no integer or
+    string id; ``rule`` says what ids must be), or None."""
+    if type(item) is not dict:
+        return f"{src}: {array}[{i}] is {shown(item)}, not an object"
+    item_id = item.get("id")
+    if type(item_id) not in (int, str):
+        what = "has no 'id'" if item_id is None else f"has the id {shown(item_id)}"
+        return f"{src}: {array}[{i}] {what}; {rule}"
+    return None
 
 
 def _flat_part(part: Any) -> list:
@@ -480,6 +546,7 @@ class _Pending:
         self.area: list[np.ndarray] = []
         self.ids: list[np.ndarray | list] = []
         self.parts: list = []
+        self.flat: tuple[np.ndarray, np.ndarray] | None = None  # (numbers, count per part) read from the text
 
     def add(self, fidx, img, code, crowd, nparts, ids, parts: list, area) -> None:
         self.fidx.append(np.asarray(fidx, np.int64))
@@ -551,6 +618,30 @@ class _Annotations:
         if pend.fidx:
             self._finish(pend)
 
+    def add_scanned(self, chunk: _Scanned, base: int) -> None:
+        """:meth:`add` for a chunk read by the compiled pass: the same checks, in the same order (what
+        :meth:`_fast` would take is taken here; the rest goes through :meth:`_slow` as the parsed dict)."""
+        n = len(chunk)
+        aid, ims, cats, crowd = (chunk.ints[:, k] for k in range(4))
+        img = np.fromiter(map(self.imgs.index.get, ims.tolist(), repeat(-1)), np.int64, n)
+        code = np.fromiter(map(self.cat_code.get, cats.tolist(), repeat(-1)), np.int64, n)
+        take = (img >= 0) & (code >= 0) & (chunk.nparts > 0)
+        sel = np.flatnonzero(take)
+        part_take = np.repeat(take, chunk.nparts)
+        area = np.where(chunk.has_area, chunk.area, math.nan)
+        pend = _Pending()
+        pend.add(base + sel, img[sel], code[sel], crowd[sel].astype(bool), chunk.nparts[sel], aid[sel], [], area[sel])
+        pend.flat = (chunk.vals[np.repeat(part_take, chunk.lens)], chunk.lens[part_take])
+        for k in np.flatnonzero(~take).tolist():
+            a: dict[str, Any] = {"id": int(aid[k]), "image_id": int(ims[k]), "category_id": int(cats[k])}
+            a["iscrowd"] = int(crowd[k])
+            if chunk.has_area[k]:
+                a["area"] = float(chunk.area[k])
+            if k in chunk.rles:
+                a["segmentation"] = chunk.rles[k]
+            self._slow(base + k, a, pend)
+        self._finish(pend)
+
     def _fast(self, chunk: list, base: int, pend: _Pending) -> np.ndarray | None:
         """The common case for a whole chunk with C-level loops; returns which annotations it took
         (None: none, e.g. an element that is not an object)."""
@@ -599,14 +690,11 @@ class _Annotations:
     def _slow(self, i: int, a: Any, pend: _Pending) -> None:
         """Check one annotation the fast path did not take; record it in ``pend`` or a problem."""
         src, pr = self.src, self.problems
-        if type(a) is not dict:
-            pr.annotation(f"{src}: annotations[{i}] is {shown(a)}, not an object")
+        problem = _element_problem(src, "annotations", i, a, "annotation ids must be integers")
+        if problem:
+            pr.annotation(problem)
             return
-        aid = a.get("id")
-        if type(aid) not in (int, str):
-            what = "has no 'id'" if aid is None else f"has the id {shown(aid)}"
-            pr.annotation(f"{src}: annotations[{i}] {what}; annotation ids must be integers")
-            return
+        aid = a["id"]
         where = f"{src}: annotation id {aid}"
         im = a.get("image_id")
         if type(im) not in (int, str):
@@ -657,13 +745,17 @@ class _Annotations:
         parts = pend.parts
         fidx, img, code, crowd, nparts, area = pend.cat()
         ids = _cat_ids(pend.ids)
-        buf, lens, reasons = _convert_parts(parts)
-        v = np.frombuffer(buf, np.float64) if len(buf) else np.zeros(0, np.float64)
+        if pend.flat is not None:  # read from the text: numbers only, finite
+            v, lens = pend.flat
+            reasons: dict[int, str] = {}
+        else:
+            buf, lens, reasons = _convert_parts(parts)
+            v = np.frombuffer(buf, np.float64) if len(buf) else np.zeros(0, np.float64)
+            # true / false pass as 1.0 / 0.0 through fromlist: look closer at parts holding those values
+            for k in np.flatnonzero(_segment_sums((v == 0.0) | (v == 1.0), lens) > 0).tolist():
+                if k not in reasons and type(parts[k]) is list and bool in set(map(type, parts[k])):
+                    reasons[k] = "coordinates must be numbers, not true/false"
         nonfinite = _segment_sums(~np.isfinite(v), lens) > 0
-        # true / false pass as 1.0 / 0.0 through fromlist: look closer at parts holding those values
-        for k in np.flatnonzero(_segment_sums((v == 0.0) | (v == 1.0), lens) > 0).tolist():
-            if k not in reasons and type(parts[k]) is list and bool in set(map(type, parts[k])):
-                reasons[k] = "coordinates must be numbers, not true/false"
         bad = nonfinite | (lens % 2 == 1) | (lens < 6) | (lens > 2 * MAX_POLYGON_VERTICES)
         if reasons:
             bad[list(reasons)] = True

@@ -28,12 +28,27 @@ class NotSplittable(ValueError):
 
 
 class Structure:
-    """Positions of the brackets outside strings, their depth and their matching partner."""
+    """Positions of the brackets outside strings, their depth and their matching partner.
 
-    def __init__(self, raw: bytes) -> None:
+    ``scan``: a compiled pass (coco_text_kernels.brackets) that keeps the brackets of the first three levels
+    only (all that :meth:`top_level_arrays` and :meth:`element_starts` read) and checks that all balance;
+    None: the NumPy scan below, which keeps them all."""
+
+    def __init__(self, raw: bytes, scan: Callable[[np.ndarray, int], Any] | None = None) -> None:
         buf = np.frombuffer(raw, np.uint8)
         if not len(buf):
             raise NotSplittable("empty document")
+        if scan is not None:
+            found = scan(buf, 3)
+            if found is None:
+                raise NotSplittable("unbalanced brackets or quotes")
+            self.pos, step = found
+            self.depth_after = np.cumsum(step, dtype=np.int64)
+            if len(self.pos) == 0:
+                raise NotSplittable("unbalanced brackets")
+            self.is_open = step > 0
+            self.raw = raw
+            return
         quotes, slashes, opens, closes = [], [], [], []
         for s in range(0, len(buf), _BLOCK):
             blk = buf[s : s + _BLOCK]  # one SIMD comparison per character class is the fastest scan
@@ -90,24 +105,35 @@ class Structure:
         return self.pos[sel]
 
 
-def iter_chunks(
-    raw: bytes, span: tuple[int, int], starts: np.ndarray, chunk_bytes: int, loads: Callable[[bytes], Any]
-) -> Iterator[list]:
-    """The elements of the array at ``span`` as lists, each parsed from about ``chunk_bytes`` of
-    text (a parser's scratch memory grows with its input: yyjson's is ~15x the text)."""
+def chunk_cuts(span: tuple[int, int], starts: np.ndarray, chunk_bytes: int) -> list[tuple[int, int]]:
+    """(start, end) of the pieces of text of about ``chunk_bytes`` that hold whole elements of the array at
+    ``span`` (each piece may end with the comma before the next one)."""
     targets = np.arange(span[0] + chunk_bytes, span[1], chunk_bytes)
     inner: np.ndarray | list[int] = (
         np.unique(starts[np.minimum(np.searchsorted(starts, targets), len(starts) - 1)]) if len(starts) else []
     )
     cuts = [span[0] + 1, *(int(c) for c in inner if span[0] + 1 < c < span[1]), span[1]]
-    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-        piece = raw[a:b].rstrip()
-        if piece.endswith(b","):
-            piece = piece[:-1]
-        got = loads(b"[" + piece + b"]")
-        if not isinstance(got, list):  # pragma: no cover - a bracketed text always parses to a list
-            raise NotSplittable("chunk is not an array")
-        yield got
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+def parse_piece(raw: bytes, a: int, b: int, loads: Callable[[bytes], Any]) -> list:
+    """The elements in the piece ``raw[a:b]`` (see :func:`chunk_cuts`), parsed by ``loads``."""
+    piece = raw[a:b].rstrip()
+    if piece.endswith(b","):
+        piece = piece[:-1]
+    got = loads(b"[" + piece + b"]")
+    if not isinstance(got, list):  # pragma: no cover - a bracketed text always parses to a list
+        raise NotSplittable("chunk is not an array")
+    return got
+
+
+def iter_chunks(
+    raw: bytes, span: tuple[int, int], starts: np.ndarray, chunk_bytes: int, loads: Callable[[bytes], Any]
+) -> Iterator[list]:
+    """The elements of the array at ``span`` as lists, each parsed from about ``chunk_bytes`` of
+    text (a parser's scratch memory grows with its input: yyjson's is ~15x the text)."""
+    for a, b in chunk_cuts(span, starts, chunk_bytes):
+        yield parse_piece(raw, a, b, loads)
 
 
 def skeleton(raw: bytes, spans: list[tuple[int, int]]) -> bytes:

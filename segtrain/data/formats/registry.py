@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from segtrain import storage
-from segtrain.config import BACKGROUND_NAMES
+from segtrain.config import BACKGROUND_NAMES, DatasetConfig
 from segtrain.data.formats.coco import load_coco
 from segtrain.data.formats.confine import confine_paths
 from segtrain.data.formats.labelme import load_labelme
@@ -25,7 +25,7 @@ from segtrain.data.records import IGNORE, ClassMap, ImageRecord, SkipReport
 from segtrain.errors import UserError
 from segtrain.registry import Registry
 
-Loader = Callable[[Any, str, ClassMap], tuple[Sequence[ImageRecord], SkipReport]]
+Loader = Callable[[DatasetConfig, str, ClassMap], tuple[Sequence[ImageRecord], SkipReport]]
 Discovered = tuple[str, int] | tuple[str, int, bool]  # (label, instances[, is_stuff])
 
 
@@ -37,12 +37,12 @@ class DataFormat:
     folder_keys: tuple[str, ...] = ("images", "dir", "panoptic")  # split keys naming folders (others: files)
     # (cfg.dataset) -> [(label, instances)] of the training split, for dataset.classes=auto; None: unsupported.
     # Formats that know which labels are stuff (COCO panoptic's isthing=0) give (label, instances, is_stuff).
-    discover: Callable[[Any], Sequence[Discovered]] | None = None
+    discover: Callable[[DatasetConfig], Sequence[Discovered]] | None = None
     # (cfg.dataset, split) -> the folders the split's files must lie in (see confine.py); None: the split's
     # folder_keys and dataset.root
-    roots: Callable[[Any, str], Sequence[Path]] | None = None
+    roots: Callable[[DatasetConfig, str], Sequence[Path]] | None = None
 
-    def auto_classes(self, ds: Any) -> AutoClasses:
+    def auto_classes(self, ds: DatasetConfig) -> AutoClasses:
         """``dataset.classes=auto``: background, then the training annotations' classes (COCO: category-id
         order; COCO panoptic: things then stuff, each in category-id order; LabelMe: sorted labels) as
         ``dataset.class_map`` maps them (a label mapped to background, ``__ignore__`` or null adds no class).
@@ -74,24 +74,31 @@ class DataPathError(UserError, FileNotFoundError):
 FORMATS: Registry[DataFormat] = Registry("dataset.format")
 
 
-def class_map_of(ds: Any) -> ClassMap:
-    return ClassMap(list(ds.classes), dict(ds.class_map or {}), unlisted=str(ds.unlisted))
+def class_map_of(ds: DatasetConfig) -> ClassMap:
+    return ClassMap(list(ds.classes), dict(ds.class_map or {}), unlisted=ds.unlisted)
 
 
-def index_options(ds: Any, check_files: bool = True) -> dict[str, Any]:
+def index_options(ds: DatasetConfig, check_files: bool = True) -> dict[str, Any]:
     """What the COCO / LabelMe loaders need besides paths: the index cache, the pixel cap and (unless
     ``check_files=False``, class discovery) whether to stat every image."""
-    opts: dict[str, Any] = {"cache_dir": ds.cache_dir, "max_image_pixels": int(ds.max_image_pixels)}
+    opts: dict[str, Any] = {"cache_dir": ds.cache_dir, "max_image_pixels": ds.max_image_pixels}
     if check_files:
-        opts["check_files"] = bool(ds.check_files)
+        opts["check_files"] = ds.check_files
     return opts
 
 
-def _existing(ds: Any, split: str, key: str, folder: bool) -> Path:
-    problem = _path_problem(ds[split][key], folder)
+def split_value(ds: DatasetConfig, split: str, key: str) -> str | None:
+    """``dataset.<split>.<key>`` (``split``: train or val; ``key``: a :class:`DataFormat`'s split key)."""
+    value: str | None = getattr(getattr(ds, split), key)
+    return value
+
+
+def _existing(ds: DatasetConfig, split: str, key: str, folder: bool) -> Path:
+    value = split_value(ds, split, key)
+    problem = _path_problem(value, folder)
     if problem:
         raise DataPathError(f"dataset.{split}.{key}: {problem}")
-    return storage.location(str(ds[split][key]))
+    return storage.location(str(value))
 
 
 def _path_problem(value: Any, folder: bool) -> str | None:
@@ -105,40 +112,40 @@ def _path_problem(value: Any, folder: bool) -> str | None:
     return None
 
 
-def check_paths(ds: Any, splits: tuple[str, ...] = ("train", "val")) -> None:
+def check_paths(ds: DatasetConfig, splits: tuple[str, ...] = ("train", "val")) -> None:
     """Every configured data path of ``splits`` exists: one error listing all that do not."""
-    fmt = FORMATS.get(str(ds.format))
+    fmt = FORMATS.get(ds.format)
     problems = []
     for split in splits:
         for key in fmt.split_keys:
-            problem = _path_problem(ds[split][key], key in fmt.folder_keys)
+            problem = _path_problem(split_value(ds, split, key), key in fmt.folder_keys)
             if problem:
                 problems.append(f"  dataset.{split}.{key}: {problem}")
     if problems:
-        root = f" (dataset.root={ds.root})" if ds.get("root") else ""
+        root = f" (dataset.root={ds.root})" if ds.root else ""
         from segtrain.config import chdir_note
 
         raise DataPathError(f"data not found{root}{chdir_note()}:\n" + "\n".join(problems))
 
 
-def _coco(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+def _coco(ds: DatasetConfig, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
     annotations = _existing(ds, split, "annotations", folder=False)
     images = _existing(ds, split, "images", folder=True)
     return load_coco(annotations, images, class_map, ds.on_error, **index_options(ds))
 
 
-def _labelme(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+def _labelme(ds: DatasetConfig, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
     return load_labelme(_existing(ds, split, "dir", folder=True), class_map, ds.on_error, **index_options(ds))
 
 
-def _cityscapes(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+def _cityscapes(ds: DatasetConfig, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
     from segtrain.data.formats.cityscapes import load_cityscapes
 
     images = _existing(ds, split, "images", folder=True)
     return load_cityscapes(images, _existing(ds, split, "annotations", folder=True), class_map, ds.on_error)
 
 
-def _coco_panoptic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+def _coco_panoptic(ds: DatasetConfig, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
     from segtrain.data.formats.coco_panoptic import load_coco_panoptic
 
     return load_coco_panoptic(
@@ -152,41 +159,45 @@ def _coco_panoptic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[I
     )
 
 
-def _synthetic(ds: Any, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+def _synthetic_root(ds: DatasetConfig) -> Path:
+    """The synthetic set's folder in ``dataset.cache_dir`` (written on first use)."""
     s = ds.synthetic
-    root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
+    h, w = s.image_size  # [H, W]: the config check requires two values
+    return ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, (h, w), s.max_instances, s.seed)
+
+
+def _synthetic(ds: DatasetConfig, split: str, class_map: ClassMap) -> tuple[Sequence[ImageRecord], SkipReport]:
+    root = _synthetic_root(ds)
     return load_coco(root / f"{split}.json", root / split, class_map, ds.on_error, **index_options(ds))
 
 
-def _synthetic_roots(ds: Any, split: str) -> list[Path]:
-    s = ds.synthetic
-    root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
+def _synthetic_roots(ds: DatasetConfig, split: str) -> list[Path]:
+    root = _synthetic_root(ds)
     return [root / split]
 
 
-def _discover_coco(ds: Any) -> list[tuple[str, int]]:
+def _discover_coco(ds: DatasetConfig) -> list[tuple[str, int]]:
     from segtrain.data.formats.coco import discover_classes_coco
 
     return discover_classes_coco(_existing(ds, "train", "annotations", folder=False), **index_options(ds, False))
 
 
-def _discover_labelme(ds: Any) -> list[tuple[str, int]]:
+def _discover_labelme(ds: DatasetConfig) -> list[tuple[str, int]]:
     from segtrain.data.formats.labelme import discover_classes_labelme
 
     return discover_classes_labelme(_existing(ds, "train", "dir", folder=True), **index_options(ds, False))
 
 
-def _discover_coco_panoptic(ds: Any) -> list[tuple[str, int, bool]]:
+def _discover_coco_panoptic(ds: DatasetConfig) -> list[tuple[str, int, bool]]:
     from segtrain.data.formats.coco_panoptic import discover_classes_coco_panoptic
 
     return discover_classes_coco_panoptic(_existing(ds, "train", "annotations", folder=False), cache_dir=ds.cache_dir)
 
 
-def _discover_synthetic(ds: Any) -> list[tuple[str, int]]:
+def _discover_synthetic(ds: DatasetConfig) -> list[tuple[str, int]]:
     from segtrain.data.formats.coco import discover_classes_coco
 
-    s = ds.synthetic
-    root = ensure_synthetic(ds.cache_dir, s.num_train, s.num_val, tuple(s.image_size), s.max_instances, s.seed)
+    root = _synthetic_root(ds)
     return discover_classes_coco(root / "train.json", **index_options(ds, False))
 
 
@@ -213,31 +224,32 @@ class AutoClasses:
     stuff: list[str]
 
 
-def discover_classes(ds: Any) -> AutoClasses:
+def discover_classes(ds: DatasetConfig) -> AutoClasses:
     """``dataset.classes=auto`` for ``ds.format`` (see :meth:`DataFormat.auto_classes`)."""
-    return FORMATS.get(str(ds.format)).auto_classes(ds)
+    return FORMATS.get(ds.format).auto_classes(ds)
 
 
-def auto_classes(ds: Any) -> tuple[list[str], list[tuple[str, int]]]:
+def auto_classes(ds: DatasetConfig) -> tuple[list[str], list[tuple[str, int]]]:
     """(classes, [(class, instances)]) of :func:`discover_classes`."""
     found = discover_classes(ds)
     return found.classes, found.counts
 
 
-def data_roots(ds: Any, split: str) -> list[str | Path]:
+def data_roots(ds: DatasetConfig, split: str) -> list[str | Path]:
     """The folders the files of ``split`` must lie in: the split's configured folders and ``dataset.root``."""
-    fmt = FORMATS.get(str(ds.format))
+    fmt = FORMATS.get(ds.format)
     if fmt.roots is not None:
         return list(fmt.roots(ds, split))
-    roots = [str(ds[split][k]) for k in fmt.split_keys if k in fmt.folder_keys and ds[split].get(k)]
-    roots += [str(ds.root)] if ds.get("root") else []
+    given = (split_value(ds, split, k) for k in fmt.split_keys if k in fmt.folder_keys)
+    roots = [str(v) for v in given if v]
+    roots += [ds.root] if ds.root else []
     return [r if storage.is_remote(r) else Path(r) for r in roots]
 
 
-def load_split(ds: Any, split: str) -> tuple[Sequence[ImageRecord], SkipReport]:
+def load_split(ds: DatasetConfig, split: str) -> tuple[Sequence[ImageRecord], SkipReport]:
     """Records of one split of ``cfg.dataset`` (fails before training when a path is missing). Every
     format goes through here: files outside the data set's folders are refused here, once (confine.py)."""
-    records, report = FORMATS.get(str(ds.format)).load(ds, split, class_map_of(ds))
-    if not ds.get("allow_outside_paths", False):
-        records = confine_paths(records, data_roots(ds, split), str(ds.on_error), report)
+    records, report = FORMATS.get(ds.format).load(ds, split, class_map_of(ds))
+    if not ds.allow_outside_paths:
+        records = confine_paths(records, data_roots(ds, split), ds.on_error, report)
     return records, report

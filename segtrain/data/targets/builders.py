@@ -24,17 +24,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 from types import ModuleType
+from typing import NamedTuple
 
 import cv2
 import numpy as np
 
 from segtrain.data.targets.allocator import keep_freed_memory_once
 from segtrain.data.targets.compiled import optional_kernels
-from segtrain.placement import WEIGHT_KEYS
+from segtrain.data.targets.spec import TargetSpec
 
 _kernels: ModuleType | None = optional_kernels("targets_kernels", __name__, "targets are built", "2x")
 
-__all__ = ["gaussian_kernel", "gaussian_radius", "make_targets"]
+__all__ = ["TargetSpec", "build_targets", "gaussian_kernel", "gaussian_radius", "make_targets"]
 
 # Rows per block for the x-offset pass: 32 rows x 2048 px x 8 B = 512 KiB of float64, L2-sized.
 _BLOCK_PIXELS = 1 << 16
@@ -99,6 +100,9 @@ def make_targets(
 ) -> dict[str, np.ndarray]:
     """Semantic, centre-heatmap and offset targets (plus loss weights) for one image.
 
+    The scalars make a :class:`TargetSpec` (checked there); the loader makes its spec once and calls
+    :func:`build_targets`.
+
     Args:
         instance_mask: (H, W) integer ids; 0 = background, k >= 1 = instance k.  Ids may be missing
             (e.g. cropped away by augmentation); a missing id simply produces nothing.
@@ -156,34 +160,62 @@ def make_targets(
         ValueError: on malformed inputs (wrong shapes/dtypes, an id without a class, classes that do
             not fit a uint8 semantic map, non-positive sigma, ...).
     """
-    # ---------------------------------------------------------------- validation (cheap checks only)
+    spec = TargetSpec.of(sigma, stuff_classes, ignore_label, small_instance_area, small_instance_weight, instances)
+    return build_targets(instance_mask, instance_classes, spec, valid=valid, crowd_classes=crowd_classes,
+                         compact_weights=compact_weights)  # fmt: skip
+
+
+class _Ids(NamedTuple):
+    """One image's id mask and per-id tables, checked: what every builder below reads besides the spec."""
+
+    mask: np.ndarray  # (H, W) integer ids
+    classes: np.ndarray  # (N+1,) class of each id
+    stuff: np.ndarray  # the spec's stuff classes as an array
+    valid: np.ndarray | None  # (H, W) bool
+    crowd: np.ndarray | None  # (N+1,) own class of each crowd id, -1 elsewhere
+
+
+def build_targets(
+    instance_mask: np.ndarray,
+    instance_classes: np.ndarray,
+    spec: TargetSpec,
+    *,
+    valid: np.ndarray | None = None,
+    crowd_classes: np.ndarray | None = None,
+    compact_weights: bool = False,
+) -> dict[str, np.ndarray]:
+    """:func:`make_targets` for a spec checked once where it was made: only the arrays are checked here."""
+    ids = _check_arrays(instance_mask, instance_classes, spec, valid, crowd_classes)
+    # Fresh outputs of tens of MB per call: without this a plain process page-faults them in every call.
+    keep_freed_memory_once()
+    wdtype = _weight_dtype(compact_weights, spec)
+    if spec.instances:  # a strided mask (e.g. an augmented window) is copied once: both paths read it row-contiguously
+        ids = ids._replace(mask=np.ascontiguousarray(ids.mask))
+    compiled = _kernels is not None and ids.mask.dtype.isnative and ids.mask.dtype != np.uint64
+    if not spec.instances:
+        return (_semantic_kernels if compiled else _semantic_numpy)(ids, spec, wdtype)
+    return (_targets_kernels if compiled else _targets_numpy)(ids, spec, wdtype)
+
+
+def _check_arrays(
+    instance_mask: np.ndarray,
+    instance_classes: np.ndarray,
+    spec: TargetSpec,
+    valid: np.ndarray | None,
+    crowd_classes: np.ndarray | None,
+) -> _Ids:
+    """Shapes, dtypes and the class ranges (cheap checks only; the ids themselves are checked by the run pass)."""
     mask = _as_int_array("instance_mask", instance_mask, 2)
-    height, width = mask.shape
-    if height == 0 or width == 0:
+    if mask.shape[0] == 0 or mask.shape[1] == 0:
         raise ValueError(f"instance_mask must be non-empty, got shape {mask.shape}")
     classes = _as_int_array("instance_classes", instance_classes, 1)
-    n_ids = classes.size
-    if n_ids == 0:
+    if classes.size == 0:
         raise ValueError("instance_classes must have at least one entry (the background class, index 0)")
     if classes.min() < 0 or classes.max() > 255:
         raise ValueError(
             "instance_classes must be in [0, 255] (semantic is uint8), "
             f"got values in [{classes.min()}, {classes.max()}]"
         )
-    if not 0 <= int(ignore_label) <= 255:
-        raise ValueError(f"ignore_label must be in [0, 255], got {ignore_label}")
-    ignore_label = int(ignore_label)
-    sigma = float(sigma)
-    if not (np.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"sigma must be a positive finite number, got {sigma}")
-    stuff = np.asarray(list(stuff_classes))
-    if stuff.size and (stuff.ndim != 1 or stuff.dtype.kind not in "iu"):
-        raise ValueError(f"stuff_classes must be a sequence of ints, got {stuff_classes!r}")
-    if int(small_instance_area) != small_instance_area or small_instance_area < 0:
-        raise ValueError(f"small_instance_area must be a non-negative int, got {small_instance_area}")
-    small_instance_weight = float(small_instance_weight)
-    if not np.isfinite(small_instance_weight):
-        raise ValueError(f"small_instance_weight must be finite, got {small_instance_weight}")
     if valid is not None:
         valid = np.asarray(valid)
         if valid.shape != mask.shape:
@@ -201,89 +233,53 @@ def make_targets(
                 f"crowd_classes must be -1 (not a crowd) or a class in [0, 255], got values in "
                 f"[{crowd.min()}, {crowd.max()}]"
             )
-
-    # Fresh outputs of tens of MB per call: without this a plain process page-faults them in every call.
-    keep_freed_memory_once()
-    wdtype = _weight_dtype(compact_weights, int(small_instance_area), small_instance_weight)
-    if not instances:
-        weights = (int(small_instance_area), small_instance_weight)
-        return _semantic_targets(mask, classes, stuff, ignore_label, valid, *weights, crowd, wdtype)
-    # A strided mask (e.g. an augmented window) is copied once: both paths read it row-contiguously.
-    mask = np.ascontiguousarray(mask)
-    args = (mask, classes, sigma, stuff, ignore_label, valid, int(small_instance_area), small_instance_weight, crowd)
-    if _kernels is not None and mask.dtype.isnative and mask.dtype != np.uint64:
-        return _targets_kernels(*args, wdtype)
-    out = _targets_numpy(*args)
-    if wdtype != np.float32:  # the fallback builds float32 planes: the same values, narrowed once
-        for key in WEIGHT_KEYS:
-            out[key] = out[key].astype(wdtype)
-    return out
+    return _Ids(mask, classes, np.asarray(spec.stuff_ids, np.intp), valid, crowd)
 
 
-def _weight_dtype(compact: bool, small_instance_area: int, small_instance_weight: float) -> type:
+def _weight_dtype(compact: bool, spec: TargetSpec) -> type:
     """uint8 when ``compact`` and every weight value (0, 1 and, where it applies, ``small_instance_weight``)
     is an integer in [0, 255]; else float32."""
-    small = small_instance_weight if small_instance_area > 0 else 1.0
+    small = spec.small_instance_weight if spec.small_instance_area > 0 else 1.0
     return np.uint8 if compact and float(small).is_integer() and 0 <= small <= 255 else np.float32
 
 
-def _semantic_targets(
-    mask: np.ndarray,
-    classes: np.ndarray,
-    stuff: np.ndarray,
-    ignore_label: int,
-    valid: np.ndarray | None,
-    small_instance_area: int,
-    small_instance_weight: float,
-    crowd: np.ndarray | None,
-    wdtype: type = np.float32,
-) -> dict[str, np.ndarray]:
+def _semantic_numpy(ids: _Ids, spec: TargetSpec, wdtype: type) -> dict[str, np.ndarray]:
     """``semantic`` and ``semantic_weight`` (of ``wdtype``) of make_targets from the same per-label tables:
     two lookups per pixel (the small-instance weight needs each id's valid area: one ``bincount``)."""
-    if _kernels is not None and mask.dtype.isnative and mask.dtype != np.uint64:
-        weights = (small_instance_area, small_instance_weight)
-        return _semantic_kernels(mask, classes, stuff, ignore_label, valid, *weights, crowd, wdtype)
-    n_ids = classes.size
-    _check_ids(int(mask.min()), int(mask.max()), n_ids)
-    labels = mask if valid is None else np.where(valid, mask, n_ids)  # invalid pixels: pseudo-id n_ids
+    n_ids = ids.classes.size
+    _check_ids(int(ids.mask.min()), int(ids.mask.max()), n_ids)
+    labels = ids.mask if ids.valid is None else np.where(ids.valid, ids.mask, n_ids)  # invalid: pseudo-id n_ids
     n_lut = n_ids + 1
-    if small_instance_area > 0:
+    if spec.small_instance_area > 0:
         area = np.bincount(labels.reshape(-1), minlength=n_lut).astype(np.float64)
     else:  # no weight depends on the area beyond "present": any positive area gives the same tables
         area = np.ones(n_lut, np.float64)
     zeros = np.zeros(n_lut, np.float64)
-    sem_cls, _, _, _, lut = _id_tables(
-        area, zeros, zeros, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd
-    )
+    sem_cls, _, _, _, lut = _id_tables(area, zeros, zeros, ids, spec)
     return {"semantic": sem_cls.astype(np.uint8)[labels], "semantic_weight": lut[0].astype(wdtype)[labels]}
 
 
-def _semantic_kernels(
-    mask: np.ndarray,
-    classes: np.ndarray,
-    stuff: np.ndarray,
-    ignore_label: int,
-    valid: np.ndarray | None,
-    small_instance_area: int,
-    small_instance_weight: float,
-    crowd: np.ndarray | None,
-    wdtype: type = np.float32,
-) -> dict[str, np.ndarray]:
-    """_semantic_targets by the compiled kernels: the row runs of the mask (one read, as for the full
+def _semantic_kernels(ids: _Ids, spec: TargetSpec, wdtype: type) -> dict[str, np.ndarray]:
+    """_semantic_numpy by the compiled kernels: the row runs of the mask (one read, as for the full
     targets), then each run filled with its label's class and weight."""
     assert _kernels is not None
-    n_ids = classes.size
-    starts, lengths, labels, row_ptr = _row_runs(mask, valid, n_ids)
-    area = _kernels.run_sums(starts, lengths, labels, row_ptr, n_ids + 1)[0]
-    sem_cls, _, _, _, lut = _id_tables(
-        area, area, area, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd
-    )  # the centre sums are not used: the area stands in for them
-    semantic = np.empty(mask.shape, np.uint8)
-    weight: np.ndarray = np.empty(mask.shape, wdtype)
-    _kernels.write_semantic_runs(
-        starts, lengths, labels, row_ptr, sem_cls.astype(np.uint8), lut[0].astype(wdtype), semantic, weight
-    )
+    runs, (area, _, _), (sem_cls, _, _, _, lut) = _run_tables(ids, spec)  # the centre sums are not used
+    semantic = np.empty(ids.mask.shape, np.uint8)
+    weight: np.ndarray = np.empty(ids.mask.shape, wdtype)
+    _kernels.write_semantic_runs(*runs, sem_cls.astype(np.uint8), lut[0].astype(wdtype), semantic, weight)
     return {"semantic": semantic, "semantic_weight": weight}
+
+
+def _run_tables(
+    ids: _Ids, spec: TargetSpec
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """The compiled paths' shared start: the row runs of the mask, the exact per-label sums over them
+    (area, sum_y, sum_x) and the per-label tables of :func:`_id_tables`."""
+    assert _kernels is not None
+    n_ids = ids.classes.size
+    runs = _row_runs(ids.mask, ids.valid, n_ids)
+    area, sum_y, sum_x = _kernels.run_sums(*runs, n_ids + 1)
+    return runs, (area, sum_y, sum_x), _id_tables(area, sum_y, sum_x, ids, spec)
 
 
 def _check_ids(lo: int, hi: int, n_ids: int) -> None:
@@ -298,15 +294,7 @@ def _check_ids(lo: int, hi: int, n_ids: int) -> None:
 
 
 def _id_tables(
-    area: np.ndarray,
-    sum_y: np.ndarray,
-    sum_x: np.ndarray,
-    classes: np.ndarray,
-    stuff: np.ndarray,
-    ignore_label: int,
-    small_instance_area: int,
-    small_instance_weight: float,
-    crowd: np.ndarray | None,
+    area: np.ndarray, sum_y: np.ndarray, sum_x: np.ndarray, ids: _Ids, spec: TargetSpec
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per-label tables (labels 0..N = ids, N+1 = invalid pixels) from exact per-label sums.
 
@@ -316,6 +304,7 @@ def _id_tables(
     integers (< 2**53), so cy/cx equal numpy's mean of the pixel coordinates bit for bit whether they
     come as int64 or float64.
     """
+    classes, stuff, crowd, ignore_label = ids.classes, ids.stuff, ids.crowd, spec.ignore_label
     n_ids = classes.size
     n_lut = n_ids + 1
     cls = np.empty(n_lut, np.intp)
@@ -345,7 +334,7 @@ def _id_tables(
     lut = np.empty((3, n_lut), np.float32)
     lut[0] = labelled
     lut[1] = ~ignored
-    lut[0, thing & (area < small_instance_area)] = small_instance_weight
+    lut[0, thing & (area < spec.small_instance_area)] = spec.small_instance_weight
     lut[2] = thing
     return sem_cls, thing, cy, cx, lut
 
@@ -397,28 +386,12 @@ def _row_runs(mask: np.ndarray, valid: np.ndarray | None, n_ids: int) -> tuple[n
     return starts, lengths, labels, row_ptr
 
 
-def _targets_kernels(
-    mask: np.ndarray,
-    classes: np.ndarray,
-    sigma: float,
-    stuff: np.ndarray,
-    ignore_label: int,
-    valid: np.ndarray | None,
-    small_instance_area: int,
-    small_instance_weight: float,
-    crowd: np.ndarray | None,
-    wdtype: type = np.float32,
-) -> dict[str, np.ndarray]:
+def _targets_kernels(ids: _Ids, spec: TargetSpec, wdtype: type) -> dict[str, np.ndarray]:
     """make_targets by the compiled kernels: one read of the mask, each output pixel written once (weight
     planes of ``wdtype``)."""
     assert _kernels is not None  # only called when the kernels imported
-    height, width = mask.shape
-    n_ids = classes.size
-    starts, lengths, labels, row_ptr = _row_runs(mask, valid, n_ids)
-    area, sum_y, sum_x = _kernels.run_sums(starts, lengths, labels, row_ptr, n_ids + 1)
-    sem_cls, thing, cy, cx, lut = _id_tables(
-        area, sum_y, sum_x, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd
-    )
+    height, width = ids.mask.shape
+    runs, _, (sem_cls, thing, cy, cx, lut) = _run_tables(ids, spec)
     peak_y, peak_x = _centres(cy, cx, thing)
     order = np.argsort(peak_y, kind="stable")
     semantic = np.empty((height, width), np.uint8)
@@ -426,24 +399,16 @@ def _targets_kernels(
     offset = np.empty((2, height, width), np.float32)
     center = np.empty((1, height, width), np.float32)
     _kernels.write_runs(
-        starts, lengths, labels, row_ptr, sem_cls.astype(np.uint8), lut.astype(wdtype, copy=False), thing, cy, cx,
-        gaussian_kernel(sigma), peak_y[order], peak_x[order], semantic, weights, offset, center[0],
+        *runs, sem_cls.astype(np.uint8), lut.astype(wdtype, copy=False), thing, cy, cx,
+        gaussian_kernel(spec.sigma), peak_y[order], peak_x[order], semantic, weights, offset, center[0],
     )  # fmt: skip
     return _result(semantic, center, weights, offset)
 
 
-def _targets_numpy(
-    mask: np.ndarray,
-    classes: np.ndarray,
-    sigma: float,
-    stuff: np.ndarray,
-    ignore_label: int,
-    valid: np.ndarray | None,
-    small_instance_area: int,
-    small_instance_weight: float,
-    crowd: np.ndarray | None,
-) -> dict[str, np.ndarray]:
-    """make_targets with NumPy and cv2 only (see the module docstring); bit-identical to the kernels."""
+def _targets_numpy(ids: _Ids, spec: TargetSpec, wdtype: type) -> dict[str, np.ndarray]:
+    """make_targets with NumPy and cv2 only (see the module docstring); bit-identical to the kernels. The weight
+    planes are built as float32 and narrowed to ``wdtype`` once at the end (the same values)."""
+    mask, classes, valid = ids.mask, ids.classes, ids.valid
     height, width = mask.shape
     n_ids = classes.size
     vflat = None if valid is None else valid.reshape(-1)
@@ -484,9 +449,7 @@ def _targets_numpy(
     area = np.bincount(labels, weights=lengths, minlength=n_lut)
     sum_y = np.bincount(labels, weights=lengths * rows, minlength=n_lut)
     sum_x = np.bincount(labels, weights=lengths * xs + (lengths * (lengths - 1)) // 2, minlength=n_lut)
-    sem_cls, thing, cy, cx, lut = _id_tables(
-        area, sum_y, sum_x, classes, stuff, ignore_label, small_instance_area, small_instance_weight, crowd
-    )
+    sem_cls, thing, cy, cx, lut = _id_tables(area, sum_y, sum_x, ids, spec)
 
     # ---------------------------------------------------------------- constant-per-run outputs
     # One run-length decode writes the three weight planes and both offset planes: the y offset is
@@ -534,12 +497,13 @@ def _targets_numpy(
     center = np.zeros((1, height, width), np.float32)
     cys, cxs = _centres(cy, cx, thing)
     if cys.size:
-        g = gaussian_kernel(sigma)
-        r = gaussian_radius(sigma)
+        g = gaussian_kernel(spec.sigma)
+        r = gaussian_radius(spec.sigma)
         heat = center[0]
         for yc, xc in zip(cys.tolist(), cxs.tolist()):
             y0, y1 = max(0, yc - r), min(height, yc + r + 1)
             x0, x1 = max(0, xc - r), min(width, xc + r + 1)
             win = heat[y0:y1, x0:x1]
             np.maximum(win, g[y0 - yc + r : y1 - yc + r, x0 - xc + r : x1 - xc + r], out=win)
-    return _result(semantic, center, planes[:3], offset)
+    weights = planes[:3] if wdtype == np.float32 else planes[:3].astype(wdtype)
+    return _result(semantic, center, weights, offset)

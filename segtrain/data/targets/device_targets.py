@@ -25,16 +25,15 @@ for CPU tensors (on CUDA an out-of-range id would need a sync to detect).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from segtrain.data.targets.builders import gaussian_kernel, gaussian_radius
+from segtrain.data.targets.spec import TargetSpec
 
-__all__ = ["BatchTargets", "make_targets_torch"]
+__all__ = ["BatchTargets", "build_targets_torch", "make_targets_torch"]
 
 # Window elements (index + value) per scatter chunk of the heatmap: 4M -> about 50 MB of temporaries.
 _HEAT_CHUNK = 1 << 22
@@ -64,14 +63,7 @@ def _check_int(name: str, t: Tensor, ndim: int) -> None:
 
 
 def _check_arguments(
-    instance: Tensor,
-    instance_classes: Tensor,
-    sigma: float,
-    ignore_label: int,
-    valid: Tensor | None,
-    small_instance_area: int,
-    small_instance_weight: float,
-    crowd_classes: Tensor | None,
+    instance: Tensor, instance_classes: Tensor, valid: Tensor | None, crowd_classes: Tensor | None
 ) -> None:
     """Shapes, dtypes and devices (no data access); the values too on CPU, where reading them is free (on an
     accelerator it would cost a host sync per batch)."""
@@ -84,14 +76,6 @@ def _check_arguments(
         raise ValueError(
             f"instance_classes must be (B, K+1) with B={b} and K+1 >= 1, got shape {tuple(instance_classes.shape)}"
         )
-    if not 0 <= int(ignore_label) <= 255:
-        raise ValueError(f"ignore_label must be in [0, 255], got {ignore_label}")
-    if not (math.isfinite(float(sigma)) and float(sigma) > 0):
-        raise ValueError(f"sigma must be a positive finite number, got {sigma}")
-    if int(small_instance_area) != small_instance_area or small_instance_area < 0:
-        raise ValueError(f"small_instance_area must be a non-negative int, got {small_instance_area}")
-    if not math.isfinite(float(small_instance_weight)):
-        raise ValueError(f"small_instance_weight must be finite, got {small_instance_weight}")
     device = instance.device
     if instance_classes.device != device:
         raise ValueError(f"instance_classes is on {instance_classes.device}, instance on {device}")
@@ -207,19 +191,22 @@ def make_targets_torch(
         ``center`` (B, 1, H, W) float32, ``offset`` (B, 2, H, W) float32 (``[0] = cy - y``, ``[1] = cx - x``), and
         ``semantic_weight`` / ``center_weight`` / ``offset_weight`` (B, H, W) float32.
     """
-    _check_arguments(
-        instance,
-        instance_classes,
-        sigma,
-        ignore_label,
-        valid,
-        small_instance_area,
-        small_instance_weight,
-        crowd_classes,
-    )
+    spec = TargetSpec.of(sigma, stuff_classes, ignore_label, small_instance_area, small_instance_weight, instances)
+    return build_targets_torch(instance, instance_classes, spec, valid=valid, crowd_classes=crowd_classes)
+
+
+def build_targets_torch(
+    instance: Tensor,
+    instance_classes: Tensor,
+    spec: TargetSpec,
+    *,
+    valid: Tensor | None = None,
+    crowd_classes: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """:func:`make_targets_torch` for a spec checked once where it was made: only the tensors are checked here."""
+    _check_arguments(instance, instance_classes, valid, crowd_classes)
     b, h, w = instance.shape
-    ignore_label, sigma, small_instance_weight = int(ignore_label), float(sigma), float(small_instance_weight)
-    stuff = [int(s) for s in stuff_classes]
+    ignore_label, sigma = spec.ignore_label, spec.sigma
     device = instance.device
     n_ids = instance_classes.shape[1]
 
@@ -242,7 +229,7 @@ def make_targets_torch(
     ignored = cls == ignore_label
     thing = ~ignored & (cls != cls[:, :1]) & (area > 0)
     thing[:, 0] = False
-    for s in stuff:
+    for s in spec.stuff_ids:
         thing &= cls != s
     area_f = area.double().clamp(min=1)
     cy = torch.where(thing, sum_y.double() / area_f, 0.0)
@@ -259,8 +246,8 @@ def make_targets_torch(
     one = torch.ones((), dtype=torch.float32, device=device)
     zero = torch.zeros((), dtype=torch.float32, device=device)
     sw_lut = torch.where(labelled, one, zero)
-    if small_instance_area > 0:
-        sw_lut = torch.where(thing & (area < small_instance_area), small_instance_weight, sw_lut)
+    if spec.small_instance_area > 0:
+        sw_lut = torch.where(thing & (area < spec.small_instance_area), spec.small_instance_weight, sw_lut)
     cw_lut = torch.where(ignored, zero, one)
 
     # ---------------------------------------------------------------- per-pixel outputs (gathers)
@@ -272,7 +259,7 @@ def make_targets_torch(
 
     semantic = lookup(sem_cls)
     semantic_weight = lookup(sw_lut)
-    if not instances:
+    if not spec.instances:
         return {"semantic": semantic, "semantic_weight": semantic_weight}
     center_weight = lookup(cw_lut)
     offset_weight = lookup(thing.float())
@@ -305,17 +292,16 @@ class BatchTargets:
     boundaries or the PCIe bus. Treating invented pixels as an ignore-class instance gives exactly the targets of
     ``make_targets(..., valid=...)`` (no centre, no offset, weight 0; they count towards no centre of mass), and
     ``instance`` leaves with 0 there, as with every other item. ``targets`` is a
-    :class:`segtrain.data.mappers.TargetSpec`.
+    :class:`~segtrain.data.targets.spec.TargetSpec`.
     """
 
-    def __init__(self, targets: Any) -> None:
-        self.sigma = float(targets.sigma)
-        self.targets_kw = targets.kwargs()
+    def __init__(self, targets: TargetSpec) -> None:
+        self.spec = targets
 
     def __call__(self, batch: dict[str, Tensor], epoch: int, step: int) -> dict[str, Tensor]:
         inst = batch["instance"].to(torch.int32)  # uint16 has few kernels (no min/max on CPU)
-        targets = make_targets_torch(
-            inst, batch["instance_classes"], self.sigma, crowd_classes=batch.get("crowd_classes"), **self.targets_kw
+        targets = build_targets_torch(
+            inst, batch["instance_classes"], self.spec, crowd_classes=batch.get("crowd_classes")
         )
         outside = batch["outside"].to(torch.int32).view(-1, 1, 1)
         inst = inst.masked_fill_(inst == outside, 0)

@@ -7,7 +7,7 @@ These kernels do the same work in one pass each, with no per-call overhead beyon
 They compute exactly what ``_runs`` computes (pycocotools' rleFrPoly, bit for bit): every float
 operation below is the one ``_runs`` does, in the same order, on the same values, so the crossing
 rows are identical (numba does not contract ``a * b + c`` into an FMA unless fastmath is on).
-``_runs`` stays the documented reference; tests/test_rasterise_kernels.py checks the two agree.
+``_runs`` stays the documented reference; tests/data/test_rasterise_kernels.py checks the two agree.
 
 Compiled lazily on first call and cached on disk (``cache=True``; numba falls back to a user cache
 directory when the package directory is read-only). ``nogil`` lets threads run them concurrently;
@@ -16,34 +16,15 @@ no ``parallel``: loader workers are single-threaded by design.
 
 from __future__ import annotations
 
-import warnings
-
-import numba
 import numpy as np
+
+from segtrain.jit import cached_jit
 
 _SCALE = 5.0  # pycocotools' sub-pixel grid
 _BOUND = 1e12  # absurd coordinates are bounded before truncation, as in rasterise._runs
 
 
-_warned: list[RuntimeError] = []
-
-
-def _jit(fn):
-    """``numba.njit(cache=True, nogil=True)``; without any writable cache directory (package directory
-    read-only and no writable user cache, e.g. HOME unset in a container) numba refuses ``cache=True``:
-    compile in every process instead (a few seconds each) and say how to avoid it."""
-    try:
-        return numba.njit(cache=True, nogil=True)(fn)
-    except RuntimeError as exc:  # "cannot cache function ...: no locator available"
-        if not _warned:
-            _warned.append(exc)
-            warnings.warn(
-                f"{exc}; segtrain's rasteriser kernels are compiled in every process. "
-                "Set NUMBA_CACHE_DIR to a writable directory to cache them.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return numba.njit(nogil=True)(fn)
+_jit = cached_jit("rasteriser")
 
 
 @_jit

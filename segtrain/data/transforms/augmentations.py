@@ -14,21 +14,21 @@ GPU (``device_augment.py``); it accepts the built-in names only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import albumentations as A
 
+from segtrain.config import AugmentConfig
 from segtrain.data.transforms.cpu_augment import AffineCrop, build_transforms
 from segtrain.registry import Registry
 
-Pipeline = Callable[[Any, tuple[int, int]], A.Compose]
+Pipeline = Callable[[AugmentConfig, tuple[int, int]], A.Compose]
 AUGMENTATIONS: Registry[Pipeline] = Registry("augment.name")
 #: Pipelines that device augmentation reproduces (the parametric one).
 DEVICE_PIPELINES = ("default", "strong", "none")
 
 
 @AUGMENTATIONS.register("default")
-def parametric(aug: Any, input_size: tuple[int, int]) -> A.Compose:
+def parametric(aug: AugmentConfig, input_size: tuple[int, int]) -> A.Compose:
     """One affine (fit, scale, rotate, crop/pad, flips), colour, noise, shadow, as ``cfg.augment`` says."""
     return build_transforms(aug, input_size, train=True)
 
@@ -37,7 +37,7 @@ AUGMENTATIONS.register("strong", parametric)
 
 
 @AUGMENTATIONS.register("none")
-def fit_only(aug: Any, input_size: tuple[int, int]) -> A.Compose:
+def fit_only(aug: AugmentConfig, input_size: tuple[int, int]) -> A.Compose:
     """Only fit the longest side into the input size and pad bottom/right (the validation geometry)."""
     return evaluation_pipeline(input_size)
 
@@ -47,11 +47,11 @@ def evaluation_pipeline(input_size: tuple[int, int]) -> A.Compose:
     return A.Compose([AffineCrop((int(input_size[0]), int(input_size[1])), random=False)])
 
 
-def build_pipeline(aug: Any, input_size: tuple[int, int], train: bool) -> A.Compose:
+def build_pipeline(aug: AugmentConfig | None, input_size: tuple[int, int], train: bool) -> A.Compose:
     """The training pipeline named by ``aug.name`` (train) or the evaluation pipeline."""
     if not train or aug is None:
         return evaluation_pipeline(input_size)
-    pipeline = AUGMENTATIONS.get(str(aug.name))(aug, input_size)
+    pipeline = AUGMENTATIONS.get(aug.name)(aug, input_size)
     if not pipeline.transforms or not isinstance(pipeline.transforms[0], AffineCrop):
         raise TypeError(f"augment.name={aug.name!r}: a pipeline must start with AffineCrop (it fits the input size)")
     return pipeline

@@ -36,11 +36,14 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import albumentations as A
 import cv2
 import numpy as np
+
+if TYPE_CHECKING:
+    from segtrain.config import AugmentConfig
 
 OUTSIDE = np.iinfo(np.uint16).max  # instance id of pixels invented by padding/rotation
 MAX_INSTANCES = OUTSIDE - 1
@@ -401,12 +404,12 @@ class LinearColorJitter(A.ImageOnlyTransform):
 
 
 # --------------------------------------------------------------------------------------------- pipelines
-def has_randomness(aug: Any) -> bool:
+def has_randomness(aug: AugmentConfig) -> bool:
     probs = (aug.hflip_p, aug.vflip_p, aug.rotate_p, aug.color_p, aug.noise_p, aug.shadow_p)
     return any(p > 0 for p in probs) or aug.scale_min != 1.0 or aug.scale_max != 1.0
 
 
-def build_transforms(aug: Any, input_size: tuple[int, int], train: bool) -> A.Compose:
+def build_transforms(aug: AugmentConfig | None, input_size: tuple[int, int], train: bool) -> A.Compose:
     """Train: one affine (fit, scale, rotate, crop/pad, flips), colour, noise, shadow.
     Val (and ``augment=none``): fit the longest side into ``input_size``, pad bottom/right, nothing random."""
     size = (int(input_size[0]), int(input_size[1]))
@@ -418,7 +421,7 @@ def build_transforms(aug: Any, input_size: tuple[int, int], train: bool) -> A.Co
     if aug.color_p > 0:
         ops.append(LinearColorJitter(aug.brightness, aug.contrast, aug.saturation, aug.hue, p=aug.color_p))
     if aug.noise_p > 0 and aug.noise_std > 0:
-        ops.append(FastGaussNoise(float(aug.noise_std), p=aug.noise_p))
+        ops.append(FastGaussNoise(aug.noise_std, p=aug.noise_p))
     if aug.shadow_p > 0:
         ops.append(FastShadow(p=aug.shadow_p))
     return A.Compose(ops)

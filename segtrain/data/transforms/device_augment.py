@@ -49,15 +49,16 @@ output pixels get id 0 (as ``transforms.apply_transforms``).
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from segtrain.config import ConfigError
+from segtrain.config import AugmentConfig, ConfigError
 from segtrain.data.seeding import item_seed
-from segtrain.data.targets.device_targets import make_targets_torch
+from segtrain.data.targets.device_targets import build_targets_torch, make_targets_torch
+from segtrain.data.targets.spec import TargetSpec
 
 __all__ = ["DeviceAugment", "DeviceBatchAugment", "make_targets_torch"]
 
@@ -94,7 +95,7 @@ def _colour_constants(device: torch.device) -> tuple[Tensor, Tensor, Tensor, Ten
     return c
 
 
-def _prob(cfg: Any, name: str, default: float) -> float:
+def _prob(cfg: AugmentConfig, name: str, default: float) -> float:
     v = float(getattr(cfg, name, default))
     if not 0.0 <= v <= 1.0:
         raise ConfigError(f"augment.{name}={v} must be a probability in [0, 1]")
@@ -117,7 +118,7 @@ class DeviceAugment:
         input_size: (h, w) of the network input, i.e. of the augmented output.
     """
 
-    def __init__(self, aug_cfg: Any, input_size: tuple[int, int]) -> None:
+    def __init__(self, aug_cfg: AugmentConfig, input_size: tuple[int, int]) -> None:
         self.size = (int(input_size[0]), int(input_size[1]))
         if min(self.size) < 1:
             raise ValueError(f"input_size must be positive, got {input_size}")
@@ -372,15 +373,20 @@ class DeviceBatchAugment:
 
     Randomness comes from a device generator reseeded from (seed, epoch, step, rank), so runs and
     resumes are reproducible without any host synchronisation. ``targets`` is a
-    :class:`segtrain.data.mappers.TargetSpec`.
+    :class:`~segtrain.data.targets.spec.TargetSpec`.
     """
 
     def __init__(
-        self, aug_cfg: Any, input_size: tuple[int, int], targets: Any, device: torch.device, seed: int, rank: int
+        self,
+        aug_cfg: AugmentConfig,
+        input_size: tuple[int, int],
+        targets: TargetSpec,
+        device: torch.device,
+        seed: int,
+        rank: int,
     ) -> None:
         self.augment = DeviceAugment(aug_cfg, input_size)
-        self.sigma = float(targets.sigma)
-        self.targets_kw = targets.kwargs()
+        self.targets = targets
         self.generator = torch.Generator(device=device)
         self.seed, self.rank = int(seed), int(rank)
 
@@ -394,12 +400,7 @@ class DeviceBatchAugment:
         rows = torch.arange(h, device=inst.device).view(1, h, 1) < hw[:, 0].view(b, 1, 1)
         valid = rows & (torch.arange(w, device=inst.device).view(1, 1, w) < hw[:, 1].view(b, 1, 1))
         image, inst, valid = self.augment(batch["image"], inst, valid, self.generator, content_hw=hw)
-        targets = make_targets_torch(
-            inst,
-            batch["instance_classes"],
-            self.sigma,
-            valid=valid,
-            crowd_classes=batch.get("crowd_classes"),
-            **self.targets_kw,
+        targets = build_targets_torch(
+            inst, batch["instance_classes"], self.targets, valid=valid, crowd_classes=batch.get("crowd_classes")
         )
         return {"image": image, "instance": inst, **targets}

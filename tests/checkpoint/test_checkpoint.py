@@ -1,0 +1,380 @@
+"""Checkpoints: atomic writes, exact resume after SIGKILL, loading what users have, refusing
+pickles that execute code, fine-tuning with frozen parts, evaluate from a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from segtrain.checkpoint.io import CheckpointError, atomic_save, read_checkpoint
+from segtrain.checkpoint.state import load_checkpoint_weights, load_weights
+from segtrain.config import compose
+from segtrain.engine.freeze import apply_freeze, freeze_report
+from segtrain.models import build_model
+from tests.helpers.proc_utils import REFERENCE_RUN_ARGS, SMOKE_RUN_ARGS, child_env, run_module
+
+SMOKE = SMOKE_RUN_ARGS
+# 3 epochs of 4 steps, a mid-epoch checkpoint every 3 steps: a kill can land anywhere (the session's reference run).
+FAULTS = Path(__file__).resolve().parents[1] / "helpers" / "train_with_faults.py"
+RESUMABLE = REFERENCE_RUN_ARGS
+
+
+def tiny_model():
+    return build_model(compose(["experiment=cpu_smoke"]).model)
+
+
+def states_equal(a: dict, b: dict) -> list[str]:
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+# --------------------------------------------------------------------------- atomic writes
+KILL_MID_WRITE = r"""
+import sys, time, torch
+import segtrain.checkpoint.io as ck
+real_save = torch.save
+def slow_save(obj, f, *a, **k):
+    f.write(b"PK\x03\x04 half a checkpoint")  # a torn write in progress...
+    f.flush()
+    time.sleep(600)                              # ...killed here
+ck.torch.save = slow_save
+ck.atomic_save({"model": {"w": torch.zeros(3)}}, sys.argv[1])
+"""
+
+
+def test_kill_mid_write_keeps_last_good_checkpoint(tmp_path):
+    path = tmp_path / "last.pt"
+    atomic_save({"model": {"w": torch.ones(3)}, "step": 7}, path)
+    proc = subprocess.Popen([sys.executable, "-c", KILL_MID_WRITE, str(path)])
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".last.pt.*.tmp")) and time.time() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob(".last.pt.*.tmp")), "the writer never started"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    good = torch.load(path, weights_only=True)
+    assert good["step"] == 7 and torch.equal(good["model"]["w"], torch.ones(3))
+    assert oct(path.stat().st_mode & 0o777) != oct(0o600), "checkpoints must be readable by the team (umask)"
+
+
+# --------------------------------------------------------------------------- formats users have
+@pytest.mark.parametrize("wrap", ["raw", "state_dict", "model", "model_state_dict"])
+@pytest.mark.parametrize("prefix", ["", "module.", "_orig_mod.", "module._orig_mod.", "model."])
+def test_loads_common_formats(tmp_path, wrap, prefix):
+    src = tiny_model()
+    state = {prefix + k: v for k, v in src.state_dict().items()}
+    blob = state if wrap == "raw" else {wrap: state, "epoch": 3}
+    path = tmp_path / "user.pt"
+    torch.save(blob, path)
+    dst = tiny_model()
+    load_checkpoint_weights(dst, read_checkpoint(path), str(path), strict=True)
+    assert not states_equal(src.state_dict(), dst.state_dict())
+
+
+def test_mismatch_table_and_non_strict(tmp_path):
+    src = tiny_model().state_dict()
+    dropped = next(k for k in src if "semantic" in k)
+    src.pop(dropped)
+    first = next(k for k in src if k.endswith("weight") and src[k].ndim == 4)
+    src[first] = torch.zeros(1, 1, 1, 1)
+    src["extra.bias"] = torch.zeros(2)
+    with pytest.raises(CheckpointError) as e:
+        load_weights(tiny_model(), src, "user.pt", strict=True)
+    msg = str(e.value)
+    assert "missing" in msg and "unexpected" in msg and "shape" in msg and "extra.bias" in msg and first in msg
+    assert dropped in msg
+    assert "ckpt_strict=false" in msg
+    report = load_weights(tiny_model(), src, "user.pt", strict=False)
+    assert report.unexpected == ["extra.bias"] and [k for k, _, _ in report.mismatched] == [first]
+    assert report.missing == [dropped]
+
+
+class Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": tiny_model().state_dict(), "x": Payload(marker)}, evil)
+    with pytest.raises(CheckpointError, match="trust_checkpoint=true") as e:
+        read_checkpoint(evil)
+    assert "system" in str(e.value)
+    proc = run_module(
+        "segtrain.evaluate",
+        [*SMOKE, f"ckpt={evil}", f"hydra.run.dir={tmp_path / 'run'}"],
+        tmp_path,
+        tmp_path / "cache",
+        check=False,
+    )
+    assert proc.returncode != 0 and "trust_checkpoint=true" in proc.stderr
+    assert not marker.exists(), "the payload ran"
+
+
+def test_namespace_checkpoint_needs_explicit_trust(tmp_path):
+    path = tmp_path / "torchvision_reference.pt"
+    torch.save({"model": tiny_model().state_dict(), "args": argparse.Namespace(lr=0.1)}, path)
+    with pytest.raises(CheckpointError, match=r"argparse\.Namespace"):
+        read_checkpoint(path)
+    blob = read_checkpoint(path, trust=True)
+    load_checkpoint_weights(tiny_model(), blob, str(path), strict=True)
+
+
+# --------------------------------------------------------------------------- freezing
+def test_freeze_patterns_and_frozen_batchnorm():
+    model = tiny_model()
+    frozen = apply_freeze(model, "[backbone.stage1,backbone.stage2]".strip("[]"))
+    assert frozen and all(n.startswith(("backbone.stage1.", "backbone.stage2.")) for n in frozen)
+    bns = [
+        m for n, m in model.named_modules() if n.startswith("backbone.stage1") and isinstance(m, torch.nn.BatchNorm2d)
+    ]
+    model.train()
+    assert bns and all(not m.training for m in bns), "frozen BatchNorm must stay in eval mode"
+    assert "trainable" in freeze_report(model)
+    with pytest.raises(ValueError, match="matches no parameter"):
+        apply_freeze(tiny_model(), ["backbone.layer9"])
+
+
+# --------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, reference_run):
+    """(this file's folder with its own cache, the run directory of an uninterrupted deterministic RESUMABLE
+    run: the target a killed and resumed run must hit exactly). The run is trained once per test session
+    (tests/conftest.py ``reference_run``): read it, never write into it."""
+    return tmp_path_factory.mktemp("ckpt"), reference_run.run_dir
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_is_exact(reference):
+    base, ref = reference
+    run_dir = base / "killed"
+    # the real segtrain.train, held before step 8 (step 6's mid-epoch last.pt written, step 7 done) and
+    # killed there: mid-epoch, however fast or slow the machine
+    held = base / "killed.held"
+    cmd = [sys.executable, str(FAULTS), *RESUMABLE, f"hydra.run.dir={run_dir}"]
+    env = {**child_env(base / "cache"), "SEGTRAIN_TEST_HOLD_AT": "8", "SEGTRAIN_TEST_HOLD": str(held)}
+    proc = subprocess.Popen(
+        cmd, cwd=base, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    last = run_dir / "checkpoints" / "last.pt"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not held.exists():
+        time.sleep(0.1)
+    assert held.exists(), "the run never got to step 8"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    killed_at = torch.load(last, weights_only=True)["step"]
+    assert killed_at == 6
+    resumed = run_module(
+        "segtrain.train", [*RESUMABLE, "resume=auto", f"hydra.run.dir={run_dir}"], base, base / "cache"
+    )
+    assert f"resumed from {last}" in resumed.stderr
+    want = torch.load(ref / "checkpoints" / "last.pt", weights_only=True)
+    got = torch.load(last, weights_only=True)
+    assert got["step"] == want["step"] == 12 and got["epoch"] == want["epoch"] == 3
+    assert not states_equal(want["model"], got["model"]), f"weights differ after resuming from step {killed_at}"
+    assert got["best_metric"] == want["best_metric"]
+
+
+@pytest.mark.slow
+def test_resume_on_another_world_size_says_what_changed(reference):
+    base, ref = reference
+    run_dir = base / "rescaled"
+    src = ref / "checkpoints" / "step_00000006.pt"
+    assert src.exists(), sorted(p.name for p in src.parent.iterdir())
+    proc = run_module(
+        "segtrain.train", [*RESUMABLE, f"resume={src}", f"hydra.run.dir={run_dir}"], base, base / "cache", nproc=2
+    )
+    assert (
+        "resume on 2 process(es) of a run saved on 1: global batch"
+        in proc.stdout + proc.stderr + (run_dir / "train.log").read_text()
+    )
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 12
+
+
+@pytest.mark.slow
+def test_finetune_ddp_checkpoint_with_frozen_backbone(reference, tmp_path):
+    import torch.distributed as dist
+
+    base, ref = reference
+    src_ck = torch.load(ref / "checkpoints" / "last.pt", weights_only=True)
+    model = tiny_model()
+    model.load_state_dict(src_ck["model"])
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        ddp_path = tmp_path / "ddp_state.pt"
+        torch.save(wrapped.state_dict(), ddp_path)  # what users have: every key starts with module.
+    finally:
+        dist.destroy_process_group()
+    assert all(k.startswith("module.") for k in torch.load(ddp_path, weights_only=True))
+    run_dir = tmp_path / "ft"
+    proc = run_module(
+        "segtrain.finetune",
+        [*SMOKE, f"ckpt={ddp_path}", "freeze=backbone", "trainer.max_steps=4", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+        base / "cache",
+    )
+    assert "frozen" in (run_dir / "train.log").read_text()
+    after = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
+    before = src_ck["model"]
+    backbone = [k for k in before if k.startswith("backbone.")]
+    assert backbone and any("running_mean" in k for k in backbone)
+    changed_backbone = [k for k in backbone if not torch.equal(before[k], after[k])]
+    assert not changed_backbone, f"frozen tensors changed: {changed_backbone[:5]}"
+    heads = [k for k in before if not k.startswith("backbone.") and before[k].is_floating_point()]
+    assert any(not torch.equal(before[k], after[k]) for k in heads), "the heads did not train"
+    assert proc.returncode == 0
+
+
+@pytest.mark.slow
+def test_finetune_from_training_checkpoint_uses_its_config(reference, tmp_path):
+    base, ref = reference
+    ck = ref / "checkpoints" / "best.pt"
+    # No experiment given: the model (width 8 etc.) must come from the checkpoint's stored config.
+    run_dir = tmp_path / "ft2"
+    run_module(
+        "segtrain.finetune",
+        [
+            f"ckpt={ck}",
+            "freeze=[backbone.stage1,backbone.stage2]",
+            "trainer.epochs=1",
+            "trainer.max_steps=2",
+            "trainer.device=cpu",
+            "trainer.num_workers=0",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        base / "cache",
+    )
+    cfg = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["config"]
+    assert cfg["model"]["width"] == 8 and cfg["freeze"] == ["backbone.stage1", "backbone.stage2"]
+    bad = run_module(
+        "segtrain.finetune",
+        [f"ckpt={ck}", "freeze=backbone.nope", f"hydra.run.dir={tmp_path / 'x'}"],
+        tmp_path,
+        base / "cache",
+        check=False,
+    )
+    assert bad.returncode != 0 and "matches no parameter" in bad.stderr
+
+
+@pytest.mark.slow
+def test_evaluate_reproduces_training_miou(reference, tmp_path):
+    base, ref = reference
+    rows = [json.loads(x) for x in (ref / "metrics.jsonl").read_text().splitlines()]
+    recorded = [r for r in rows if r["split"] == "val"][-1]["miou"]
+    proc = run_module(
+        "segtrain.evaluate",
+        [*SMOKE, f"ckpt={ref / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={tmp_path / 'ev'}"],
+        tmp_path,
+        base / "cache",
+    )
+    got = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert got["miou"] == pytest.approx(recorded, abs=1e-12)
+    assert "mIoU" in proc.stdout
+
+
+@pytest.mark.slow
+def test_predict_writes_overlays(reference, reference_run, tmp_path):
+    base, ref = reference
+    images = reference_run.synthetic() / "val"
+    out = tmp_path / "pred"
+    run_module(
+        "segtrain.predict",
+        [
+            f"ckpt={ref / 'checkpoints' / 'best.pt'}",
+            f"input={images}",
+            f"output={out}",
+            f"hydra.run.dir={tmp_path / 'p'}",
+        ],
+        tmp_path,
+        base / "cache",
+    )
+    stems = sorted(p.stem for p in images.glob("*.jpg"))
+    for stem in stems:
+        assert (out / f"{stem}_semantic.png").is_file() and (out / f"{stem}_center.png").is_file()
+
+
+@pytest.mark.slow
+def test_finetune_onto_another_class_set_in_one_command(reference, tmp_path, test_data):
+    """A 4-class checkpoint fine-tuned on a 2-class COCO folder: backbone and decoders load, the
+    class-dependent head layers start afresh and the table says so; no ckpt_strict=false."""
+    base, ref = reference
+    ck = ref / "checkpoints" / "best.pt"
+    coco = test_data / "mmpose_coco_person"
+    run_dir = tmp_path / "ft_classes"
+    proc = run_module(
+        "segtrain.finetune",
+        [
+            f"ckpt={ck}",
+            "dataset=coco",
+            f"dataset.train.images={coco}",
+            f"dataset.train.annotations={coco / 'test_coco.json'}",
+            f"dataset.val.images={coco}",
+            f"dataset.val.annotations={coco / 'test_coco.json'}",
+            # classes: auto (the preset's): background + person; the input size stays the checkpoint's 64x64
+            # (the coco preset's 512x512 only with dataset.input_size=[512,512])
+            "freeze=backbone",
+            "trainer.batch_size=2",
+            "trainer.max_steps=2",
+            "trainer.num_workers=0",
+            "trainer.device=cpu",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        base / "cache",
+    )
+    log = (run_dir / "train.log").read_text()
+    assert "from 4 classes" in log and "to 2 classes" in log
+    row = r"re-initialised\s+heads\.semantic\.1\.weight\s+\(4, 8, 1, 1\)\s+\(2, 8, 1, 1\)"
+    assert re.search(row, proc.stderr), proc.stderr[-2000:]
+    after = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    before = torch.load(ck, weights_only=True)["model"]
+    assert after["model"]["heads.semantic.1.weight"].shape[0] == 2
+    for k in before:
+        if k.startswith("backbone."):
+            assert torch.equal(before[k], after["model"][k]), k
+    assert after["config"]["dataset"]["classes"] == ["background", "person"]
+    assert after["config"]["dataset"]["input_size"] == [64, 64]
+    said = [line for line in log.splitlines() if "from the checkpoint:" in line]
+    assert len(said) == 1 and "input size 64x64; from the command line: dataset=coco" in said[0], said
+
+
+def test_another_data_set_keeps_the_checkpoints_input_size(test_data):
+    """finetune/evaluate/predict with dataset=<preset>: the network keeps the size it was trained at unless
+    dataset.input_size is on the command line; one line says where each came from."""
+    from segtrain.config import checkpoint_sources, config_from_checkpoint, to_container
+
+    stored = to_container(compose([*SMOKE, "dataset.input_size=[96,128]"]))
+    coco = test_data / "mmpose_coco_person"
+    given = ["dataset=coco", f"dataset.train.images={coco}", f"dataset.train.annotations={coco / 'test_coco.json'}"]
+    given += [f"dataset.val.images={coco}", f"dataset.val.annotations={coco / 'test_coco.json'}"]
+    assert list(compose(given).dataset.input_size) == [512, 512]  # the preset's
+    cfg = config_from_checkpoint(compose(given), stored, given)
+    assert list(cfg.dataset.input_size) == [96, 128] and cfg.dataset.name == "coco"
+    line = checkpoint_sources(cfg, stored, given)
+    assert line.startswith("from the checkpoint: model tiny_panoptic, input size 96x128; from the command line: ")
+    assert "dataset=coco" in line and "\n" not in line
+    sized = [*given, "dataset.input_size=[64,80]"]
+    cfg = config_from_checkpoint(compose(sized), stored, sized)
+    assert list(cfg.dataset.input_size) == [64, 80]
+    assert "input size" not in checkpoint_sources(cfg, stored, sized).split(";")[0]
+    same = config_from_checkpoint(compose(["trainer.max_steps=3"]), stored, ["trainer.max_steps=3"])
+    assert list(same.dataset.input_size) == [96, 128]
+    assert checkpoint_sources(same, stored, ["trainer.max_steps=3"]).startswith(
+        "from the checkpoint: model tiny_panoptic, data set synthetic, input size 96x128"
+    )
