@@ -110,7 +110,7 @@ def _differences(stored: dict, current: dict, prefix: str, ignore: tuple[str, ..
     return out
 
 
-def check_resumable(blob: Any, cfg: Any, path: Path) -> None:
+def check_resumable(blob: Any, cfg: Config, path: Path) -> None:
     """One line saying why ``blob`` cannot continue this run, and what to do instead."""
     if not is_training_checkpoint(blob):
         raise CheckpointError(
@@ -178,7 +178,7 @@ def _rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
-def check_data_order(blob: Any, cfg: Any, path: Path, now: dict[str, Any] | None) -> str | None:
+def check_data_order(blob: Any, cfg: Config, path: Path, now: dict[str, Any] | None) -> str | None:
     """Whether the checkpoint's data order continues on this run's training set (``now``: the sampler's
     ``position``): refused in one line when the set changed (another size or other images) unless
     ``trainer.resume_reshuffle=true``; returns the warning to print in that case, else None."""
@@ -230,7 +230,7 @@ def describe_resume(blob: Any, now: dict[str, Any] | None, world_size: int, same
 
 
 def restore_training_state(
-    owner: Stateful, found: tuple[Path, Any], cfg: Any, data_order: dict[str, Any] | None = None
+    owner: Stateful, found: tuple[Path, Any], cfg: Config, data_order: dict[str, Any] | None = None
 ) -> Resumed:
     """The checkpoint's whole state into ``owner.load_state_dict`` (model, EMA, optimiser, scheduler, scaler,
     hooks, the TrainState), this process's RNG, exactly as saved; except, by policy: the stop reason (kept in

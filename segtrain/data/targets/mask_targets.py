@@ -14,12 +14,11 @@ predictions in normalised coordinates, so the targets need no resizing to the ma
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 import torch
 
-from segtrain.config import IGNORE_LABEL
+from segtrain.config import IGNORE_LABEL, Config
 
 #: ``model.name`` prefix of the models trained on these targets (data cannot ask the model registry).
 MASK_MODEL_PREFIX = "mask2former"
@@ -28,9 +27,9 @@ MASK_MODEL_PREFIX = "mask2former"
 MASK_TARGET_KEYS = ("mask_labels", "class_labels")
 
 
-def wants_mask_targets(cfg: Any) -> bool:
+def wants_mask_targets(cfg: Config) -> bool:
     """Whether ``cfg.model`` trains on mask-classification targets."""
-    return str(cfg.model.name).startswith(MASK_MODEL_PREFIX)
+    return cfg.model.name.startswith(MASK_MODEL_PREFIX)
 
 
 def mask_targets(
