@@ -3,7 +3,7 @@
 ``resume=auto`` takes ``checkpoints/last.pt`` of the run directory; when that file is unreadable
 (a disk filled up, a copy was cut short) it falls back to the newest intact ``step_*.pt`` or
 ``best.pt`` and says which. A checkpoint that cannot continue this run (another model, another
-optimiser, added freezing, weights only) is refused with one line saying what differs and what
+optimiser, added freezing, other optimiser parameter groups, weights only) is refused with one line saying what differs and what
 to do instead.
 
 What it restores into is anything with ``state_dict()`` / ``load_state_dict()`` (the Trainer): the policy
@@ -140,6 +140,14 @@ def check_resumable(blob: Any, cfg: Config, path: Path) -> None:
             f"resume={path}: the checkpoint was trained with optim.name={so}, this run uses optim.name={no}; the "
             f"optimiser state cannot carry over. Resume with optim={so}, or {finetune} optim={no}"
         )
+    regrouped = _group_change(stored.get("optim") or {}, now["optim"])
+    if regrouped:
+        key, then, value = regrouped
+        raise ConfigError(
+            f"resume={path}: the checkpoint trained with optim.{key}={then}, this run has optim.{key}={value}; that "
+            f"splits the parameters into other optimiser groups, so the optimiser state cannot carry over. Resume "
+            f"with optim.{key}={then}, or {finetune} optim.{key}={value}"
+        )
     sb, nb = (stored.get("trainer") or {}).get("batch_size"), now["trainer"]["batch_size"]
     if int(blob.get("step_in_epoch") or 0) > 0 and sb is not None and sb != nb:
         raise ConfigError(
@@ -154,6 +162,20 @@ def check_resumable(blob: Any, cfg: Config, path: Path) -> None:
             f"resume={path}: the checkpoint trained with freeze={sf!r}, this run has freeze={nf!r}; the optimiser "
             f"state covers other parameters. Resume with the same freeze, or {finetune} freeze={nf or 'null'}"
         )
+
+
+def _group_change(stored: dict[str, Any], now: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """(key, checkpoint's value, this run's) when ``optim.layer_decay`` / ``optim.backbone_lr_mult`` make other
+    parameter groups than the checkpoint's (``engine.optim.param_groups``: the backbone gets groups of its own once
+    either is not 1, one per layer once ``layer_decay`` is not 1); None when the groups stay and only their
+    learning rates change, which the resumed run applies like any other optimiser setting."""
+    then = {k: float(stored.get(k, 1.0)) for k in ("layer_decay", "backbone_lr_mult")}  # older files: 1, off
+    value = {k: float(now.get(k, 1.0)) for k in ("layer_decay", "backbone_lr_mult")}
+    if (then["layer_decay"] != 1.0) != (value["layer_decay"] != 1.0):
+        return "layer_decay", stored.get("layer_decay", 1.0), now.get("layer_decay", 1.0)
+    if then["layer_decay"] == 1.0 and (then["backbone_lr_mult"] != 1.0) != (value["backbone_lr_mult"] != 1.0):
+        return "backbone_lr_mult", stored.get("backbone_lr_mult", 1.0), now.get("backbone_lr_mult", 1.0)
+    return None
 
 
 def _freeze_key(freeze: Any) -> list[str]:

@@ -35,13 +35,17 @@ RESUME_ERRORS = [
     (["model.width=16"], "another model than the checkpoint's (model.width: 8 in the checkpoint, 16 now)"),
     (["optim=sgd"], "trained with optim.name=adamw, this run uses optim.name=sgd"),
     (["freeze=backbone"], "trained with freeze=None, this run has freeze='backbone'"),
+    (
+        ["optim.backbone_lr_mult=0.5"],
+        "trained with optim.backbone_lr_mult=1.0, this run has optim.backbone_lr_mult=0.5; that splits the parameters",
+    ),
 ]
 
 
 @pytest.fixture(scope="module")
 def refused(base, finished):
     """Every refused resume below, run by segtrain.train's real main in one fresh process (tests/helpers/cases.py):
-    the three changed settings, then model weights only, then a directory. A real command line resumes in
+    the changed settings, then model weights only, then a directory. A real command line resumes in
     test_resuming_a_finished_run_warns_that_nothing_is_left."""
     weights = base / "weights.pt"
     torch.save(load(finished)["model"], weights)
