@@ -3,8 +3,8 @@
 ``resume=auto`` takes ``checkpoints/last.pt`` of the run directory; when that file is unreadable
 (a disk filled up, a copy was cut short) it falls back to the newest intact ``step_*.pt`` or
 ``best.pt`` and says which. A checkpoint that cannot continue this run (another model, another
-optimiser, added freezing, other optimiser parameter groups, weights only) is refused with one line saying what differs and what
-to do instead.
+optimiser, added freezing, other optimiser parameter groups, weights only) is refused with one line saying
+what differs and what to do instead.
 
 What it restores into is anything with ``state_dict()`` / ``load_state_dict()`` (the Trainer): the policy
 (refuse, warn, forget the best so far, start the stop reason afresh) is applied to the file's dict before

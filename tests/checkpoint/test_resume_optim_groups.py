@@ -4,6 +4,7 @@ A real Trainer trains a step, saves a real checkpoint, and a fresh one resumes i
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def _trainer(cfg: Config, batches: list[dict[str, torch.Tensor]]) -> Trainer:
 
 
 def _with(cfg: Config, **optim: float) -> Config:
-    out = cfg.copy()
+    out = copy.deepcopy(cfg)
     for key, value in optim.items():
         setattr(out.optim, key, value)
     return out
