@@ -102,6 +102,7 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 1800, re
         store, rank, world_size = rendezvous(rank, world_size, rendezvous_s)
         store.set_timeout(kwargs["timeout"])
         dist.init_process_group(store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size, **kwargs)
+        atexit.unregister(cleanup)  # once, however many groups a process forms
         atexit.register(cleanup)  # an exit that skipped the session's own cleanup still leaves the group first
     info = DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), dev, backend)
     log.debug("rank %d/%d on %s (%s)", info.rank, info.world_size, dev, backend)
