@@ -8,8 +8,10 @@ avoids ``All tensors must be on devices[0]`` and ranks allocating memory on GPU 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
+import gc
 import logging
 import os
 import sys
@@ -100,6 +102,8 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 1800, re
         store, rank, world_size = rendezvous(rank, world_size, rendezvous_s)
         store.set_timeout(kwargs["timeout"])
         dist.init_process_group(store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size, **kwargs)
+        atexit.unregister(cleanup)  # once, however many groups a process forms
+        atexit.register(cleanup)  # an exit that skipped the session's own cleanup still leaves the group first
     info = DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), dev, backend)
     log.debug("rank %d/%d on %s (%s)", info.rank, info.world_size, dev, backend)
     return info
@@ -175,8 +179,17 @@ def _write_line(fd: int, line: str) -> None:
 
 
 def cleanup() -> None:
+    """Leave the process group while the interpreter is whole, and free it there.
+
+    DDP's reducer holds the group (and the last step's work and tensors) and usually sits in reference
+    cycles with the trainer: left to interpreter finalisation, the group's C++ destructor ran while Python
+    was being torn down and a rank ended with SIGABRT ("terminate called without an active exception")
+    after a successful run. Collecting first drops those references, so destroying the group frees it here,
+    its worker threads joined. Idempotent: the session calls it, and atexit again for other exits."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
+        gc.collect()
 
 
 def is_dist() -> bool:

@@ -8,6 +8,7 @@ import logging
 import os
 import platform
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,7 +73,19 @@ def session(
         yield dist, run_dir
     finally:
         close_run_log()
+        release_failed_frames(sys.exc_info()[1])
         cleanup()
+
+
+def release_failed_frames(err: BaseException | None) -> None:
+    """Drop the local variables of the finished frames an escaping exception holds (its traceback keeps the
+    trainer, its DDP model and loaders alive until the process exits), so :func:`cleanup` frees the process
+    group while Python is whole. The traceback itself (files, lines) is kept for the report."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        traceback.clear_frames(err.__traceback__)
+        err = err.__cause__ or err.__context__
 
 
 def start_run_record(cfg: Config, run_dir: Path) -> None:

@@ -108,6 +108,17 @@ def assert_same_weights(one: dict, two: dict, what: str) -> None:
     print(f"max |{what}| weight difference: {worst:.2e}")
 
 
+def assert_left_nothing_running(folder: Path, how: str) -> None:
+    """Each rank's state when its entry point returned (tests/helpers/train_with_faults.py): the process group
+    destroyed and the DDP model freed while Python was whole, no non-daemon thread left for the exit to join.
+    A group torn down during interpreter finalisation aborted ranks at random ("terminate called without an
+    active exception")."""
+    states = [json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))]
+    assert sorted(s["rank"] for s in states) == [0, 1], f"{how}: every rank reports its exit, got {states}"
+    for s in states:
+        assert s == {"rank": s["rank"], "group": False, "ddp_models": 0, "threads": []}, f"{how}: {s}"
+
+
 def train_with_faults(args: list[str], cwd: Path, cache: Path, env: dict[str, str], nproc: int = 0):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     cmd = [*(launcher if nproc else [sys.executable]), FAULTS, *args]
@@ -123,7 +134,16 @@ def test_resume_on_other_world_sizes_visits_every_sample_once(runs):
     record.mkdir()
     args = [*EXACT, *EPOCHS, f"hydra.run.dir={run_dir}"]
     env = {"SEGTRAIN_TEST_RECORD": str(record)}
-    first = train_with_faults(args, base, cache, {**env, "SEGTRAIN_TEST_TERM_AT": "2"}, nproc=2)
+    exits = {"preempted": base / "chain_exit_preempted", "finished": base / "chain_exit_finished"}
+    for folder in exits.values():
+        folder.mkdir()
+    first = train_with_faults(
+        args,
+        base,
+        cache,
+        {**env, "SEGTRAIN_TEST_TERM_AT": "2", "SEGTRAIN_TEST_EXIT_STATE": str(exits["preempted"])},
+        nproc=2,
+    )
     assert first.returncode != 0 and "rerun with resume=auto" in first.stdout + first.stderr, first.stderr[-3000:]
     resume = [*args, "resume=auto"]
     second = train_with_faults(resume, base, cache, {**env, "SEGTRAIN_TEST_TERM_AT": "6"})
@@ -132,8 +152,10 @@ def test_resume_on_other_world_sizes_visits_every_sample_once(runs):
     assert len(said) == 1 and (
         "of a run saved on 2: global batch 4 kept (2 -> 4 per rank), epoch 0 continues after its 8 samples" in said[0]
     ), second.stderr[-3000:]
-    third = train_with_faults(resume, base, cache, env, nproc=2)
+    third = train_with_faults(resume, base, cache, {**env, "SEGTRAIN_TEST_EXIT_STATE": str(exits["finished"])}, nproc=2)
     assert third.returncode == 0, third.stderr[-3000:]
+    for how, folder in exits.items():
+        assert_left_nothing_running(folder, how)
     assert "resume on 2 process(es) of a run saved on 1" in third.stdout + third.stderr
 
     rows = [json.loads(x) for f in sorted(record.glob("*.jsonl")) for x in f.read_text().splitlines()]

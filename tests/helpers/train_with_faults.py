@@ -9,12 +9,18 @@
 - SEGTRAIN_TEST_TERM_AT=N: before step N every rank receives SIGTERM (what torchrun forwards from SLURM or
   Kubernetes), at a known step however slow the machine;
 - SEGTRAIN_TEST_RECORD=DIR: each rank appends one JSON line per step to DIR/<pid>.jsonl: epoch, step, rank,
-  world size and the record indices of its batch (what the data-order tests count).
+  world size and the record indices of its batch (what the data-order tests count);
+- SEGTRAIN_TEST_EXIT_STATE=DIR: when the entry point returns (or exits), each rank writes DIR/<pid>.json: whether
+  a process group is still initialised, how many DistributedDataParallel models are still alive (no collection
+  first) and the names of live non-daemon threads other than the main one: what interpreter finalisation
+  would otherwise have to tear down.
 """
 
+import gc
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +38,7 @@ HOLD = os.environ.get("SEGTRAIN_TEST_HOLD", "")
 HOLD_SAVE = os.environ.get("SEGTRAIN_TEST_HOLD_SAVE", "")
 TERM_AT = int(os.environ.get("SEGTRAIN_TEST_TERM_AT", "0"))
 RECORD = os.environ.get("SEGTRAIN_TEST_RECORD", "")
+EXIT_STATE = os.environ.get("SEGTRAIN_TEST_EXIT_STATE", "")
 _real_save = io.atomic_save
 
 
@@ -73,5 +80,21 @@ def _faulty_step(self, batch):
 # fault injection into every Trainer the real entry point builds
 Trainer.run_step = _faulty_step  # type: ignore[method-assign]
 
+
+def _write_exit_state() -> None:
+    ddp = torch.nn.parallel.DistributedDataParallel
+    state = {
+        "rank": int(os.environ.get("RANK", "0")),
+        "group": torch.distributed.is_initialized(),
+        "ddp_models": sum(isinstance(o, ddp) for o in gc.get_objects()),
+        "threads": [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()],
+    }
+    (Path(EXIT_STATE) / f"{os.getpid()}.json").write_text(json.dumps(state))
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        if EXIT_STATE:
+            _write_exit_state()
