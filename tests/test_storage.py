@@ -123,6 +123,7 @@ def test_read_ahead_is_one_request_per_object_and_errors_reach_their_reader(
     is a ranged GET too (s3fs would otherwise ask for the size first); a missing object among them is the one line
     naming its URL, raised where that object is read, not where the batch was started."""
     import s3fs
+
     from tests.helpers.s3_server import S3Proxy
 
     urls = [f"s3://{bucket}/images/{k}.jpg" for k in range(5)]
