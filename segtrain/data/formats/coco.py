@@ -63,6 +63,7 @@ from segtrain.data.records import (
     SkipReport,
     positive_int,
 )
+from segtrain.data.targets.compiled import optional_kernels
 from segtrain.fileio import is_regular_file
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
@@ -213,12 +214,9 @@ def _loads_annotations(text: bytes) -> Any:
 
 @functools.cache
 def _kernels() -> ModuleType | None:
-    """The compiled text passes (coco_text_kernels.py), loaded on first use; None without numba."""
-    try:
-        import segtrain.data.formats.coco_text_kernels as kernels
-    except ImportError:  # pragma: no cover - numba is a dependency; the parser alone gives the same index
-        return None
-    return kernels
+    """The compiled text passes (coco_text_kernels.py), loaded on first use (only large files need them); None,
+    with one warning, without numba: the parser alone gives the same index."""
+    return optional_kernels("segtrain.data.formats.coco_text_kernels", __name__, "large COCO files are indexed", "2x")
 
 
 @dataclass

@@ -33,7 +33,9 @@ from segtrain.data.targets.allocator import keep_freed_memory_once
 from segtrain.data.targets.compiled import optional_kernels
 from segtrain.data.targets.spec import TargetSpec
 
-_kernels: ModuleType | None = optional_kernels("targets_kernels", __name__, "targets are built", "2x")
+_kernels: ModuleType | None = optional_kernels(
+    "segtrain.data.targets.targets_kernels", __name__, "targets are built", "2x"
+)
 
 __all__ = ["TargetSpec", "build_targets", "gaussian_kernel", "gaussian_radius", "make_targets"]
 

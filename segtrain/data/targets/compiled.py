@@ -12,10 +12,11 @@ from types import ModuleType
 
 
 def optional_kernels(module: str, user: str, work: str, slowdown: str) -> ModuleType | None:
-    """``segtrain.data.targets.<module>``, or None (with one warning on the logger of ``user``, the importer)
-    when numba cannot be imported. ``work`` says what the NumPy path then does, e.g. "targets are built"."""
+    """The kernel module ``module`` (its full name), or None (with one warning on the logger of ``user``, the
+    importer) when numba cannot be imported. ``work`` says what the NumPy path then does, e.g. "targets are
+    built"."""
     try:
-        return importlib.import_module(f"segtrain.data.targets.{module}")
+        return importlib.import_module(module)
     except ImportError as exc:
         logging.getLogger(user).warning(
             "numba is unavailable (%s): %s by the NumPy path, identical but about %s slower per image. "

@@ -51,7 +51,9 @@ from pycocotools import mask as mask_utils
 from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
 from segtrain.data.targets.compiled import optional_kernels
 
-_kernels: ModuleType | None = optional_kernels("rasterise_kernels", __name__, "polygons are rasterised", "4x")
+_kernels: ModuleType | None = optional_kernels(
+    "segtrain.data.targets.rasterise_kernels", __name__, "polygons are rasterised", "4x"
+)
 
 if TYPE_CHECKING:
     from segtrain.data.records import Instance
