@@ -147,6 +147,28 @@ def _skip_value(buf: np.ndarray, p: int, end: int) -> int:  # pragma: no cover -
 
 
 @_jit
+def _number_list(buf, p, end, pow10, vals, nv, store):  # pragma: no cover - compiled
+    """Reads ``n, n, ...]`` from ``p`` (just past the ``[`` and its whitespace): (position past the ``]``, the new
+    ``nv``, how many numbers, plain). With ``store`` each value goes to ``vals[nv]`` and must be one this pass
+    computes (an integer or an exact decimal); without, any valid number passes, its value unused (a bbox)."""
+    count = 0
+    while True:
+        p, kind, iv, fv = _number(buf, p, end, pow10)
+        if kind == 0 or (store and (kind == 3 or nv >= len(vals))):
+            return p, nv, count, False
+        if store:
+            vals[nv] = fv
+            nv += 1
+        count += 1
+        p = _ws(buf, p, end)
+        c = _c(buf, p, end)
+        if c == 44:
+            p = _ws(buf, p + 1, end)
+            continue
+        return p + 1, nv, count, c == 93
+
+
+@_jit
 def _key_code(buf: np.ndarray, a: int, b: int, keys: np.ndarray, key_off: np.ndarray) -> int:  # pragma: no cover
     n = b - a
     for k in range(len(key_off) - 1):
@@ -230,33 +252,13 @@ def _scan(buf, a, end, keys, key_off, pow10):  # pragma: no cover - compiled
                         good = False  # empty, flat or not a list of lists
                         break
                     while True:  # one part per turn
-                        p = _ws(buf, p + 1, end)
-                        count = 0
-                        while True:
-                            p, kind, iv, fv = _number(buf, p, end, pow10)
-                            if kind != 1 and kind != 2:
-                                good = False
-                                break
-                            if nv >= len(vals):
-                                good = False
-                                break
-                            vals[nv] = fv
-                            nv += 1
-                            count += 1
-                            p = _ws(buf, p, end)
-                            c = _c(buf, p, end)
-                            if c == 44:
-                                p = _ws(buf, p + 1, end)
-                                continue
-                            if c != 93:
-                                good = False
-                            break
+                        p, nv, count, good = _number_list(buf, _ws(buf, p + 1, end), end, pow10, vals, nv, True)
                         if not good or npt >= len(lens):
                             good = False
                             break
                         lens[npt] = count
                         npt += 1
-                        p = _ws(buf, p + 1, end)
+                        p = _ws(buf, p, end)
                         c = _c(buf, p, end)
                         if c == 44:
                             p = _ws(buf, p + 1, end)
@@ -303,20 +305,7 @@ def _scan(buf, a, end, keys, key_off, pow10):  # pragma: no cover - compiled
                 if _c(buf, p, end) == 93:
                     p += 1
                 else:
-                    while True:
-                        p, kind, iv, fv = _number(buf, p, end, pow10)
-                        if kind == 0:
-                            good = False
-                            break
-                        p = _ws(buf, p, end)
-                        c = _c(buf, p, end)
-                        if c == 44:
-                            p = _ws(buf, p + 1, end)
-                            continue
-                        if c != 93:
-                            good = False
-                        p += 1
-                        break
+                    p, _, _, good = _number_list(buf, p, end, pow10, vals, nv, False)
                     if not good:
                         break
             else:
