@@ -74,6 +74,7 @@ FULL_GOAL = 1.8
 DEVICE_GOAL = 1.3
 DECODE_GOAL = 0.3  # issue 20: with dataset.decode=device the worker costs under a third of decoding
 REAL_CLASSES = ["background", "person", "date", "fig", "hazelnut"]
+OVERRIDES: tuple[str, ...] = ()  # --set: config overrides for every row
 
 
 def real_records() -> list[ImageRecord]:
@@ -108,7 +109,8 @@ def make_dataset(
     the targets built on the device, or with ``worker_targets`` in the worker (training on CPU,
     ``dataset.targets.where=worker``), or with ``device`` the worker part of device augmentation, with
     ``device_decode`` that of ``dataset.decode=device`` (read, check, rasterise; JPEGs decoded on the GPU);
-    ``semantic_only``: for a semantic-only model (``model=lraspp``)."""
+    ``semantic_only``: for a semantic-only model (``model=lraspp``). :data:`OVERRIDES` (``--set``) apply to
+    every row."""
     over = [f"dataset.input_size=[{input_size[0]},{input_size[1]}]"]
     if device or device_decode:
         over.append("augment.device=cuda")
@@ -117,7 +119,7 @@ def make_dataset(
         over.append("dataset.targets.where=worker")
     if semantic_only:  # a semantic-only model: semantic targets only (no centres, offsets, their weights)
         over.append("model=lraspp")
-    plan = plan_pipeline(compose(over), "cuda")
+    plan = plan_pipeline(compose([*over, *OVERRIDES]), "cuda")
     # CPU time per stage: the split stays meaningful when neighbours slow the wall clock down
     return PolygonDataset(records, plan.mapper(timer=StageTimer(time.thread_time)), classes=classes)
 
@@ -292,13 +294,25 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one round, small synthetic set, no JPEG table")
     ap.add_argument("--rounds", type=int, default=4, help="rounds over each image set (default 4)")
     ap.add_argument("--no-jpeg-table", action="store_true", help="skip the JPEG-size sensitivity table")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every row (repeatable), e.g. --set augment.rotate_p=0: what a setting costs",
+    )
     args = ap.parse_args()
-    cv2.setNumThreads(1)
+    global OVERRIDES
+    OVERRIDES = tuple(args.set)
+    # as in every loader worker (segtrain.data.loaders.worker_init): OpenCV serial (0: no thread pool at all),
+    # one torch thread, freed memory kept for the next item
+    cv2.setNumThreads(0)
     torch.set_num_threads(1)
-    keep_freed_memory()  # as in every loader worker (segtrain.data.loaders.worker_init)
+    keep_freed_memory()
     rounds = 1 if args.quick else args.rounds
     results: dict = {
         "threads": 1,
+        "overrides": list(OVERRIDES),
         "goal": f"full_over_decode <= {FULL_GOAL}; device worker part <= {DEVICE_GOAL}; "
         f"device-decode worker part <= {DECODE_GOAL}",
     }
