@@ -9,8 +9,10 @@ All functions of a case are timed in turns, so a change of load on a shared mach
 Prints one JSON object to stdout, with the goals for 1024x2048 with 20 instances in a plain process (this
 script sets nothing up; ``make_targets`` applies its allocator settings itself, see
 ``segtrain.data.targets.allocator``): speedup >= 40x over the reference and at most 2x the bandwidth bound, each
-with whether it is met.  The "glibc_default" rows (timed first) show what those settings save: there
-``make_targets`` is kept from applying them and every call page-faults its fresh outputs.
+with whether it is met, for the float32 weight planes ``make_targets`` returns by default (evaluation items) and
+for the uint8 ones training items carry (``compact_weights=True``: 16 bytes a pixel written instead of 25), the
+latter compared with the reference value for value.  The "glibc_default" rows (timed first) show what those
+settings save: there ``make_targets`` is kept from applying them and every call page-faults its fresh outputs.
 
     python scripts/bench_targets.py            # full run, about a minute on 2 shared cores
     python scripts/bench_targets.py --quick    # smoke run, a few seconds
@@ -463,21 +465,28 @@ def main(argv: list[str] | None = None) -> int:
                 },
             }
 
-        g = flags(case["timings"][mode], compact=True)
+        g = flags(case["timings"][mode], compact=False)
+        c = flags(case["timings"][mode], compact=True)
+        compact = summary(c)
+        # The ratio goal is defined on the float32 outputs; the uint8 ones write a third fewer bytes but still
+        # read the same int32 mask, so their ratio to writing alone is printed, not judged.
+        del compact["ratio_goal"], compact["ratio_met"]
+        compact["by_cpu_time"]["met"] = c["speedup_cpu"] >= SPEEDUP_GOAL
+        compact["met"] = c["speedup"] >= SPEEDUP_GOAL and c["speedup_cpu"] >= SPEEDUP_GOAL
         report["goal"] = {
             "goal": f"make_targets >= {SPEEDUP_GOAL:g}x the reference at 1024x2048, 20 instances, in a plain process "
-            "(wall median and thread CPU time), building the planes training items carry (uint8 weight planes, "
-            "compact_weights=True), values identical",
+            "(wall median and thread CPU time), with float32 weight planes (the default, and evaluation items) and "
+            "with the uint8 ones training items carry (compact_weights=True), values identical; float32 also at "
+            f"most {RATIO_GOAL:g}x the time to write its outputs",
             "case": f"{case['shape'][0]}x{case['shape'][1]}, {case['instances']} instances",
             "is_the_goal_case": goal is not None,
             "allocator": mode,
-            "weights": "uint8",
+            "weights": "float32",
             **summary(g),
-            "float32_weights": summary(flags(case["timings"][mode], compact=False)),
+            "uint8_weights": compact,
         }
-        report["goal_met"] = bool(
-            report["all_identical"] and g["speedup_met"] and g["speedup_cpu"] >= SPEEDUP_GOAL and goal is not None
-        )
+        report["goal"]["met"] = bool(report["goal"]["met"] and compact["met"] and report["all_identical"])
+        report["goal_met"] = bool(report["goal"]["met"] and goal is not None)
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0 if report["all_identical"] else 1
