@@ -627,9 +627,16 @@ def test_bench_quick_reports_identical_outputs():
     assert report["all_identical"] is True
     assert report["compiled_kernels"] is True
     assert report["cases"] and all(case["identical"] and case["numpy_path_identical"] for case in report["cases"])
+    # the uint8 weight planes training items carry hold the reference's values, and are timed too
+    assert all(case["compact_identical"] for case in report["cases"])
+    assert all(case["compact_output_bytes"] * 25 == case["output_bytes"] * 16 for case in report["cases"])
     # the goal's figures and flags are printed (their values depend on the machine, not asserted)
     goal = report["goal"]
     assert goal["is_the_goal_case"] is False and goal["speedup_goal"] == 40.0 and goal["ratio_goal"] == 2.0
     for key in ("speedup_met", "ratio_met", "met"):
         assert isinstance(goal[key], bool), key
     assert goal["speedup_vs_reference"] > 0 and goal["ratio_to_bandwidth_floor"] > 0
+    compact = goal["uint8_weights"]
+    assert compact["speedup_goal"] == 40.0 and isinstance(compact["met"], bool)
+    assert compact["speedup_vs_reference"] > 0 and compact["by_cpu_time"]["speedup"] > 0
+    assert goal["met"] is (goal["met"] and compact["met"])  # the goal holds only when both dtypes meet it

@@ -18,8 +18,12 @@ row (numba's negative-index wraparound check then stays in the loop and blocks v
 heatmap is built row by row in the same pass (pasting windows into ``np.zeros`` afterwards cost
 ~0.1 ms more, every window row missing the cache); writing the weight planes during the run scan,
 pre-zeroed (calloc) offset planes written on thing runs only, and finding runs by testing 16- or
-64-pixel blocks first were each 10-100% slower.  The write pass runs at about the speed of ``ndarray.fill`` of the same
-bytes; what remains above that is the run scan (~0.3 ms, one read of the mask).
+64-pixel blocks first were each 10-100% slower; so were non-temporal stores (numba emits them one scalar at a
+time: 1.8x slower than plain stores), a float64 x-coordinate row read instead of converting ``a + i``, writing
+the byte planes and the float planes of a run in two loops (within noise), and two threads over the two halves
+of the rows (2.3x slower on a shared, loaded 2-core machine, where loader workers are processes already).
+The write pass runs at about the speed of ``ndarray.fill`` of the same bytes; what remains above that is the
+run scan (~0.3 ms, one read of the mask).
 
 Compiled lazily on first call and cached on disk, as the rasteriser's kernels (``_jit``).
 """
