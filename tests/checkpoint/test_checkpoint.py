@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from segtrain.checkpoint.state import load_checkpoint_weights, load_weights
 from segtrain.config import compose
 from segtrain.engine.freeze import apply_freeze, freeze_report
 from segtrain.models import build_model
+from tests.helpers.cases import Case, Result, run_cases
 from tests.helpers.proc_utils import REFERENCE_RUN_ARGS, SMOKE_RUN_ARGS, child_env, run_module
 
 SMOKE = SMOKE_RUN_ARGS
@@ -205,29 +207,109 @@ def test_resume_on_another_world_size_says_what_changed(reference):
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 12
 
 
-@pytest.mark.slow
-def test_finetune_ddp_checkpoint_with_frozen_backbone(reference, tmp_path):
+@dataclass(frozen=True)
+class Commands:
+    """The results of :func:`commands` by name, and the folder they ran in."""
+
+    base: Path
+    results: dict[str, Result]
+
+    def __getitem__(self, name: str) -> Result:
+        return self.results[name]
+
+
+@pytest.fixture(scope="module")
+def commands(reference, reference_run, test_data) -> Commands:
+    """segtrain.evaluate, predict and finetune on the reference run's checkpoints and on files made from them,
+    each through its entry point's real main() in ONE fresh process (tests/helpers/cases.py): starting Python
+    and torch once instead of once per command. Their plain command lines run in tests/e2e (test_evaluate_predict,
+    test_torchrun_commands). Each test below reads its own result."""
     import torch.distributed as dist
 
     base, ref = reference
-    src_ck = torch.load(ref / "checkpoints" / "last.pt", weights_only=True)
+    best, last = ref / "checkpoints" / "best.pt", ref / "checkpoints" / "last.pt"
+    # what users have from their own DDP loops: the reference weights, every key starting with module.
     model = tiny_model()
-    model.load_state_dict(src_ck["model"])
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    model.load_state_dict(torch.load(last, weights_only=True)["model"])
+    dist.init_process_group("gloo", store=dist.FileStore(str(base / "store"), 1), rank=0, world_size=1)
     try:
-        wrapped = torch.nn.parallel.DistributedDataParallel(model)
-        ddp_path = tmp_path / "ddp_state.pt"
-        torch.save(wrapped.state_dict(), ddp_path)  # what users have: every key starts with module.
+        torch.save(torch.nn.parallel.DistributedDataParallel(model).state_dict(), base / "ddp_state.pt")
     finally:
         dist.destroy_process_group()
+    coco = test_data / "mmpose_coco_person"
+    argv = {
+        "evaluate": ("segtrain.evaluate", [*SMOKE, f"ckpt={last}", f"hydra.run.dir={base / 'ev'}"]),
+        "predict": (
+            "segtrain.predict",
+            [
+                f"ckpt={best}",
+                f"input={reference_run.synthetic() / 'val'}",
+                f"output={base / 'pred'}",
+                f"hydra.run.dir={base / 'p'}",
+            ],
+        ),
+        "ddp": (
+            "segtrain.finetune",
+            [
+                *SMOKE,
+                f"ckpt={base / 'ddp_state.pt'}",
+                "freeze=backbone",
+                "trainer.max_steps=4",
+                f"hydra.run.dir={base / 'ft'}",
+            ],
+        ),
+        # No experiment given: the model (width 8 etc.) must come from the checkpoint's stored config.
+        "stored_config": (
+            "segtrain.finetune",
+            [
+                f"ckpt={best}",
+                "freeze=[backbone.stage1,backbone.stage2]",
+                "trainer.epochs=1",
+                "trainer.max_steps=2",
+                "trainer.device=cpu",
+                "trainer.num_workers=0",
+                f"hydra.run.dir={base / 'ft2'}",
+            ],
+        ),
+        "bad_freeze": ("segtrain.finetune", [f"ckpt={best}", "freeze=backbone.nope", f"hydra.run.dir={base / 'x'}"]),
+        "classes": (
+            "segtrain.finetune",
+            [
+                f"ckpt={best}",
+                "dataset=coco",
+                f"dataset.train.images={coco}",
+                f"dataset.train.annotations={coco / 'test_coco.json'}",
+                f"dataset.val.images={coco}",
+                f"dataset.val.annotations={coco / 'test_coco.json'}",
+                # classes: auto (the preset's): background + person; the input size stays the checkpoint's 64x64
+                # (the coco preset's 512x512 only with dataset.input_size=[512,512])
+                "freeze=backbone",
+                "trainer.batch_size=2",
+                "trainer.max_steps=2",
+                "trainer.num_workers=0",
+                "trainer.device=cpu",
+                f"hydra.run.dir={base / 'ft_classes'}",
+            ],
+        ),
+    }
+    results = run_cases([Case(module, args, str(base), {}) for module, args in argv.values()], base / "cache")
+    return Commands(base, dict(zip(argv, results, strict=True)))
+
+
+def succeeded(proc: Result) -> Result:
+    """``proc``, after checking it exited 0 (what ``run_module`` checks)."""
+    assert proc.returncode == 0, f"failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.mark.slow
+def test_finetune_ddp_checkpoint_with_frozen_backbone(reference, commands):
+    base, ref = reference
+    src_ck = torch.load(ref / "checkpoints" / "last.pt", weights_only=True)
+    ddp_path = base / "ddp_state.pt"
     assert all(k.startswith("module.") for k in torch.load(ddp_path, weights_only=True))
-    run_dir = tmp_path / "ft"
-    proc = run_module(
-        "segtrain.finetune",
-        [*SMOKE, f"ckpt={ddp_path}", "freeze=backbone", "trainer.max_steps=4", f"hydra.run.dir={run_dir}"],
-        tmp_path,
-        base / "cache",
-    )
+    proc = succeeded(commands["ddp"])
+    run_dir = base / "ft"
     assert "frozen" in (run_dir / "train.log").read_text()
     after = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
     before = src_ck["model"]
@@ -241,103 +323,45 @@ def test_finetune_ddp_checkpoint_with_frozen_backbone(reference, tmp_path):
 
 
 @pytest.mark.slow
-def test_finetune_from_training_checkpoint_uses_its_config(reference, tmp_path):
-    base, ref = reference
-    ck = ref / "checkpoints" / "best.pt"
-    # No experiment given: the model (width 8 etc.) must come from the checkpoint's stored config.
-    run_dir = tmp_path / "ft2"
-    run_module(
-        "segtrain.finetune",
-        [
-            f"ckpt={ck}",
-            "freeze=[backbone.stage1,backbone.stage2]",
-            "trainer.epochs=1",
-            "trainer.max_steps=2",
-            "trainer.device=cpu",
-            "trainer.num_workers=0",
-            f"hydra.run.dir={run_dir}",
-        ],
-        tmp_path,
-        base / "cache",
-    )
-    cfg = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["config"]
+def test_finetune_from_training_checkpoint_uses_its_config(reference, commands):
+    base, _ = reference
+    succeeded(commands["stored_config"])
+    cfg = torch.load(base / "ft2" / "checkpoints" / "last.pt", weights_only=True)["config"]
     assert cfg["model"]["width"] == 8 and cfg["freeze"] == ["backbone.stage1", "backbone.stage2"]
-    bad = run_module(
-        "segtrain.finetune",
-        [f"ckpt={ck}", "freeze=backbone.nope", f"hydra.run.dir={tmp_path / 'x'}"],
-        tmp_path,
-        base / "cache",
-        check=False,
-    )
+    bad = commands["bad_freeze"]
     assert bad.returncode != 0 and "matches no parameter" in bad.stderr
 
 
 @pytest.mark.slow
-def test_evaluate_reproduces_training_miou(reference, tmp_path):
+def test_evaluate_reproduces_training_miou(reference, commands):
     base, ref = reference
     rows = [json.loads(x) for x in (ref / "metrics.jsonl").read_text().splitlines()]
     recorded = [r for r in rows if r["split"] == "val"][-1]["miou"]
-    proc = run_module(
-        "segtrain.evaluate",
-        [*SMOKE, f"ckpt={ref / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={tmp_path / 'ev'}"],
-        tmp_path,
-        base / "cache",
-    )
-    got = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    proc = succeeded(commands["evaluate"])
+    got = json.loads((base / "ev" / "eval.json").read_text())
     assert got["miou"] == pytest.approx(recorded, abs=1e-12)
     assert "mIoU" in proc.stdout
 
 
 @pytest.mark.slow
-def test_predict_writes_overlays(reference, reference_run, tmp_path):
-    base, ref = reference
+def test_predict_writes_overlays(reference, reference_run, commands):
+    base, _ = reference
     images = reference_run.synthetic() / "val"
-    out = tmp_path / "pred"
-    run_module(
-        "segtrain.predict",
-        [
-            f"ckpt={ref / 'checkpoints' / 'best.pt'}",
-            f"input={images}",
-            f"output={out}",
-            f"hydra.run.dir={tmp_path / 'p'}",
-        ],
-        tmp_path,
-        base / "cache",
-    )
+    out = base / "pred"
+    succeeded(commands["predict"])
     stems = sorted(p.stem for p in images.glob("*.jpg"))
     for stem in stems:
         assert (out / f"{stem}_semantic.png").is_file() and (out / f"{stem}_center.png").is_file()
 
 
 @pytest.mark.slow
-def test_finetune_onto_another_class_set_in_one_command(reference, tmp_path, test_data):
+def test_finetune_onto_another_class_set_in_one_command(reference, commands):
     """A 4-class checkpoint fine-tuned on a 2-class COCO folder: backbone and decoders load, the
     class-dependent head layers start afresh and the table says so; no ckpt_strict=false."""
     base, ref = reference
     ck = ref / "checkpoints" / "best.pt"
-    coco = test_data / "mmpose_coco_person"
-    run_dir = tmp_path / "ft_classes"
-    proc = run_module(
-        "segtrain.finetune",
-        [
-            f"ckpt={ck}",
-            "dataset=coco",
-            f"dataset.train.images={coco}",
-            f"dataset.train.annotations={coco / 'test_coco.json'}",
-            f"dataset.val.images={coco}",
-            f"dataset.val.annotations={coco / 'test_coco.json'}",
-            # classes: auto (the preset's): background + person; the input size stays the checkpoint's 64x64
-            # (the coco preset's 512x512 only with dataset.input_size=[512,512])
-            "freeze=backbone",
-            "trainer.batch_size=2",
-            "trainer.max_steps=2",
-            "trainer.num_workers=0",
-            "trainer.device=cpu",
-            f"hydra.run.dir={run_dir}",
-        ],
-        tmp_path,
-        base / "cache",
-    )
+    run_dir = base / "ft_classes"
+    proc = succeeded(commands["classes"])
     log = (run_dir / "train.log").read_text()
     assert "from 4 classes" in log and "to 2 classes" in log
     row = r"re-initialised\s+heads\.semantic\.1\.weight\s+\(4, 8, 1, 1\)\s+\(2, 8, 1, 1\)"

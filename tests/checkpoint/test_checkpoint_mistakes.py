@@ -19,6 +19,7 @@ from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.config import compose, to_container
 from segtrain.errors import EXIT_USER_ERROR, UserError
 from segtrain.models import build_model
+from tests.helpers.cases import Case, run_cases
 from tests.helpers.proc_utils import run_module
 
 SMOKE = ["experiment=cpu_smoke", "trainer.deterministic=true"]
@@ -220,12 +221,16 @@ def test_cli_exported_files_end_in_one_line(tmp_path):
     """evaluate on a TorchScript file, finetune on an ONNX file with trust_checkpoint=true: status 2, one line."""
     ts = write_torchscript(tmp_path / "best.torchscript.pt")
     onnx_file = write_onnx(tmp_path / "best.onnx")
-    for module, path, extra in [
+    commands = [
         ("segtrain.evaluate", ts, []),
         ("segtrain.finetune", onnx_file, ["trust_checkpoint=true"]),
-    ]:
-        args = [*SMOKE, f"ckpt={path}", *extra, f"hydra.run.dir={tmp_path / module}"]
-        proc = run_module(module, args, tmp_path, tmp_path / "cache", check=False)
+    ]
+    # each entry point's real main(), both in one fresh process (tests/helpers/cases.py)
+    cases = [
+        Case(module, [*SMOKE, f"ckpt={path}", *extra, f"hydra.run.dir={tmp_path / module}"], str(tmp_path), {})
+        for module, path, extra in commands
+    ]
+    for (_, path, _), proc in zip(commands, run_cases(cases, tmp_path / "cache"), strict=True):
         assert proc.returncode == EXIT_USER_ERROR, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
         lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

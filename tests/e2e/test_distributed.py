@@ -13,6 +13,7 @@ import psutil
 import pytest
 import torch
 
+from tests.helpers.cases import Case, run_cases
 from tests.helpers.proc_utils import REPO, child_env, free_port, run_module
 
 pytestmark = pytest.mark.slow
@@ -33,12 +34,34 @@ EPOCHS = ["trainer.max_steps=null", "trainer.epochs=2"]
 FAULTS = str(REPO / "tests" / "helpers" / "train_with_faults.py")
 
 
+# 1 process x accumulate 2 against 2 processes (test_accumulation_equals_more_processes)
+ACCUMULATE = ["experiment=cpu_smoke", "trainer.deterministic=true", "trainer.max_steps=3"]
+# the data set the distributed evaluation scores (given on the command line: a checkpoint never decides what
+# data is generated)
+EVAL_DATA = ["experiment=cpu_smoke", "dataset.synthetic.num_val=5", "evaluate.export=coco_instances"]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """The 1-process runs the torchrun runs are compared with, one after another by the entry points' real main()
+    in ONE fresh process (tests/helpers/cases.py): the run two processes must train like, the accumulating run,
+    and the 1-process evaluation of the first one's checkpoint. Then the 2-process run (real torchrun)."""
     base = tmp_path_factory.mktemp("dist")
     cache = base / "cache"
     single = base / "single"
-    run_module("segtrain.train", [*EXACT, *EPOCHS, f"hydra.run.dir={single}"], base, cache)
+    ckpt = single / "checkpoints" / "last.pt"
+    ones = run_cases(
+        [
+            Case("segtrain.train", [*EXACT, *EPOCHS, f"hydra.run.dir={single}"], str(base), {}),
+            Case(
+                "segtrain.train", [*ACCUMULATE, "trainer.accumulate=2", f"hydra.run.dir={base / 'acc2'}"], str(base), {}
+            ),
+            Case("segtrain.evaluate", [*EVAL_DATA, f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval1'}"], str(base), {}),
+        ],
+        cache,
+    )
+    for one in ones:
+        assert one.returncode == 0, f"failed ({one.returncode}):\n{one.stdout}\n{one.stderr}"
     cwd2 = base / "two"  # default hydra.run.dir: outputs/${now:...}, resolved per process by Hydra
     cwd2.mkdir()
     t0 = time.perf_counter()
@@ -182,12 +205,13 @@ def test_resume_on_other_world_sizes_visits_every_sample_once(runs):
 
 def test_distributed_evaluation_is_exact_on_odd_sized_val(runs):
     ckpt = runs["single"] / "checkpoints" / "last.pt"
-    base = runs["base"]
-    # the data set to score is given on the command line (a checkpoint never decides what data is generated)
-    data = ["experiment=cpu_smoke", "dataset.synthetic.num_val=5", "evaluate.export=coco_instances"]
-    run_module("segtrain.evaluate", [*data, f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval1'}"], base, runs["cache"])
+    base = runs["base"]  # eval1: the 1-process evaluation, in the ``runs`` fixture
     run_module(
-        "segtrain.evaluate", [*data, f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval2'}"], base, runs["cache"], nproc=2
+        "segtrain.evaluate",
+        [*EVAL_DATA, f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval2'}"],
+        base,
+        runs["cache"],
+        nproc=2,
     )
     e1 = json.loads((base / "eval1" / "eval.json").read_text())
     e2 = json.loads((base / "eval2" / "eval.json").read_text())
@@ -320,10 +344,8 @@ def test_unwrap_reaches_the_model_through_ddp_and_compile(tmp_path):
 def test_accumulation_equals_more_processes(runs):
     """1 process x accumulate 2 == 2 processes x accumulate 1: same samples per micro-batch / rank, one
     gradient normalised over the global batch, DDP synchronising only on the last micro-batch."""
-    base, cache = runs["base"], runs["cache"]
-    common = ["experiment=cpu_smoke", "trainer.deterministic=true", "trainer.max_steps=3"]
-    run_module("segtrain.train", [*common, "trainer.accumulate=2", f"hydra.run.dir={base / 'acc2'}"], base, cache)
-    run_module("segtrain.train", [*common, f"hydra.run.dir={base / 'ddp2'}"], base, cache, nproc=2)
+    base, cache = runs["base"], runs["cache"]  # acc2: the 1-process run, in the ``runs`` fixture
+    run_module("segtrain.train", [*ACCUMULATE, f"hydra.run.dir={base / 'ddp2'}"], base, cache, nproc=2)
     one = torch.load(base / "acc2" / "checkpoints" / "last.pt", weights_only=True)
     two = torch.load(base / "ddp2" / "checkpoints" / "last.pt", weights_only=True)
     from segtrain.config import compose

@@ -13,6 +13,7 @@ import torch
 
 from segtrain.evaluation.metrics import PanopticQuality
 from segtrain.evaluation.panoptic_export import decode_ids
+from tests.helpers.cases import Case, Result, run_cases
 from tests.helpers.proc_utils import run_module
 
 pytestmark = pytest.mark.slow
@@ -31,24 +32,81 @@ def trained(tmp_path_factory, smoke_run):
     return tmp_path_factory.mktemp("evalpred"), smoke_run.best
 
 
-def test_evaluate_scores_at_native_resolution_with_a_table(trained):
+def evaluate_args(ckpt: Path, resolution: str, out: Path) -> list[str]:
+    return [
+        "experiment=cpu_smoke",  # the data to score comes from the command line, not the checkpoint
+        f"ckpt={ckpt}",
+        "dataset.synthetic.image_size=[96,96]",
+        f"evaluate.resolution={resolution}",
+        f"hydra.run.dir={out}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def commands(trained, smoke_run) -> dict[str, Result]:
+    """The evaluations and predictions below beyond one plain command line of each tool (which the tests run with
+    ``run_module``): each entry point's real main(), all in ONE fresh process (tests/helpers/cases.py)."""
     base, ckpt = trained
-    runs = {}
-    for resolution in ("native", "input"):
-        out = base / f"ev_{resolution}"
-        proc = run_module(
+    images = smoke_run.synthetic() / "val"
+    src = base / "in"  # same stem with other extensions, same name in another folder
+    (src / "nested").mkdir(parents=True)
+    first = sorted(images.glob("*.jpg"))[:2]
+    img = _imread(first[0])
+    cv2.imwrite(str(src / "a.jpg"), img)
+    cv2.imwrite(str(src / "a.png"), img)
+    cv2.imwrite(str(src / "nested" / "a.jpg"), _imread(first[1]))
+    from segtrain.config import compose
+    from segtrain.models import build_model
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SEGTRAIN_CACHE", str(base / "cache"))
+        cfg = compose(["experiment=cpu_smoke", "model=lraspp"])
+        torch.save(build_model(cfg.model).state_dict(), base / "lraspp.pt")
+    argv = {
+        "input": ("segtrain.evaluate", evaluate_args(ckpt, "input", base / "ev_input")),
+        "export": (
             "segtrain.evaluate",
             [
-                "experiment=cpu_smoke",  # the data to score comes from the command line, not the checkpoint
+                "experiment=cpu_smoke",
                 f"ckpt={ckpt}",
-                "dataset.synthetic.image_size=[96,96]",
-                f"evaluate.resolution={resolution}",
-                f"hydra.run.dir={out}",
+                "evaluate.export=coco_panoptic",
+                f"hydra.run.dir={base / 'ev_export'}",
             ],
-            base,
-            base / "cache",
-        )
-        runs[resolution] = (json.loads((out / "eval.json").read_text()), proc.stdout)
+        ),
+        "single": (
+            "segtrain.predict",
+            [f"ckpt={ckpt}", f"input={src / 'a.jpg'}", f"output={base / 'single'}", f"hydra.run.dir={base / 'p2'}"],
+        ),
+        "semantic": (
+            "segtrain.predict",
+            [
+                "experiment=cpu_smoke",
+                "model=lraspp",
+                f"ckpt={base / 'lraspp.pt'}",
+                f"input={images}",
+                f"output={base / 'semantic'}",
+                f"hydra.run.dir={base / 'p3'}",
+            ],
+        ),
+    }
+    results = run_cases([Case(module, args, str(base), {}) for module, args in argv.values()], base / "cache")
+    return dict(zip(argv, results, strict=True))
+
+
+def succeeded(proc: Result) -> Result:
+    """``proc``, after checking it exited 0 (what ``run_module`` checks)."""
+    assert proc.returncode == 0, f"failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def test_evaluate_scores_at_native_resolution_with_a_table(trained, commands):
+    base, ckpt = trained
+    native_dir = base / "ev_native"
+    proc = run_module("segtrain.evaluate", evaluate_args(ckpt, "native", native_dir), base, base / "cache")
+    runs = {
+        "native": (json.loads((native_dir / "eval.json").read_text()), proc.stdout),
+        "input": (json.loads((base / "ev_input" / "eval.json").read_text()), succeeded(commands["input"]).stdout),
+    }
     native, table = runs["native"]
     small, _ = runs["input"]
     assert native["images"] == small["images"] == 6
@@ -60,15 +118,10 @@ def test_evaluate_scores_at_native_resolution_with_a_table(trained):
     assert "native resolution" in table
 
 
-def test_coco_panoptic_export_rescores_to_the_same_pq(trained):
-    base, ckpt = trained
+def test_coco_panoptic_export_rescores_to_the_same_pq(trained, commands):
+    base, _ = trained
     out = base / "ev_export"
-    run_module(
-        "segtrain.evaluate",
-        ["experiment=cpu_smoke", f"ckpt={ckpt}", "evaluate.export=coco_panoptic", f"hydra.run.dir={out}"],
-        base,
-        base / "cache",
-    )
+    succeeded(commands["export"])
     result = json.loads((out / "eval.json").read_text())
     folder = out / "coco_panoptic"
     pred, gt = (json.loads((folder / f"{n}.json").read_text()) for n in ("predictions", "ground_truth"))
@@ -97,16 +150,9 @@ def test_coco_panoptic_export_rescores_to_the_same_pq(trained):
     assert n_known == result["images"], "every synthetic image has unannotated pixels: known background"
 
 
-def test_predict_files_names_and_single_input(trained, tmp_path, smoke_run):
+def test_predict_files_names_and_single_input(trained, tmp_path, commands):
     base, ckpt = trained
-    images = smoke_run.synthetic() / "val"
-    src = tmp_path / "in"
-    (src / "nested").mkdir(parents=True)
-    first = sorted(images.glob("*.jpg"))[:2]
-    img = _imread(first[0])
-    cv2.imwrite(str(src / "a.jpg"), img)
-    cv2.imwrite(str(src / "a.png"), img)  # same stem, other extension
-    cv2.imwrite(str(src / "nested" / "a.jpg"), _imread(first[1]))  # same name, other folder
+    src = base / "in"  # same stem with other extensions, same name in another folder (made by ``commands``)
     out = tmp_path / "out"
     run_module(
         "segtrain.predict",
@@ -132,40 +178,16 @@ def test_predict_files_names_and_single_input(trained, tmp_path, smoke_run):
         assert s["area"] == int((ids == s["id"]).sum())
         if s["isthing"]:
             assert 0.0 <= s["score"] <= 1.0
-    single = tmp_path / "single"
-    run_module(
-        "segtrain.predict",
-        [f"ckpt={ckpt}", f"input={src / 'a.jpg'}", f"output={single}", f"hydra.run.dir={tmp_path / 'p2'}"],
-        tmp_path,
-        base / "cache",
-    )
+    single = base / "single"
+    succeeded(commands["single"])
     assert (single / "a_panoptic.png").is_file()
 
 
-def test_predict_semantic_only_model(tmp_path, trained, smoke_run, monkeypatch):
+def test_predict_semantic_only_model(trained, smoke_run, commands):
     base, _ = trained
-    from segtrain.config import compose
-    from segtrain.models import build_model
-
-    monkeypatch.setenv("SEGTRAIN_CACHE", str(base / "cache"))
-    cfg = compose(["experiment=cpu_smoke", "model=lraspp"])
-    ckpt = tmp_path / "lraspp.pt"
-    torch.save(build_model(cfg.model).state_dict(), ckpt)
     images = smoke_run.synthetic() / "val"
-    out = tmp_path / "out"
-    run_module(
-        "segtrain.predict",
-        [
-            "experiment=cpu_smoke",
-            "model=lraspp",
-            f"ckpt={ckpt}",
-            f"input={images}",
-            f"output={out}",
-            f"hydra.run.dir={tmp_path / 'p'}",
-        ],
-        tmp_path,
-        base / "cache",
-    )
+    out = base / "semantic"
+    succeeded(commands["semantic"])
     stem = sorted(images.glob("*.jpg"))[0].stem
     assert (out / f"{stem}_semantic.png").is_file() and (out / f"{stem}_labels.png").is_file()
     assert not (out / f"{stem}_panoptic.png").exists()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from segtrain.config import ConfigError, compose
+from tests.helpers.cases import Case, Result, run_cases
 from tests.helpers.proc_utils import one_line_error, run_module
 
 SMOKE = ["experiment=cpu_smoke", "trainer.max_steps=2", "trainer.epochs=1"]
@@ -100,18 +101,9 @@ def _cityscapes(root: Path, objects: list[dict]) -> None:
 
 
 @pytest.mark.slow
-def test_cityscapes_files_without_objects_are_refused(tmp_path: Path):
-    _cityscapes(tmp_path / "cs", [])
-    args = [
-        "experiment=cpu_smoke",
-        "dataset=cityscapes",
-        f"dataset.root={tmp_path / 'cs'}",
-        "dataset.input_size=[32,64]",
-    ]
-    proc = run_module(
-        "segtrain.train", [*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, tmp_path / "cache", check=False
-    )
-    one_line_error(proc, str(tmp_path / "cs" / "gtFine" / "train"), "no pixel is labelled")
+def test_cityscapes_files_without_objects_are_refused(refused):
+    base, results = refused
+    one_line_error(results["cityscapes"], str(base / "cs" / "gtFine" / "train"), "no pixel is labelled")
 
 
 @pytest.mark.slow
@@ -148,20 +140,13 @@ def _labelme_without_shapes(folder: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["empty_coco", "labelme_without_shapes"])
-def test_empty_annotations_are_one_line(tmp_path: Path, case: str):
+def test_empty_annotations_are_one_line(refused, case: str):
+    base, results = refused
     if case == "empty_coco":
-        (tmp_path / "img").mkdir()
-        (tmp_path / "a.json").write_bytes(b"")
-        data = ["dataset=coco", *(f"dataset.{s}.annotations={tmp_path / 'a.json'}" for s in ("train", "val"))]
-        data += [f"dataset.{s}.images={tmp_path / 'img'}" for s in ("train", "val")]
-        names = [str(tmp_path / "a.json"), "is empty"]
+        names = [str(base / case / "a.json"), "is empty"]
     else:
-        folder = _labelme_without_shapes(tmp_path / "lm")
-        data = ["dataset=labelme", f"dataset.train.dir={folder}", f"dataset.val.dir={folder}"]
-        names = ["dataset.classes=auto found no label", str(folder)]
-    args = ["experiment=cpu_smoke", *data, "dataset.classes=auto", f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = run_module("segtrain.train", args, tmp_path, tmp_path / "c", check=False, timeout=120)
-    one_line_error(proc, *names)
+        names = ["dataset.classes=auto found no label", str(base / case / "lm")]
+    one_line_error(results[case], *names)
 
 
 def test_labelme_without_a_class_lists_background_once(tmp_path: Path):
@@ -228,14 +213,48 @@ def test_more_processes_than_images_suggests_fewer_processes(tmp_path: Path):
     assert "at most 2 process(es)" in str(e.value) and "lower trainer.batch_size" not in str(e.value), str(e.value)
 
 
+STORED = {0: "a string", 1: {"model": "tiny_panoptic"}}  # a checkpoint's "config" that is not a whole config
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("stored", ["a string", {"model": "tiny_panoptic"}])
-def test_an_unusable_stored_config_is_named(tmp_path: Path, smoke_run, stored):
+@pytest.mark.parametrize("stored", list(STORED), ids=["a string", "stored1"])
+def test_an_unusable_stored_config_is_named(refused, stored: int):
+    _, results = refused
+    one_line_error(results[f"stored{stored}"], "edited.pt", "not a mapping")
+
+
+# --------------------------------------------------------------------------- the refused commands, in one process
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory, smoke_run) -> tuple[Path, dict[str, Result]]:
+    """The refused commands of the tests above, each through its entry point's real main(), all in ONE fresh
+    process (tests/helpers/cases.py): (their folder, results by name)."""
     import torch
 
-    blob = torch.load(smoke_run.last, weights_only=False)
-    blob["config"] = stored
-    torch.save(blob, tmp_path / "edited.pt")
-    args = [f"ckpt={tmp_path / 'edited.pt'}", f"output={tmp_path / 'm.onnx'}", f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = run_module("segtrain.export", args, tmp_path, tmp_path / "c", check=False)
-    one_line_error(proc, "edited.pt", "not a mapping")
+    base = tmp_path_factory.mktemp("refused")
+    cases: dict[str, Case] = {}
+    _cityscapes(base / "cs", [])
+    args = ["experiment=cpu_smoke", "dataset=cityscapes", f"dataset.root={base / 'cs'}", "dataset.input_size=[32,64]"]
+    cases["cityscapes"] = Case("segtrain.train", [*args, f"hydra.run.dir={base / 'cs_run'}"], str(base), {})
+
+    empty = base / "empty_coco"
+    (empty / "img").mkdir(parents=True)
+    (empty / "a.json").write_bytes(b"")
+    data = ["dataset=coco", *(f"dataset.{s}.annotations={empty / 'a.json'}" for s in ("train", "val"))]
+    data += [f"dataset.{s}.images={empty / 'img'}" for s in ("train", "val")]
+    folder = _labelme_without_shapes(base / "labelme_without_shapes" / "lm")
+    no_shapes = ["dataset=labelme", f"dataset.train.dir={folder}", f"dataset.val.dir={folder}"]
+    for name, given in (("empty_coco", data), ("labelme_without_shapes", no_shapes)):
+        argv = ["experiment=cpu_smoke", *given, "dataset.classes=auto", f"hydra.run.dir={base / name / 'run'}"]
+        cases[name] = Case("segtrain.train", argv, str(base / name), {})
+
+    for i, stored in STORED.items():
+        here = base / f"stored{i}"
+        here.mkdir()
+        blob = torch.load(smoke_run.last, weights_only=False)
+        blob["config"] = stored
+        torch.save(blob, here / "edited.pt")
+        argv = [f"ckpt={here / 'edited.pt'}", f"output={here / 'm.onnx'}", f"hydra.run.dir={here / 'run'}"]
+        cases[f"stored{i}"] = Case("segtrain.export", argv, str(here), {})
+    return base, dict(zip(cases, run_cases(list(cases.values()), base / "cache"), strict=True))

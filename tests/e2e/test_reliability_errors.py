@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from tests.helpers.cases import Case, run_cases
+from tests.helpers.cases import Case, Result, run_cases
 from tests.helpers.fault_runs import SMOKE, load
 from tests.helpers.proc_utils import run_module
 
@@ -119,11 +119,16 @@ def test_user_errors_are_one_line_once_and_debug_shows_the_traceback(base, tmp_p
         assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr[-800:]
 
 
-def test_evaluation_never_counts_an_unreadable_image_twice(base, finished, smoke_run, tmp_path):
+@pytest.fixture(scope="module")
+def tools(base, finished, smoke_run) -> dict[str, Result]:
+    """segtrain.evaluate and segtrain.predict on the finished smoke run, by their real main() in ONE fresh process
+    (tests/helpers/cases.py): an evaluation that skips a truncated image, the same without on_error=skip, an
+    evaluation into its default run directory, a predict input that does not exist. Their plain command lines run
+    in tests/e2e/test_evaluate_predict.py."""
     import shutil
 
     synthetic = smoke_run.synthetic()
-    images = tmp_path / "val"
+    images = base / "val"
     shutil.copytree(synthetic / "val", images)
     victim = sorted(images.glob("*.jpg"))[2]
     victim.write_bytes(victim.read_bytes()[:300])  # truncated
@@ -136,13 +141,29 @@ def test_evaluation_never_counts_an_unreadable_image_twice(base, finished, smoke
         f"dataset.train.annotations={synthetic / 'train.json'}",
         "dataset.on_error=skip",
     ]
-    run_module("segtrain.evaluate", [*args, f"hydra.run.dir={tmp_path / 'ev'}"], tmp_path, base / "cache")
-    result = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    (base / "tools").mkdir()  # the default run directories land under outputs/ here
+    cases = {
+        "skip": Case("segtrain.evaluate", [*args, f"hydra.run.dir={base / 'ev'}"], str(base), {}),
+        "unreadable": Case("segtrain.evaluate", [*args[:-1], f"hydra.run.dir={base / 'ev2'}"], str(base), {}),
+        "run_dir": Case("segtrain.evaluate", ["experiment=cpu_smoke", f"ckpt={finished}"], str(base / "tools"), {}),
+        "no_input": Case(
+            "segtrain.predict",
+            ["experiment=cpu_smoke", f"ckpt={finished}", f"input={base / 'nope'}", f"output={base / 'o'}"],
+            str(base),
+            {},
+        ),
+    }
+    return dict(zip(cases, run_cases(list(cases.values()), base / "cache"), strict=True))
+
+
+def test_evaluation_never_counts_an_unreadable_image_twice(base, tools):
+    images = base / "val"
+    victim = sorted(images.glob("*.jpg"))[2]
+    assert tools["skip"].returncode == 0, tools["skip"].stderr[-3000:]
+    result = json.loads((base / "ev" / "eval.json").read_text())
     n = len(list(images.glob("*.jpg")))
     assert result["images"] == n - 1 and result["skipped_images"] == 1
-    proc = run_module(
-        "segtrain.evaluate", [*args[:-1], f"hydra.run.dir={tmp_path / 'ev2'}"], tmp_path, base / "cache", check=False
-    )
+    proc = tools["unreadable"]
     assert proc.returncode == 2 and victim.name in proc.stderr and "truncated" in proc.stderr
 
 
@@ -159,22 +180,16 @@ def test_checkpoint_config_cannot_redirect_the_cache_or_grow_the_data(tmp_path, 
     assert cfg.model.width == stored["model"]["width"]
 
 
-def test_tools_write_into_run_directories_named_for_them(base, finished, tmp_path):
-    run_module("segtrain.evaluate", ["experiment=cpu_smoke", f"ckpt={finished}"], tmp_path, base / "cache")
-    runs = list((tmp_path / "outputs" / "evaluate").glob("*/*"))
+def test_tools_write_into_run_directories_named_for_them(base, tools):
+    assert tools["run_dir"].returncode == 0, tools["run_dir"].stderr[-3000:]
+    runs = list((base / "tools" / "outputs" / "evaluate").glob("*/*"))
     assert len(runs) == 1 and (runs[0] / "eval.json").is_file()
     effective = (runs[0] / ".hydra" / "config.yaml").read_text()
     assert "width: 8" in effective, "the effective config holds the checkpoint's model"
     assert os.path.isfile(runs[0] / "evaluate.log")
 
 
-def test_predict_input_not_found_is_one_line(base, finished, tmp_path):
-    proc = run_module(
-        "segtrain.predict",
-        ["experiment=cpu_smoke", f"ckpt={finished}", f"input={tmp_path / 'nope'}", f"output={tmp_path / 'o'}"],
-        tmp_path,
-        base / "cache",
-        check=False,
-    )
+def test_predict_input_not_found_is_one_line(base, tools):
+    proc = tools["no_input"]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == f"error: input='{tmp_path / 'nope'}': no such file or folder"
+    assert proc.stderr.strip().splitlines()[-1] == f"error: input='{base / 'nope'}': no such file or folder"

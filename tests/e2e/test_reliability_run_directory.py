@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.helpers.cases import Case, run_cases
 from tests.helpers.fault_runs import FAULTS, LONG, load, snapshot
 from tests.helpers.proc_utils import child_env, run_module
 
@@ -46,11 +47,15 @@ def test_a_run_directory_belongs_to_one_run(base):
     first.send_signal(signal.SIGKILL)  # a crash: the lock must not outlive it
     first.wait(30)
     before = snapshot(run_dir)
-    fresh = run_module("segtrain.train", args, base, base / "cache", check=False)
-    assert fresh.returncode == 2 and "Continue it with resume=auto" in fresh.stderr
-    other = run_module(
-        "segtrain.train", [*args, "resume=auto", "trainer.batch_size=8"], base, base / "cache", check=False
+    # a fresh run, a resume that does not fit: segtrain.train's real main in one fresh process (tests/helpers/cases.py)
+    fresh, other = run_cases(
+        [
+            Case("segtrain.train", args, str(base), {}),
+            Case("segtrain.train", [*args, "resume=auto", "trainer.batch_size=8"], str(base), {}),
+        ],
+        base / "cache",
     )
+    assert fresh.returncode == 2 and "Continue it with resume=auto" in fresh.stderr
     says = "stopped inside an epoch (2 steps of epoch 1) with trainer.batch_size=4"
     assert other.returncode == 2 and says in other.stderr, other.stderr[-800:]
     assert snapshot(run_dir) == before, "a refused run rewrote the run's record, log or lock"

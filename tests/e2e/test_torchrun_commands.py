@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.cases import Case, Result, run_cases
 from tests.helpers.proc_utils import child_env, run_module
 
 pytestmark = pytest.mark.slow
@@ -127,12 +128,34 @@ def test_user_error_under_segtrain_launch_is_one_line(tmp_path):
     assert lines == ["error: trainer.epochs=0 must be >= 1"], lines
 
 
-def test_user_error_fills_torchruns_error_file(tmp_path):
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory) -> tuple[Path, dict[str, Result]]:
+    """Two refused ``python -m segtrain.train`` command lines, run by its real main() in ONE fresh process
+    (tests/helpers/cases.py): a user error with torchrun's error file set, and resume=auto without a run directory
+    in a folder that holds an older run. torchrun's own report is seen under the real launcher above."""
+    base = tmp_path_factory.mktemp("refused")
+    error_dir, resume_dir = base / "error_file", base / "resume_auto"
+    old = resume_dir / "outputs" / "2026-01-01" / "10-00-00" / "checkpoints"
+    old.mkdir(parents=True)
+    (old / "last.pt").write_bytes(b"not read")
+    error_dir.mkdir()
+    error_file = error_dir / "error.json"
+    cases = {
+        "error_file": Case(
+            "segtrain.train",
+            ["trainer.epochs=0", f"hydra.run.dir={error_dir / 'run'}"],
+            str(error_dir),
+            {"TORCHELASTIC_ERROR_FILE": str(error_file)},
+        ),
+        "resume_auto": Case("segtrain.train", ["experiment=cpu_smoke", "resume=auto"], str(resume_dir), {}),
+    }
+    return base, dict(zip(cases, run_cases(list(cases.values()), base / "cache"), strict=True))
+
+
+def test_user_error_fills_torchruns_error_file(refused):
     """Plain torchrun still prints its report; its root cause then quotes the line instead of a docs link."""
-    error_file = tmp_path / "error.json"
-    env = child_env(tmp_path / "cache", TORCHELASTIC_ERROR_FILE=str(error_file))
-    cmd = [sys.executable, "-m", "segtrain.train", "trainer.epochs=0", f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    base, results = refused
+    proc, error_file = results["error_file"], base / "error_file" / "error.json"
     assert proc.returncode == 2 and proc.stderr.strip() == "error: trainer.epochs=0 must be >= 1", proc.stderr
     message = json.loads(error_file.read_text())["message"]
     assert message["message"].endswith("trainer.epochs=0 must be >= 1")
@@ -146,16 +169,13 @@ def test_launch_tells_user_errors_from_crashes():
     assert not user_error_only([1, -15]) and not user_error_only([2, 1]) and not user_error_only([-15])
 
 
-def test_resume_auto_without_a_run_directory_is_refused(tmp_path):
-    old = tmp_path / "outputs" / "2026-01-01" / "10-00-00" / "checkpoints"
-    old.mkdir(parents=True)
-    (old / "last.pt").write_bytes(b"not read")
-    cmd = [sys.executable, "-m", "segtrain.train", "experiment=cpu_smoke", "resume=auto"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=child_env(tmp_path / "cache"), capture_output=True, text=True)
+def test_resume_auto_without_a_run_directory_is_refused(refused):
+    base, results = refused
+    proc, cwd = results["resume_auto"], base / "resume_auto"
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "hydra.run.dir=outputs/2026-01-01/10-00-00" in lines[0], lines
-    assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["2026-01-01"], "no new run directory"
+    assert sorted(p.name for p in (cwd / "outputs").iterdir()) == ["2026-01-01"], "no new run directory"
 
 
 def test_hook_by_import_path_from_the_command_line(tmp_path):

@@ -2,8 +2,9 @@
 ``main()`` with its own ``sys.argv`` and environment, its stdout and stderr captured at the file-descriptor level
 (what a terminal would show, logging and warnings included) and its exit status taken from ``SystemExit``.
 
-Starting Python, torch and Hydra costs seconds per process; user-error cases end long before training, so a
-test with several of them pays that start once. Each mechanism keeps at least one real command line of its own
+Starting Python, torch and Hydra costs seconds per process, more than a user-error case or a few-step cpu_smoke
+run takes, so a test (or a module's fixture) with several of them pays that start once; the cases run one after
+another, as a Hydra multirun's jobs do. Each mechanism keeps at least one real command line of its own
 (``proc_utils.run_module``), under torchrun where it matters; this runner is for the repetitions.
 
 ``python -m tests.helpers.cases`` reads the cases as JSON on stdin and writes the results as JSON on stdout.
@@ -28,12 +29,13 @@ from tests.helpers.proc_utils import child_env
 
 @dataclass(frozen=True)
 class Case:
-    """``python -m module *argv`` with ``env`` added to the environment, run in ``cwd``."""
+    """``python -m module *argv`` with ``env`` added to the environment (a ``None`` value removes that variable),
+    run in ``cwd``."""
 
     module: str
     argv: list[str]
     cwd: str
-    env: dict[str, str]
+    env: dict[str, str | None]
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,11 @@ def _captured(fd: int) -> Iterator[Path]:
 def _run_one(case: Case) -> Result:
     """One case in this process: argv, environment and working directory set, then restored."""
     old_env, old_cwd, old_argv = dict(os.environ), os.getcwd(), sys.argv
-    os.environ.update(case.env)
+    for key, value in case.env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     os.chdir(case.cwd)
     sys.argv = [case.module, *case.argv]
     code = 0

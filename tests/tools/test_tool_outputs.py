@@ -22,6 +22,7 @@ import torch
 from segtrain.checkpoint.io import CheckpointError
 from segtrain.config import ConfigError, compose, to_container
 from segtrain.models import build_model
+from tests.helpers.cases import Case, run_cases
 from tests.helpers.proc_utils import child_env, run_module
 
 SMOKE = ["experiment=cpu_smoke"]
@@ -268,15 +269,19 @@ def test_a_validation_that_scored_no_image_is_an_error_never_a_best(ckpt, tmp_pa
         "dataset.on_error=skip",
     ]
     run_dir = tmp_path / "run"
-    train = run_module("segtrain.train", [*SMOKE, *data, f"hydra.run.dir={run_dir}"], tmp_path, cache, check=False)
+    # the training run and the evaluation: the entry points' real main(), in one fresh process (tests/helpers/cases.py)
+    train, ev = run_cases(
+        [
+            Case("segtrain.train", [*SMOKE, *data, f"hydra.run.dir={run_dir}"], str(tmp_path), {}),
+            Case("segtrain.evaluate", [f"ckpt={ckpt}", *data, f"hydra.run.dir={tmp_path / 'ev'}"], str(tmp_path), {}),
+        ],
+        cache,
+    )
     assert train.returncode == 2 and "Traceback" not in train.stderr
     n = len(list(images.glob("*.jpg")))
     says = f"error: validation scored no image: all {n} validation images were unreadable and skipped"
     assert train.stderr.strip().splitlines()[-1].startswith(says), train.stderr[-1500:]
     assert not (run_dir / "checkpoints" / "best.pt").exists()
     assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["split"] == "train", "no val record"
-    ev = run_module(
-        "segtrain.evaluate", [f"ckpt={ckpt}", *data, f"hydra.run.dir={tmp_path / 'ev'}"], tmp_path, cache, check=False
-    )
     assert ev.returncode == 2 and f"error: evaluate scored no image: all {n} images" in ev.stderr
     assert not (tmp_path / "ev" / "eval.json").exists()
