@@ -15,22 +15,18 @@ from typing import Any
 import pytest
 
 from segtrain import object_reads, storage
-from tests.helpers.s3_server import S3Proxy
+from tests.helpers.s3_server import S3Proxy, client_of
 
-CLIENTS = ("obstore", "fsspec")
-
-
-def agent_client(agent: str) -> str:
-    """Which client sent a request, from its User-Agent (object_store's or botocore's)."""
-    return "obstore" if "object_store" in agent or "obstore" in agent else "fsspec"
+#: SEGTRAIN_S3_READER's values, and the client each makes read the images
+CLIENTS = {"obstore": "obstore", "fsspec": "s3fs"}
 
 
-@pytest.fixture(params=CLIENTS)
+@pytest.fixture(params=list(CLIENTS))
 def client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "obstore":
         pytest.importorskip("obstore", reason="obstore is not installed (pip install -e '.[storage]')")
     monkeypatch.setenv(object_reads.READER_VARIABLE, request.param)
-    return str(request.param)
+    return CLIENTS[request.param]
 
 
 @pytest.fixture
@@ -61,7 +57,7 @@ def test_a_batch_is_one_get_per_object_from_the_chosen_client(client: str, bucke
     for k, url in enumerate(urls):
         assert storage.read_bytes(url, "image file", 1000) == bytes([k]) * (100 + k)
     assert proxy.requests - before == 6, "one request per object, no HEAD first"
-    assert {agent_client(a) for a in proxy.agents[before:]} == {client}
+    assert {client_of(a) for a in proxy.agents[before:]} == {client}
     assert read_ahead(f"s3://{bucket}/images/empty.jpg", max_bytes=10) == b""
 
 
@@ -82,7 +78,7 @@ def test_missing_key_missing_bucket_and_denied_bucket_are_the_same_line_from_bot
         read_ahead(url)
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"access to {url} denied"), message
-    assert {agent_client(a) for a in proxy.agents} == {client}
+    assert {client_of(a) for a in proxy.agents} == {client}
 
 
 def test_an_object_over_the_limit_is_one_line(client: str, bucket: str, proxy: S3Proxy) -> None:
@@ -114,7 +110,7 @@ def test_a_process_forked_after_obstore_started_reads_through_s3fs(bucket: str, 
     url = f"s3://{bucket}/images/a.jpg"
     storage.write_bytes(url, b"z" * 64)
     assert read_ahead(url) == b"z" * 64
-    assert agent_client(proxy.agents[-1]) == "obstore"
+    assert client_of(proxy.agents[-1]) == "obstore"
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report, and never return into pytest
@@ -132,7 +128,7 @@ def test_a_process_forked_after_obstore_started_reads_through_s3fs(bucket: str, 
         report = json.loads(answer.read() or "{}")
     _, status = os.waitpid(pid, 0)
     assert status == 0 and report == {"usable": False, "ok": True}, report
-    assert agent_client(proxy.agents[-1]) == "fsspec"
+    assert client_of(proxy.agents[-1]) == "s3fs"
     assert object_reads.usable(url), "the parent keeps its own client"
 
 

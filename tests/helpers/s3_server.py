@@ -216,6 +216,11 @@ class S3Proxy:
             self._server.server_close()
 
 
+def client_of(agent: str) -> str:
+    """Which client sent a request, from its User-Agent: ``obstore`` (Rust's object_store) or ``s3fs`` (botocore)."""
+    return "obstore" if "object_store" in agent or "obstore" in agent else "s3fs"
+
+
 def child_env(endpoint: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """os.environ for a child process using the store at ``endpoint`` with dummy credentials."""
     return {**os.environ, **DUMMY_CREDENTIALS, "AWS_ENDPOINT_URL": endpoint, **(extra or {})}
