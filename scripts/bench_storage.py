@@ -188,8 +188,11 @@ def main() -> None:
                 "image_size": a.size,
                 "batch_size": a.batch,
                 "latency_ms_added": a.latency_ms,
-                # the client of the loader's image reads from s3:// (SEGTRAIN_S3_READER=fsspec: s3fs, to compare)
-                "s3_image_reader": "obstore" if object_reads.usable("s3://bench/coco/train") else "s3fs",
+                # the client of the loader workers' image reads from s3:// (SEGTRAIN_S3_READER=fsspec: s3fs, to
+                # compare); at 0 workers the main process reads them through s3fs
+                "s3_image_reader": "obstore"
+                if object_reads.usable("s3://bench/coco/train", in_worker=True)
+                else "s3fs",
                 # CPU per image at 2 workers: the loader's (main process and workers) and, for the store, its
                 # server's and the proxy's, which share the same cores here and would not with a real store
                 "cpu_ms_per_image_at_2_workers": cpu,

@@ -11,9 +11,10 @@ environment as botocore (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_S
 botocore resolves (profiles, SSO, instance roles) keep the reads on s3fs. Requests are retried with exponential
 backoff on 5xx, dropped connections and timeouts, as botocore's ``standard`` mode does.
 
-One client per process: obstore's runtime (tokio) does not survive a fork, so a process whose parent had started
-it reads through s3fs instead (:func:`usable`), and callers start it only in processes that read images (the
-loader's workers, or the main process at ``num_workers=0``), never in one that forks workers afterwards.
+One client per process: obstore's runtime (tokio) does not survive a fork, so it is started only in the loader's
+worker processes, which fork nothing (a main process that read through it would leave its workers, forked later,
+without a client: the doctor measures 0 workers before 2), and a process whose parent had started it anyway
+(``SEGTRAIN_S3_READER=obstore`` forces it in any process) reads through s3fs (:func:`usable`).
 
 Errors come back as the builtin types s3fs raises (:class:`FileNotFoundError` for a missing key or bucket,
 :class:`PermissionError` for a denied request, :class:`OSError` else), with the store's error code as their
@@ -25,13 +26,15 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
-#: ``SEGTRAIN_S3_READER=fsspec`` keeps every read on s3fs (a comparison, or a store obstore cannot talk to).
+#: ``SEGTRAIN_S3_READER``: ``auto`` (obstore in loader workers), ``obstore`` (in any process), ``fsspec`` (never:
+#: a comparison, or a store obstore cannot talk to).
 READER_VARIABLE = "SEGTRAIN_S3_READER"
 #: The environment a store depends on: a change (a test pointing at another endpoint) makes a new client.
 _ENV_KEYS = (
@@ -65,13 +68,15 @@ class ObjectTooLarge(ValueError):
         self.size, self.limit = size, limit
 
 
-def usable(url: str) -> bool:
+def usable(url: str, in_worker: bool | None = None) -> bool:
     """True when ``url`` (``s3://``) can be read through obstore in this process with the configuration s3fs
-    would use: obstore installed, not switched off, credentials and region (or an endpoint) in the environment
+    would use: a loader worker (``in_worker``: as if, or not; None: this process), or
+    ``SEGTRAIN_S3_READER=obstore``; obstore installed, credentials and region (or an endpoint) in the environment
     (what else botocore resolves stays with s3fs), and its runtime not inherited across a fork."""
-    if not url.startswith(("s3://", "s3a://")) or os.environ.get(READER_VARIABLE, "obstore").lower() == "fsspec":
+    choice = os.environ.get(READER_VARIABLE, "auto").lower()
+    if not url.startswith(("s3://", "s3a://")) or choice == "fsspec" or _STARTED_BY not in (None, os.getpid()):
         return False
-    if _STARTED_BY not in (None, os.getpid()):
+    if choice != "obstore" and not (in_loader_worker() if in_worker is None else in_worker):
         return False
     env = os.environ
     if not env.get("AWS_ACCESS_KEY_ID") or not env.get("AWS_SECRET_ACCESS_KEY") or env.get("AWS_ENDPOINT_URL_S3"):
@@ -83,6 +88,12 @@ def usable(url: str) -> bool:
     except ImportError:
         return False
     return True
+
+
+def in_loader_worker() -> bool:
+    """True in a DataLoader's worker process (torch says so; torch is imported wherever a loader runs)."""
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
 
 
 def split(url: str) -> tuple[str, str]:

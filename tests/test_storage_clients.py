@@ -17,7 +17,8 @@ import pytest
 from segtrain import object_reads, storage
 from tests.helpers.s3_server import S3Proxy, client_of
 
-#: SEGTRAIN_S3_READER's values, and the client each makes read the images
+#: SEGTRAIN_S3_READER's values, and the client each makes read the images (``obstore``: also in this process,
+#: which is not a loader worker)
 CLIENTS = {"obstore": "obstore", "fsspec": "s3fs"}
 
 
@@ -103,10 +104,13 @@ def test_transient_errors_are_retried_by_obstore(bucket: str, proxy: S3Proxy, mo
     assert proxy.requests - before == 3, "two 503s, then the object"
 
 
-def test_a_process_forked_after_obstore_started_reads_through_s3fs(bucket: str, proxy: S3Proxy) -> None:
+def test_a_process_forked_after_obstore_started_reads_through_s3fs(
+    bucket: str, proxy: S3Proxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """obstore's runtime does not survive a fork: the child must not use the parent's (it would hang), and reads
     the same object through s3fs, its own client."""
     pytest.importorskip("obstore", reason="obstore is not installed (pip install -e '.[storage]')")
+    monkeypatch.setenv(object_reads.READER_VARIABLE, "obstore")  # in any process, as a loader worker would
     url = f"s3://{bucket}/images/a.jpg"
     storage.write_bytes(url, b"z" * 64)
     assert read_ahead(url) == b"z" * 64
@@ -140,10 +144,12 @@ def test_obstore_is_not_used_where_it_cannot_honour_the_configuration(monkeypatc
         "AWS_DEFAULT_REGION": "eu-west-1",
     }.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv(object_reads.READER_VARIABLE, raising=False)
+    monkeypatch.setenv(object_reads.READER_VARIABLE, "obstore")
     assert object_reads.usable("s3://b/k") and not object_reads.usable("gs://b/k")
     monkeypatch.setenv(object_reads.READER_VARIABLE, "fsspec")
     assert not object_reads.usable("s3://b/k"), "switched off"
-    monkeypatch.delenv(object_reads.READER_VARIABLE)
+    monkeypatch.setenv(object_reads.READER_VARIABLE, "auto")
+    assert not object_reads.usable("s3://b/k"), "only loader workers start it by default: this process may fork"
+    monkeypatch.setenv(object_reads.READER_VARIABLE, "obstore")
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     assert not object_reads.usable("s3://b/k"), "credentials from a profile or a role: botocore's to resolve"
