@@ -14,6 +14,7 @@ so these figures are a lower bound for it.
     python scripts/bench_storage.py            # several minutes on 2 shared cores
     python scripts/bench_storage.py --quick    # a smoke run
     python scripts/bench_storage.py --images 48 --size 768 1024   # larger images: fewer requests per pixel
+    SEGTRAIN_S3_READER=fsspec python scripts/bench_storage.py   # images read through s3fs instead of obstore
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from segtrain import object_reads  # noqa: E402
 from segtrain.config import compose  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
 from segtrain.data.formats.synthetic import ensure_synthetic  # noqa: E402
@@ -186,6 +188,11 @@ def main() -> None:
                 "image_size": a.size,
                 "batch_size": a.batch,
                 "latency_ms_added": a.latency_ms,
+                # the client of the loader workers' image reads from s3:// (SEGTRAIN_S3_READER=fsspec: s3fs, to
+                # compare); at 0 workers the main process reads them through s3fs
+                "s3_image_reader": "obstore"
+                if object_reads.usable("s3://bench/coco/train", in_worker=True)
+                else "s3fs",
                 # CPU per image at 2 workers: the loader's (main process and workers) and, for the store, its
                 # server's and the proxy's, which share the same cores here and would not with a real store
                 "cpu_ms_per_image_at_2_workers": cpu,

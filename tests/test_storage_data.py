@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from segtrain import storage
-from tests.helpers.s3_server import s3_client
+from segtrain import object_reads, storage
+from tests.helpers.s3_server import S3Proxy, child_env, client_of, s3_client
 
 
 def upload_folder(endpoint: str, bucket: str, folder, prefix: str) -> None:
@@ -62,6 +66,45 @@ def test_a_coco_folder_on_s3_loads_and_its_images_are_read_in_loader_workers(coc
     for batch in batches:
         for item in batch:
             assert torch.equal(item["image"], local[int(item["index"])]["image"])
+
+
+LOADER_CHILD = """
+import sys, torch
+from segtrain import object_reads
+from segtrain.data import build_dataset
+from tests.test_storage_data import coco_config
+dataset = build_dataset(coco_config(sys.argv[1], sys.argv[2]), "train")
+loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2, collate_fn=list)
+print(sorted(int(item["index"]) for batch in loader for item in batch), object_reads._STARTED_BY is None)
+"""
+
+
+def test_loader_workers_read_images_through_obstore_and_the_main_process_never_starts_it(
+    s3_server: Any, coco_bucket: str, tmp_path: Path
+) -> None:
+    """Each loader worker starts its own obstore client (a fresh process: pytest's own may have started one);
+    the main process reads the annotation file through s3fs and never starts obstore, whose runtime a fork
+    would not carry to the workers."""
+    pytest.importorskip("obstore", reason="obstore is not installed (pip install -e '.[storage]')")
+    proxy = S3Proxy(s3_server.endpoint).start()
+    try:
+        env = child_env(proxy.endpoint)
+        env.pop(object_reads.READER_VARIABLE, None)
+        out = subprocess.run(
+            [sys.executable, "-c", LOADER_CHILD, coco_bucket, str(tmp_path / "cache")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.split("]")[-1].strip() == "True", "the main process started no obstore runtime"
+        assert out.stdout.startswith("[0, 1, 2, 3]"), out.stdout
+    finally:
+        proxy.stop()
+    clients = [client_of(agent) for agent in proxy.agents]
+    assert set(clients) == {"obstore", "s3fs"}, proxy.agents  # the images; the annotation file and its metadata
+    assert clients.count("obstore") >= 4, proxy.agents  # a GET per image (a worker may read ahead past the end)
 
 
 def test_the_index_of_a_changed_remote_annotation_file_is_rebuilt(s3_server, coco_bucket, tmp_path, test_data, caplog):

@@ -103,9 +103,11 @@ def s3_client(endpoint: str) -> Any:
 
 @dataclass
 class S3Proxy:
-    """Loopback HTTP proxy in front of an S3 endpoint. ``delay_s``: added to every request; ``deny``: bucket
-    names answered with 403 AccessDenied; ``hold``: a regex of request paths whose PUT (after ``hold_after`` of
-    them went through) is held after its first bytes: ``held`` is set then, and the request never reaches the
+    """Loopback HTTP proxy in front of an S3 endpoint, counting requests (and their clients' User-Agent).
+
+    ``delay_s``: added to every request; ``deny``: bucket names answered with 403 AccessDenied; ``fail_next``: the
+    next requests answered 503; ``hold``: a regex of request paths whose PUT (after ``hold_after`` of them went
+    through) is held after its first bytes: ``held`` is set then, and the request never reaches the
     store (``release`` ends it, unanswered)."""
 
     upstream: str
@@ -115,7 +117,9 @@ class S3Proxy:
     hold_after: int = 0  # matching PUTs let through before the hold starts
     held: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
+    fail_next: int = 0  # the next requests answered 503 SlowDown (a transient error, which clients retry)
     requests: int = 0
+    agents: list[str] = field(default_factory=list)  # each request's User-Agent: which client sent it
     _server: ThreadingHTTPServer | None = None
 
     @property
@@ -139,10 +143,17 @@ class S3Proxy:
 
             def _forward(self) -> None:
                 proxy.requests += 1
+                proxy.agents.append(self.headers.get("User-Agent", ""))
                 if proxy.delay_s:
                     time.sleep(proxy.delay_s)
                 bucket = self.path.lstrip("/").split("/", 1)[0].split("?", 1)[0]
                 length = int(self.headers.get("Content-Length") or 0)
+                if proxy.fail_next > 0:
+                    proxy.fail_next -= 1
+                    self.rfile.read(length)
+                    return self._answer(
+                        503, b"<?xml version='1.0'?><Error><Code>SlowDown</Code><Message>Slow down</Message></Error>"
+                    )
                 if bucket in proxy.deny:
                     self.rfile.read(length)
                     return self._answer(
@@ -203,6 +214,11 @@ class S3Proxy:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+def client_of(agent: str) -> str:
+    """Which client sent a request, from its User-Agent: ``obstore`` (Rust's object_store) or ``s3fs`` (botocore)."""
+    return "obstore" if "object_store" in agent or "obstore" in agent else "s3fs"
 
 
 def child_env(endpoint: str, extra: dict[str, str] | None = None) -> dict[str, str]:
