@@ -8,11 +8,14 @@ Goal (issue 30): with the latency, 2 workers reach at least half the local-disk 
 (``goal_met``). Those two runs are made back to back ``--rounds`` times and the goal judged on the median of the
 rounds' ratios, so that other work on a shared machine weighs on both sides of each ratio alike. The store is
 moto on the same machine, and the proxy runs in this process: their CPU time (``cpu_ms_per_image_at_2_workers``,
-beside the loader's own) competes with the loader's, where a real store costs the loader nothing but the latency,
-so these figures are a lower bound for it.
+beside the loader's own) would compete with the loader's, where a real store costs the loader nothing but the
+latency. So by default (``--cores split``) the loader's runs, from the disk and from the store alike, get every
+core but the last, and the store's server and the proxy get the last one; ``--cores shared`` lets all of them
+share every core, which on a 2-core machine makes the store's CPU the loader's bound (a lower bound for it).
 
     python scripts/bench_storage.py            # several minutes on 2 shared cores
     python scripts/bench_storage.py --quick    # a smoke run
+    python scripts/bench_storage.py --cores shared   # the store's server and proxy on the loader's cores too
     python scripts/bench_storage.py --images 48 --size 768 1024   # larger images: fewer requests per pixel
     SEGTRAIN_S3_READER=fsspec python scripts/bench_storage.py   # images read through s3fs instead of obstore
 """
@@ -71,6 +74,16 @@ def pid_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def split_cores(layout: str) -> tuple[set[int], set[int]]:
+    """(the loader's cores, the store's and proxy's cores); both empty when they share every core (``shared``,
+    or a single core). ``split`` gives the store the last core and the loader the others: the same cores for the
+    loader's runs from the disk and from the store, so their ratio is the store's cost to the loader alone."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if layout == "shared" or len(cpus) < 2:
+        return set(), set()
+    return set(cpus[:-1]), {cpus[-1]}
+
+
 def measure(
     images: str, annotations: str, cache: Path, workers: int, batch: int, epochs: int, size: list[int]
 ) -> dict[str, float]:
@@ -116,6 +129,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the two runs the goal compares")
     parser.add_argument("--size", type=int, nargs=2, default=[384, 512], metavar=("H", "W"), help="image size")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--cores",
+        choices=("split", "shared"),
+        default="split",
+        help="split: the loader's runs on one set of cores, the store's server and the proxy on another (the last "
+        "core), as a remote store's CPU is not the training machine's; shared: all on every core",
+    )
     parser.add_argument("--measure", nargs=4, help=argparse.SUPPRESS)  # images annotations cache workers: a child
     a = parser.parse_args()
     if a.measure:
@@ -124,6 +144,9 @@ def main() -> None:
         return
     if a.quick:
         a.images, a.epochs, a.rounds = 32, 1, 1
+    loader_cpus, store_cpus = split_cores(a.cores)
+    if store_cpus:  # before moto's process and the proxy's threads start: they inherit it
+        os.sched_setaffinity(0, store_cpus)
     work = Path(tempfile.mkdtemp(prefix="bench-storage-"))
     data = ensure_synthetic(work / "data", a.images, 4, (a.size[0], a.size[1]), 6, 3)
     server = start_moto_process()
@@ -154,7 +177,8 @@ def main() -> None:
             cmd += ["--batch", str(a.batch), "--epochs", str(a.epochs), "--size", *map(str, a.size)]
             env = {**os.environ, "AWS_ENDPOINT_URL": endpoint}
             server_cpu, proxy_cpu, requests = pid_cpu_s(server.server.pid), time.process_time(), proxy.requests
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+            pin = (lambda: os.sched_setaffinity(0, loader_cpus)) if loader_cpus else None  # its workers inherit it
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, preexec_fn=pin).stdout
             row = json.loads(out.strip().splitlines()[-1])
             if name != "local_disk":  # per image read: the store's server and the proxy, over the whole child run
                 read = a.images * (a.epochs + 1)
@@ -202,6 +226,13 @@ def main() -> None:
                 "latency_over_no_latency_at_2_workers": round(
                     rows[slow]["workers_2"] / rows["s3_loopback"]["workers_2"], 3
                 ),
+                # which cores ran what: with ``split`` the loader had the same cores from the disk and from the
+                # store, and the store's server and the proxy had their own, as a remote store's CPU is elsewhere
+                "cores": {
+                    "layout": "split" if loader_cpus else "shared",
+                    "loader": sorted(loader_cpus) if loader_cpus else "all",
+                    "store_server_and_proxy": sorted(store_cpus) if store_cpus else "all",
+                },
                 "goal": ">= 0.5 of local-disk throughput at 2 workers with the added latency (median of the rounds)",
                 "goal_met": ratio >= 0.5,
                 "cpus": os.cpu_count(),
