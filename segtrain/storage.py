@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -44,6 +45,30 @@ _S3_OPTIONS: dict[str, Any] = {
     }
 }
 INSTALL_HINT = "pip install 'segtrain[storage]'"
+#: The parent's fsspec file systems, held for the life of a forked child (:func:`_hold_inherited_clients`).
+_INHERITED: list[Any] = []
+
+
+def _hold_inherited_clients() -> None:
+    """In a forked child (a loader worker): keep the parent's fsspec file systems alive for good.
+
+    Why: fsspec forgets them at its first use in the child (its instance cache is per process), and the garbage
+    collector, run at whatever moment, would then call s3fs's (gcsfs's) finalizer, which closes the session on
+    the parent's event loop: that loop's thread did not survive the fork, so the finalizer waits out its timeout,
+    a second or two per session, in whichever thread collected (a worker's result queue, stalling its batches).
+    A child ends with ``os._exit``, which never runs such finalizers; the connections were the parent's anyway.
+    """
+    fsspec = sys.modules.get("fsspec")
+    if fsspec is None:  # no client was ever made: nothing inherited
+        return
+    classes = [fsspec.AbstractFileSystem]
+    while classes:
+        cls = classes.pop()
+        classes.extend(cls.__subclasses__())
+        _INHERITED.extend(cls.__dict__.get("_cache", {}).values())
+
+
+os.register_at_fork(after_in_child=_hold_inherited_clients)
 
 
 class StorageError(UserError, OSError):

@@ -136,6 +136,42 @@ def test_a_process_forked_after_obstore_started_reads_through_s3fs(
     assert object_reads.usable(url), "the parent keeps its own client"
 
 
+def test_a_forked_child_never_finalizes_the_parents_s3fs_client(
+    bucket: str, proxy: S3Proxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent's s3fs client, with its open session, lives on in a forked child (a loader worker) after the
+    child made its own: were it collected there, its finalizer would wait a second or more for the parent's event
+    loop, which has no thread in the child (a loader worker's batches stalled at random, in scripts/bench_storage.py).
+    """
+    import gc
+    import weakref
+
+    monkeypatch.setenv(object_reads.READER_VARIABLE, "fsspec")
+    url = f"s3://{bucket}/images/b.jpg"
+    storage.write_bytes(url, b"w" * 32)
+    assert read_ahead(url) == b"w" * 32  # the parent's client opened its session
+    parents = weakref.ref(storage._client(url)[0])
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.alarm(120)
+            os.close(read_end)
+            ok = read_ahead(url) == b"w" * 32  # through the child's own client: fsspec forgets the parent's
+            mine = storage._client(url)[0]
+            gc.collect()
+            report: dict[str, Any] = {"ok": ok, "own": mine is not parents(), "parents_alive": parents() is not None}
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            report = {"error": repr(e)}
+        os.write(write_end, json.dumps(report).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as answer:
+        report = json.loads(answer.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    assert status == 0 and report == {"ok": True, "own": True, "parents_alive": True}, report
+
+
 def test_obstore_is_not_used_where_it_cannot_honour_the_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("obstore", reason="obstore is not installed (pip install -e '.[storage]')")
     for key, value in {
