@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=30.0)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the two runs the goal compares")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the two runs the goal compares")
     parser.add_argument("--size", type=int, nargs=2, default=[384, 512], metavar=("H", "W"), help="image size")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
