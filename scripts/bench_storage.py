@@ -46,7 +46,7 @@ from segtrain import object_reads  # noqa: E402
 from segtrain.config import compose  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
 from segtrain.data.formats.synthetic import ensure_synthetic  # noqa: E402
-from segtrain.data.loaders import build_loader  # noqa: E402
+from segtrain.data.loaders import EpochSampler, build_loader  # noqa: E402
 from segtrain.distributed import DistInfo  # noqa: E402
 from tests.helpers.s3_server import S3Proxy, s3_client, start_moto_process  # noqa: E402  (moto on loopback, the delaying proxy)
 
@@ -109,9 +109,9 @@ def measure(
     loader = build_loader(dataset, dist, cfg.trainer, train=True)
     count, seconds, cpu = 0, 0.0, 0.0
     for epoch in range(epochs + 1):
-        set_epoch = getattr(loader.batch_sampler, "set_epoch", None)
-        if set_epoch is not None:
-            set_epoch(epoch)
+        sampler = loader.sampler
+        assert isinstance(sampler, EpochSampler)  # build_loader's training sampler
+        sampler.set_epoch(epoch)  # a new order each epoch, as training draws it
         started, cpu_started = time.perf_counter(), process_tree_cpu_s()
         seen = sum(int(b["image"].shape[0]) for b in loader)
         if epoch:  # the first pass warms up
