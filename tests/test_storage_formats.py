@@ -62,7 +62,7 @@ def test_a_coco_panoptic_data_set_on_s3_gives_the_items_it_gives_from_disk(s3_se
 
 
 def test_a_cityscapes_folder_on_s3_gives_the_items_it_gives_from_disk(s3_server, bucket, tmp_path):
-    from tests.data.test_cityscapes import H, W, _street, _write
+    from tests.data.formats.test_cityscapes import H, W, _street, _write
 
     local = tmp_path / "cityscapes"
     for k in range(3):

@@ -30,7 +30,7 @@ fills horizontal edges, so a rectangle with corners ``(x0, y0)``, ``(x1, y1)`` c
 ``(x1 - x0 + 1) x (y1 - y0 + 1)`` pixels. segtrain rasterises in
 the COCO convention (pixel ``(r, c)`` is inside iff its centre ``(c + .5, r + .5)`` is, vertices
 snapped to a 1/5-pixel grid; see ``rasterise.py``). A plain ``+0.5`` shift therefore loses about
-half a pixel along every boundary: on the random dense scenes of ``tests/data/test_cityscapes.py``
+half a pixel along every boundary: on the random dense scenes of ``tests/data/formats/test_cityscapes.py``
 (12 images of 128 x 256 px, 30 polygons each) only 97.7 % of the trainId pixels agree.
 
 :func:`pil_polygons` instead maps each polygon onto the COCO polygon whose centre-inside fill is
@@ -40,7 +40,7 @@ bevel, reflex corners the intersection of the moved edges) and by one 1/5-pixel 
 vertically on horizontal edges and at convex corners (PIL includes the rows of the top and bottom
 vertices). Axis-aligned rectangles then come out identical, and on the same scenes 99.73 % of the
 trainId pixels and 99.68 % of the instance-id pixels agree with cityscapesscripts
-(``pytest -s tests/data/test_cityscapes.py -k agreement`` prints the figures). What still differs:
+(``pytest -s tests/data/formats/test_cityscapes.py -k agreement`` prints the figures). What still differs:
 
 - ties: PIL's span ends are open (``ROUND_UP``/``ROUND_DOWN`` of float32 intersections), so a pixel
   centre lying exactly on the grown boundary (a sloped edge crossing a row at ``k + .5``) is left

@@ -7,7 +7,7 @@ These kernels do the same work in one pass each, with no per-call overhead beyon
 They compute exactly what ``_runs`` computes (pycocotools' rleFrPoly, bit for bit): every float
 operation below is the one ``_runs`` does, in the same order, on the same values, so the crossing
 rows are identical (numba does not contract ``a * b + c`` into an FMA unless fastmath is on).
-``_runs`` stays the documented reference; tests/data/test_rasterise_kernels.py checks the two agree.
+``_runs`` stays the documented reference; tests/data/targets/test_rasterise_kernels.py checks the two agree.
 
 Compiled lazily on first call and cached on disk (``cache=True``; numba falls back to a user cache
 directory when the package directory is read-only). ``nogil`` lets threads run them concurrently;

@@ -9,7 +9,7 @@ writing its 25 bytes/pixel (``scripts/bench_targets.py`` prints the ratio to tha
 Every value is the one the NumPy path computes, by the same float operations on the same values:
 centres of mass are exact integer sums divided once in float64 (by the caller, with NumPy), offsets
 are float64 differences rounded once to float32, the heatmap is the max of the same float32 kernel.
-tests/data/test_targets.py checks both paths against a pixel-by-pixel reference bit for bit.
+tests/data/targets/test_builders.py checks both paths against a pixel-by-pixel reference bit for bit.
 
 Measured on this project's machine (AMD EPYC, one core, 1024x2048 with 20 instances), with the
 alternatives that lost: a fused loop writing all six planes of a run is 2x faster than one loop per

@@ -4,7 +4,7 @@ The agreement tests write synthetic Cityscapes-format files (groups, deleted obj
 file order, ignore labels, license plates, vertices on and outside the border), rasterise segtrain's
 records and compare the trainId map and the instance maps with what cityscapesscripts'
 ``createLabelImage`` / ``createInstanceImage`` draw for the same files. Run with ``-s`` to see the
-figures (``pytest -s tests/data/test_cityscapes.py -k agreement``).
+figures (``pytest -s tests/data/formats/test_cityscapes.py -k agreement``).
 """
 
 from __future__ import annotations

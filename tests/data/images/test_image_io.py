@@ -29,7 +29,7 @@ from segtrain.data.images.image_io import ImageReadError, decode_image, read_ima
 from segtrain.data.records import ClassMap, ImageRecord, Instance
 from segtrain.data.targets.rasterise import rasterise
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _record(

@@ -804,7 +804,7 @@ def test_discover_labelme_excludes_ignore_shared(shared_data):
 # --------------------------------------------------------------------------- loader-worker memory
 def _bench():
     spec = importlib.util.spec_from_file_location(
-        "bench_index", Path(__file__).resolve().parents[2] / "scripts/bench_index.py"
+        "bench_index", Path(__file__).resolve().parents[3] / "scripts/bench_index.py"
     )
     assert spec is not None and spec.loader is not None  # a .py path always has a source loader
     mod = importlib.util.module_from_spec(spec)

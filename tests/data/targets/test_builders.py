@@ -14,7 +14,7 @@ import pytest
 
 from segtrain.data.targets.builders import gaussian_kernel, gaussian_radius, make_targets
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 KEYS = ("semantic", "center", "offset", "semantic_weight", "center_weight", "offset_weight")
 
 

@@ -34,7 +34,7 @@ SAMPLE = "panopticapi_sample"
 @pytest.fixture(scope="module")
 def ds_cfg(coco_root):
     """The preset on the sample: classes=auto gives the 134 COCO panoptic classes (the sample lists all 133
-    categories; tests/data/test_coco_panoptic_classes.py checks the list)."""
+    categories; tests/data/formats/test_coco_panoptic_classes.py checks the list)."""
     return compose(["dataset=coco_panoptic", f"dataset.root={coco_root}"]).dataset
 
 
