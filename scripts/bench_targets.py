@@ -11,8 +11,11 @@ script sets nothing up; ``make_targets`` applies its allocator settings itself, 
 ``segtrain.data.targets.allocator``): speedup >= 40x over the reference and at most 2x the bandwidth bound, each
 with whether it is met, for the float32 weight planes ``make_targets`` returns by default (evaluation items) and
 for the uint8 ones training items carry (``compact_weights=True``: 16 bytes a pixel written instead of 25), the
-latter compared with the reference value for value.  The "glibc_default" rows (timed first) show what those
-settings save: there ``make_targets`` is kept from applying them and every call page-faults its fresh outputs.
+latter compared with the reference value for value; and ``speedup_cap_at_write_floor``, the reference's time
+over the time to merely write the outputs: the most any implementation could reach on this machine
+(``reachable_here``: whether that cap reaches the goal; memory that writes slowly lowers it).  The
+"glibc_default" rows (timed first) show what those settings save: there ``make_targets`` is kept from applying
+them and every call page-faults its fresh outputs.
 
     python scripts/bench_targets.py            # full run, about a minute on 2 shared cores
     python scripts/bench_targets.py --quick    # smoke run, a few seconds
@@ -465,9 +468,15 @@ def main(argv: list[str] | None = None) -> int:
                 },
             }
 
-        g = flags(case["timings"][mode], compact=False)
-        c = flags(case["timings"][mode], compact=True)
+        t = case["timings"][mode]
+        g = flags(t, compact=False)
+        c = flags(t, compact=True)
         compact = summary(c)
+        # The most any make_targets could reach here: the reference's time over the time to merely write the
+        # outputs. The fast path is bound by memory bandwidth and the reference by compute, so on a machine
+        # whose memory writes slowly (a VM, a loaded host) the goal can lie beyond this cap.
+        compact["speedup_cap_at_write_floor"] = t["t_reference_s"] / t["t_write_compact_outputs_s"]
+        compact["reachable_here"] = compact["speedup_cap_at_write_floor"] >= SPEEDUP_GOAL
         # The ratio goal is defined on the float32 outputs; the uint8 ones write a third fewer bytes but still
         # read the same int32 mask, so their ratio to writing alone is printed, not judged.
         del compact["ratio_goal"], compact["ratio_met"]
@@ -483,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
             "allocator": mode,
             "weights": "float32",
             **summary(g),
+            "write_GBps": t["write_GBps"],
+            "speedup_cap_at_write_floor": t["t_reference_s"] / t["t_write_outputs_s"],
+            "reachable_here": t["t_reference_s"] / t["t_write_outputs_s"] >= SPEEDUP_GOAL,
             "uint8_weights": compact,
         }
         report["goal"]["met"] = bool(report["goal"]["met"] and compact["met"] and report["all_identical"])
