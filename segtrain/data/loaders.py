@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import random
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -190,6 +191,25 @@ def epoch_sample_keys(dataset: PolygonDataset, epoch: int, order: list[int], bat
     return [(epoch, i) for i in order]
 
 
+#: Loaders whose workers outlive an epoch (``persistent_workers``): :func:`close_workers` ends them.
+_PERSISTENT: weakref.WeakSet[DataLoader] = weakref.WeakSet()
+
+
+def close_workers() -> None:
+    """End the workers of every persistent loader still alive, while their queues are whole.
+
+    A trainer sits in reference cycles (DDP's reducer, hooks), so its loaders are freed by the garbage
+    collector, which runs the queues' finalizers before the iterator's ``__del__``: the queue threads stop,
+    the shutdown message never reaches the workers, and torch waits 5 s per worker to join, then 5 s more
+    after a SIGTERM the workers ignore (:func:`worker_init`): ~40 s at the end of every 2-process run.
+    Ending them here, before the collection, takes milliseconds. Idempotent."""
+    for loader in list(_PERSISTENT):
+        iterator, loader._iterator = loader._iterator, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
 def build_loader(
     dataset: PolygonDataset,
     dist: DistInfo,
@@ -230,15 +250,15 @@ def build_loader(
             )
         sampler.fingerprint = records_fingerprint(records) if records is not None else ""
         sampler.read_ahead = stride(bs, workers) if remote else 0
-        return DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **common)
+        return _track(DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **common))
     vbs = trainer_cfg.val_batch_size or global_bs
     bs = batch_size or max(math.ceil(vbs / dist.world_size), 1)
     shard = ShardSampler(len(dataset), dist.rank, dist.world_size)
     shard.read_ahead = stride(bs, workers) if remote else 0
-    return DataLoader(
-        dataset,
-        batch_size=bs,
-        sampler=shard,
-        drop_last=False,
-        **common,
-    )
+    return _track(DataLoader(dataset, batch_size=bs, sampler=shard, drop_last=False, **common))
+
+
+def _track(loader: DataLoader) -> DataLoader:
+    if loader.persistent_workers:
+        _PERSISTENT.add(loader)
+    return loader

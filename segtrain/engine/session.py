@@ -74,6 +74,9 @@ def session(
     finally:
         close_run_log()
         release_failed_frames(sys.exc_info()[1])
+        loaders = sys.modules.get("segtrain.data.loaders")  # loaded only if this job built loaders
+        if loaders is not None:
+            loaders.close_workers()  # before cleanup() collects the trainer: see close_workers
         cleanup()
 
 
