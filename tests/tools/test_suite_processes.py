@@ -1,0 +1,47 @@
+"""scripts/suite_processes.py: the exit hook that records each Python process, and how commands are named."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+from tests.helpers.proc_utils import REPO
+
+SCRIPT = REPO / "scripts" / "suite_processes.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("suite_processes", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_each_python_process_that_exits_normally_is_recorded_once(tmp_path):
+    sp = load_script()
+    (tmp_path / "sitecustomize.py").write_text(sp.SITECUSTOMIZE)
+    log = tmp_path / "processes.tsv"
+    env = {**os.environ, "SEGTRAIN_PROCESS_LOG": str(log), "PYTHONPATH": str(tmp_path)}
+    code = "import json, subprocess, sys; subprocess.run([sys.executable, '-c', 'import os; os._exit(0)'])"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    rows = [line.split("\t") for line in log.read_text().splitlines()]
+    # the parent ran its exit handlers; the child that left through os._exit (as pytest-xdist's workers and
+    # loader workers do) did not, and its CPU is counted as not recorded
+    assert len(rows) == 1, rows
+    cpu, wall, torch_loaded, argv = rows[0]
+    assert float(cpu) >= 0 and float(wall) >= 0 and torch_loaded == "0" and argv == "-c"
+    subprocess.run([sys.executable, "-c", "pass"], env={**env, "SEGTRAIN_PROCESS_LOG": ""}, check=True, timeout=60)
+    assert len(log.read_text().splitlines()) == 1, "without the variable nothing is written"
+
+
+def test_commands_are_named_by_their_module_or_script():
+    sp = load_script()
+    site = "/v/lib/python3.11/site-packages"
+    assert sp.entry_point("/repo/segtrain/train.py experiment=cpu_smoke") == "train"
+    assert sp.entry_point(f"{site}/torch/distributed/run.py --standalone") == "distributed/run.py"
+    assert sp.entry_point(f"{site}/submitit/core/_submit.py /tmp/x") == "core/_submit.py"
+    assert sp.entry_point("-c s3://bucket/coco") == "python -c"
+    assert sp.entry_point("/repo/scripts/device_check.py --out r.json") == "device_check"
