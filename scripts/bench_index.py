@@ -418,12 +418,13 @@ def _measure_workers(path: str, cache: str, kind: str, workers: int, batch: int)
     it = iter(loader)
     # batch k comes from worker k % workers: after the first ``workers`` batches every worker has made one, so
     # what a worker allocates once (imports, caches) is in ``before``, not counted as growth
-    for _ in range(max(workers, 1)):
+    warm = max(workers, 1)
+    for _ in range(warm):
         next(it)
     procs = [c for c in me.children() if c.pid not in earlier]
     before = _worker_memory(procs)
     t = time.perf_counter()
-    n = max(workers, 1) + sum(1 for _ in it)
+    n = warm + sum(1 for _ in it)
     seconds = time.perf_counter() - t
     after = _worker_memory(procs)
     growth = {k: [a[k] - b[k] for a, b in zip(after, before, strict=True)] for k in ("uss", "pss", "private_dirty")}

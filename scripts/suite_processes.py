@@ -67,9 +67,7 @@ def entry_point(argv: str) -> str:
     if first == "-c":
         return "python -c"
     path = Path(first)
-    if path.name == "__main__.py" or path.name == "run.py":
-        return f"{path.parent.name}/{path.name}"
-    return path.stem if "site-packages" not in first else path.parent.name + "/" + path.name
+    return f"{path.parent.name}/{path.name}" if "site-packages" in first else path.stem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [line.split("\t") for line in log.read_text().splitlines()] if log.is_file() else []
     total_cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     recorded = [(float(cpu), float(w), torch == "1", cmd) for cpu, w, torch, cmd in rows]
-    recorded = [r for r in recorded if "pytest" not in r[3]]  # pytest's own main process
+    recorded = [r for r in recorded if entry_point(r[3]) != "pytest/__main__.py"]  # pytest's own main process
     with_torch = [r for r in recorded if r[2]]
     by_entry: dict[str, list[float]] = collections.defaultdict(list)
     for cpu, _, _, cmd in recorded:

@@ -45,3 +45,6 @@ def test_commands_are_named_by_their_module_or_script():
     assert sp.entry_point(f"{site}/submitit/core/_submit.py /tmp/x") == "core/_submit.py"
     assert sp.entry_point("-c s3://bucket/coco") == "python -c"
     assert sp.entry_point("/repo/scripts/device_check.py --out r.json") == "device_check"
+    # a command whose argument is a pytest temporary folder is the command's, not pytest's
+    assert sp.entry_point("/repo/segtrain/export.py ckpt=/tmp/pytest-of-root/p/last.pt") == "export"
+    assert sp.entry_point(f"{site}/pytest/__main__.py -q") == "pytest/__main__.py"
