@@ -2,12 +2,13 @@
 
 Runs ``python -m pytest <args>`` (default: the README's test command) with a ``sitecustomize`` on
 ``PYTHONPATH`` that records, when each Python process exits, its own CPU time, its wall time, whether it
-imported torch, and its command line. Prints one JSON object: pytest's wall time and the CPU of everything it
-ran, the processes recorded (count and CPU, with torch and without), the CPU of ``import torch`` and of what a
-training process imports (``import segtrain.engine.build``), each in a fresh process, and the entry points that
-cost most. The suite is CPU-bound on a small machine, and every process with torch pays at least its import:
-``floor_s`` = processes with torch x ``import torch``'s CPU / cores is a floor of the wall time that no test
-can go under without starting fewer processes.
+imported torch, its command line, and the test file that started it (read from ``PYTEST_CURRENT_TEST``).
+Prints one JSON object: pytest's wall time and the CPU of everything it ran, the processes recorded (count and
+CPU, with torch and without), the CPU of ``import torch`` and of what a training process imports
+(``import segtrain.engine.build``), each in a fresh process, and the entry points and test files whose
+processes cost most. The suite is CPU-bound on a small machine, and every process with torch pays at least its
+import: ``floor_s`` = processes with torch x ``import torch``'s CPU / cores is a floor of the wall time that no
+test can go under without starting fewer processes.
 
 Processes that end without running exit handlers (pytest-xdist's workers, loader workers, killed children)
 are not recorded; their CPU is in ``cpu_not_recorded_s`` (pytest's own tests run there).
@@ -40,7 +41,9 @@ def _record():
         return
     t = os.times()
     argv = " ".join(sys.argv[:2]).replace("\\t", " ").replace("\\n", " ")[:200]
-    line = f"{t.user + t.system:.3f}\\t{time.monotonic() - _T0:.3f}\\t{int('torch' in sys.modules)}\\t{argv}\\n"
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]
+    fields = [f"{t.user + t.system:.3f}", f"{time.monotonic() - _T0:.3f}", str(int("torch" in sys.modules)), argv, test]
+    line = "\\t".join(fields) + "\\n"
     try:
         with open(log, "a") as f:
             f.write(line)
@@ -90,12 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         rows = [line.split("\t") for line in log.read_text().splitlines()] if log.is_file() else []
     total_cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    recorded = [(float(cpu), float(w), torch == "1", cmd) for cpu, w, torch, cmd in rows]
+    recorded = [(float(r[0]), float(r[1]), r[2] == "1", r[3], (r[4:] or [""])[0]) for r in rows]
     recorded = [r for r in recorded if entry_point(r[3]) != "pytest/__main__.py"]  # pytest's own main process
     with_torch = [r for r in recorded if r[2]]
     by_entry: dict[str, list[float]] = collections.defaultdict(list)
-    for cpu, _, _, cmd in recorded:
+    by_file: dict[str, list[float]] = collections.defaultdict(list)
+    for cpu, _, _, cmd, test_file in recorded:
         by_entry[entry_point(cmd)].append(cpu)
+        by_file[test_file or "(no test)"].append(cpu)
     torch_import = import_cpu("import torch")
     training_imports = import_cpu("import segtrain.engine.build")
     cores = os.cpu_count() or 1
@@ -118,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         "entry_points": {
             name: {"processes": len(cpus), "cpu_s": round(sum(cpus), 1)}
             for name, cpus in sorted(by_entry.items(), key=lambda kv: -sum(kv[1]))[:15]
+        },
+        "test_files": {
+            name: {"processes": len(cpus), "cpu_s": round(sum(cpus), 1)}
+            for name, cpus in sorted(by_file.items(), key=lambda kv: -sum(kv[1]))[:30]
         },
     }
     print(json.dumps(result, indent=1))
