@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import torch
@@ -271,3 +272,49 @@ def test_read_ahead_keys_equal_plain_keys_and_survive_pickling():
     shard = ShardSampler(7, 0, 1)
     shard.read_ahead = 3
     assert list(shard) == list(range(7)) and _ahead(shard) == [3, 4, 5, 6, None, None, None]
+
+
+class _FreezeProbe(torch.utils.data.Dataset):
+    """Reports, from the process that maps it, whether the garbage collector there still tracks ``marker``: an
+    object the main process made before the workers started."""
+
+    def __init__(self) -> None:
+        self.marker: list[int] = [1, 2, 3]
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, key: object) -> dict[str, torch.Tensor]:
+        import gc
+
+        tracked = any(o is self.marker for o in gc.get_objects())
+        return {"frozen": torch.tensor(gc.get_freeze_count()), "marker_tracked": torch.tensor(tracked)}
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_workers_leave_the_main_process_objects_to_it(persistent):
+    """A worker's collector never visits what the main process made (each visit copies a shared page); the main
+    process's own collector is unchanged once the workers have started."""
+    import gc
+
+    from segtrain.config import compose
+    from segtrain.data.loaders import build_loader
+    from segtrain.distributed import DistInfo
+
+    cfg = compose(["experiment=cpu_smoke", "trainer.num_workers=1", f"trainer.persistent_workers={persistent}"])
+    probe = _FreezeProbe()
+    dataset = cast(Any, probe)  # any map-style data set
+    loader = build_loader(dataset, DistInfo(device=torch.device("cpu")), cfg.trainer, train=False, batch_size=2)
+    assert gc.get_freeze_count() == 0
+    batches = list(loader)
+    assert all(int(n) > 0 for b in batches for n in b["frozen"]), "the worker's collector skips inherited objects"
+    assert not any(bool(t) for b in batches for t in b["marker_tracked"])
+    assert gc.get_freeze_count() == 0, "the main process unfreezes right after its workers start"
+    assert any(o is probe.marker for o in gc.get_objects())
+    gc.freeze()  # a user's own freeze is left as it was
+    try:
+        before = gc.get_freeze_count()
+        list(build_loader(dataset, DistInfo(device=torch.device("cpu")), cfg.trainer, train=False, batch_size=2))
+        assert gc.get_freeze_count() >= before
+    finally:
+        gc.unfreeze()
