@@ -221,6 +221,13 @@ def main() -> None:
                 # server's and the proxy's, which share the same cores here and would not with a real store
                 "cpu_ms_per_image_at_2_workers": cpu,
                 "latency_over_disk_at_2_workers_by_round": [round(r, 3) for r in ratios],
+                # each round's two runs, which of the two sides moved when a round's ratio did
+                "images_per_s_at_2_workers_by_round": {
+                    name: [round(r["images_per_s"], 1) for r in results[(name, 2)]] for name in ("local_disk", slow)
+                },
+                "loader_cpu_ms_per_image_at_2_workers_by_round": {
+                    name: [r["loader_cpu_ms_per_image"] for r in results[(name, 2)]] for name in ("local_disk", slow)
+                },
                 "latency_over_disk_at_2_workers": ratio,
                 # how much of the latency the read-ahead hides: 1.0 = the added latency costs nothing
                 "latency_over_no_latency_at_2_workers": round(
