@@ -3,7 +3,6 @@ stage's logic for real on the CPU (--cpu-smoke). The GPU run itself is the scrip
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,18 +12,14 @@ import psutil
 import pytest
 
 from segtrain.config import ConfigError, compose
+from tests.helpers import scripts
 from tests.helpers.proc_utils import REPO, child_env
 
 SCRIPT = REPO / "scripts" / "device_check.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["device_check"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return scripts.load_script("device_check")
 
 
 def run_script(args: list[str], tmp_path, **env: str) -> subprocess.CompletedProcess:

@@ -3,24 +3,15 @@ nothing here measures time; the script does)."""
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from tests.helpers.proc_utils import REPO
-
-SCRIPT = REPO / "scripts" / "bench_trainer.py"
+from tests.helpers import scripts
 
 
 def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_trainer", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_trainer"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return scripts.load_script("bench_trainer")
 
 
 def test_interleaved_pairs_each_batch_and_alternates_the_order() -> None:

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 
-from tests.helpers.proc_utils import REPO
-
-SCRIPT = REPO / "scripts" / "suite_processes.py"
+from tests.helpers import scripts
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("suite_processes", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return scripts.load_script("suite_processes")
 
 
 def test_each_python_process_that_exits_normally_is_recorded_once(tmp_path):

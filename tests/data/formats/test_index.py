@@ -5,14 +5,12 @@ discovery, and loader-worker memory (all mechanisms, never wall-clock)."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import logging
 import os
 import pickle
 import shutil
 import struct
-import sys
 import tracemalloc
 from pathlib import Path
 
@@ -38,6 +36,7 @@ from segtrain.data.records import (
     hydra_key,
 )
 from tests.helpers import legacy_loaders as legacy  # the frozen list loaders, the oracle
+from tests.helpers import scripts
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 
@@ -803,14 +802,7 @@ def test_discover_labelme_excludes_ignore_shared(shared_data):
 
 # --------------------------------------------------------------------------- loader-worker memory
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_index", Path(__file__).resolve().parents[3] / "scripts/bench_index.py"
-    )
-    assert spec is not None and spec.loader is not None  # a .py path always has a source loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_index"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return scripts.load_script("bench_index")
 
 
 def test_worker_memory_index_vs_list(tmp_path):
