@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from segtrain.data.formats.registry import FORMATS as FORMATS
     from segtrain.data.formats.registry import check_paths as check_paths
     from segtrain.data.images.image_io import read_image_file as read_image_file
+    from segtrain.data.loaders import Loader as Loader
     from segtrain.data.loaders import build_loader as build_loader
     from segtrain.data.loaders import epoch_sample_keys as epoch_sample_keys
     from segtrain.data.loaders import fit_batch_to_data as fit_batch_to_data
@@ -56,6 +57,7 @@ _HOMES = {
     "build_dataset": "segtrain.data.dataset",
     "collate": "segtrain.data.dataset",
     "load_records": "segtrain.data.dataset",
+    "Loader": "segtrain.data.loaders",
     "build_loader": "segtrain.data.loaders",
     "epoch_sample_keys": "segtrain.data.loaders",
     "fit_batch_to_data": "segtrain.data.loaders",

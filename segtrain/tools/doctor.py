@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import psutil
 import torch
-from torch.utils.data import DataLoader
 
 from segtrain import storage
 from segtrain.config import Config
 from segtrain.data import (
     BatchStep,
     Instance,
+    Loader,
     PolygonDataset,
     StageTimer,
     build_dataset,
@@ -147,7 +147,8 @@ class ProcessSampler:
 def loader_throughput(
     dataset: PolygonDataset, batch_size: int, workers: int, batches: int, pin: bool
 ) -> dict[str, Any]:
-    """Images/s of a DataLoader with ``workers`` processes (first batch excluded: worker start-up)."""
+    """Images/s of training's loader (:class:`~segtrain.data.Loader`) with ``workers`` processes (first batch
+    excluded: worker start-up)."""
     with warnings.catch_warnings():  # more workers than cores is the point of the sweep
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
         return _throughput(dataset, batch_size, workers, batches, pin)
@@ -156,7 +157,7 @@ def loader_throughput(
 def _throughput(dataset: PolygonDataset, batch_size: int, workers: int, batches: int, pin: bool) -> dict[str, Any]:
     order = [i % len(dataset) for i in range(batch_size * (batches + 1))]
     sampler = epoch_sample_keys(dataset, 0, order, batch_size, workers)  # read ahead as training does
-    loader = DataLoader(
+    loader = Loader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
