@@ -9,7 +9,7 @@ its workers start, undone in the main process right after).
 Prints one JSON object. Each run is a fresh process shaped like a training process (the trainer's modules
 imported, the model built) that iterates the training loader of the configuration (the embedded default data set
 unless overridden) for ``--epochs`` epochs with ``--workers`` persistent workers, then reads each worker's CPU
-time and private dirty memory (``/proc/<pid>/smaps_rollup``). ``freeze`` runs segtrain's loader, ``no_freeze``
+time and private dirty memory (psutil's ``memory_maps``). ``freeze`` runs segtrain's loader, ``no_freeze``
 the same loader started as a plain DataLoader; they alternate for ``--rounds`` rounds, and the medians and their
 ratio are printed (CPU and memory per worker). Whether a worker's collector reaches the inherited objects by itself
 depends on the collector's counters at the fork (a full collection runs once the objects that survived since the
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -35,20 +34,19 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _worker_figures(parent: int) -> list[dict[str, float]]:
-    """CPU seconds and private dirty kB of each live child of ``parent`` (the loader's workers)."""
+def _worker_figures() -> list[dict[str, float]]:
+    """CPU seconds and private dirty MB (the pages it wrote, copied ones included) of each live child of this
+    process: the loader's workers."""
+    import psutil
+
     out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for child in psutil.Process().children():
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) != parent:
-                continue
-            rollup = (stat.parent / "smaps_rollup").read_text()
-        except OSError:
+            cpu = child.cpu_times()
+            dirty = sum(m.private_dirty for m in child.memory_maps())
+        except psutil.NoSuchProcess:
             continue  # ended meanwhile
-        dirty = sum(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Private_Dirty:"))
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        out.append({"cpu_s": cpu, "private_dirty_mb": dirty / 1024})
+        out.append({"cpu_s": cpu.user + cpu.system, "private_dirty_mb": dirty / 2**20})
     return out
 
 
@@ -88,7 +86,7 @@ def measure(freeze: bool, collect: bool, workers: int, epochs: int, overrides: l
         assert isinstance(sampler, EpochSampler)
         sampler.set_epoch(epoch)
         batches += sum(1 for _ in loader)
-    figures = _worker_figures(os.getpid())
+    figures = _worker_figures()
     del model
     return {"batches": batches, "workers": figures}
 
