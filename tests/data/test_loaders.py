@@ -313,8 +313,8 @@ def test_workers_leave_the_main_process_objects_to_it(persistent):
     assert any(o is probe.marker for o in gc.get_objects())
     gc.freeze()  # a user's own freeze is left as it was
     try:
-        before = gc.get_freeze_count()
         list(build_loader(dataset, DistInfo(device=torch.device("cpu")), cfg.trainer, train=False, batch_size=2))
-        assert gc.get_freeze_count() >= before
+        # the count itself may fall (frozen objects that die by reference count leave it); unfreezing empties it
+        assert gc.get_freeze_count() > 0, "the loader unfroze the user's own freeze"
     finally:
         gc.unfreeze()
