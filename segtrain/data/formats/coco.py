@@ -30,8 +30,9 @@ import os
 from array import array
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import chain, islice, repeat
 from operator import itemgetter, methodcaller
 from pathlib import Path
 from types import ModuleType
@@ -236,24 +237,45 @@ class _Scanned:
         return len(self.ints)
 
 
+def scan_threads() -> int:
+    """Threads that scan annotation chunks while the calling thread converts the ones already scanned: one per
+    core, at most 3. A scan takes a little longer than the conversion of its chunk, so on two cores two scan
+    threads keep the converting thread from waiting (1.5 s -> 1.2 s for a quarter of COCO train2017)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(3, cores))
+
+
 def _scanned_chunks(kernels: ModuleType, raw: bytes, span: tuple[int, int], starts: np.ndarray) -> Iterator[Any]:
-    """The annotations at ``span`` chunk by chunk: read by the compiled pass where a whole chunk is plain, else
-    parsed (its plain polygon lists read from the text, polygon_text.py)."""
+    """The annotations at ``span`` chunk by chunk, in file order: read by the compiled pass where a whole chunk
+    is plain, else parsed (its plain polygon lists read from the text, polygon_text.py).
+
+    The compiled pass releases the GIL, so it runs ahead in :func:`scan_threads` threads (a few chunks in
+    flight) while the caller converts the chunks already read: on two or more cores the scan no longer adds
+    to the start's time. The results and their order are those of a serial scan."""
     buf = np.frombuffer(raw, np.uint8)
-    for a, b in chunk_cuts(span, starts, CHUNK_BYTES):
-        found = kernels.scan_annotations(buf, a, b)
-        if found is not None:
-            ints, area, has_area, nparts, seg, lens, vals = found
-            scanned = _Scanned(ints, area, has_area, nparts, lens, vals)
-            try:
-                for k in np.flatnonzero(seg[:, 0] >= 0).tolist():
-                    scanned.rles[k] = _loads_chunk(raw[seg[k, 0] : seg[k, 1]])
-            except NotSplittable:
-                pass  # the parser of the whole chunk names the problem
-            else:
-                yield scanned
-                continue
-        yield parse_piece(raw, a, b, _loads_annotations)
+    cuts = iter(chunk_cuts(span, starts, CHUNK_BYTES))
+    threads = scan_threads()
+    with ThreadPoolExecutor(threads, thread_name_prefix="segtrain-coco-scan") as pool:
+        ahead: deque[tuple[int, int, Future[tuple[Any, ...] | None]]] = deque()
+        for a, b in islice(cuts, 2 * threads):
+            ahead.append((a, b, pool.submit(kernels.scan_annotations, buf, a, b)))
+        while ahead:
+            a, b, scanning = ahead.popleft()
+            for c, d in islice(cuts, 1):
+                ahead.append((c, d, pool.submit(kernels.scan_annotations, buf, c, d)))
+            found = scanning.result()
+            if found is not None:
+                ints, area, has_area, nparts, seg, lens, vals = found
+                scanned = _Scanned(ints, area, has_area, nparts, lens, vals)
+                try:
+                    for k in np.flatnonzero(seg[:, 0] >= 0).tolist():
+                        scanned.rles[k] = _loads_chunk(raw[seg[k, 0] : seg[k, 1]])
+                except NotSplittable:
+                    pass  # the parser of the whole chunk names the problem
+                else:
+                    yield scanned
+                    continue
+            yield parse_piece(raw, a, b, _loads_annotations)
 
 
 def _build(holder: list[bytes], path: Path, max_image_pixels: int, split: bool) -> RecordIndex:
@@ -629,7 +651,10 @@ class _Annotations:
         area = np.where(chunk.has_area, chunk.area, math.nan)
         pend = _Pending()
         pend.add(base + sel, img[sel], code[sel], crowd[sel].astype(bool), chunk.nparts[sel], aid[sel], [], area[sel])
-        pend.flat = (chunk.vals[np.repeat(part_take, chunk.lens)], chunk.lens[part_take])
+        if len(sel) == n:  # the common case: every annotation of the chunk is kept, its numbers as read
+            pend.flat = (chunk.vals, chunk.lens)
+        else:
+            pend.flat = (chunk.vals[np.repeat(part_take, chunk.lens)], chunk.lens[part_take])
         for k in np.flatnonzero(~take).tolist():
             a: dict[str, Any] = {"id": int(aid[k]), "image_id": int(ims[k]), "category_id": int(cats[k])}
             a["iscrowd"] = int(crowd[k])
@@ -743,6 +768,7 @@ class _Annotations:
         parts = pend.parts
         fidx, img, code, crowd, nparts, area = pend.cat()
         ids = _cat_ids(pend.ids)
+        owned = pend.flat is not None  # the compiled pass's own arrays (no buffer behind them to free)
         if pend.flat is not None:  # read from the text: numbers only, finite
             v, lens = pend.flat
             reasons: dict[int, str] = {}
@@ -778,7 +804,7 @@ class _Annotations:
             fidx, img, code, crowd, nparts = fidx[keep], img[keep], code[keep], crowd[keep], nparts[keep]
             area = area[keep]
             ids = ids[keep] if isinstance(ids, np.ndarray) else [x for x, k in zip(ids, keep.tolist()) if k]
-        else:
+        elif not owned:
             v = v.copy()  # own the memory (the array buffer is freed)
         self.done.add(fidx, img, code, crowd, nparts, ids, [], area)
         self.verts.append(v.reshape(-1, 2))

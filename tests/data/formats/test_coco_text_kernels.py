@@ -181,3 +181,36 @@ def test_compiled_bracket_scan_finds_what_the_numpy_scan_finds(doc: bytes) -> No
 @pytest.mark.parametrize("doc", [b'{"a":[1,2}', b'{"a":"x}', b'{"a":[1]]}', b"[]]"])
 def test_compiled_bracket_scan_refuses_what_does_not_balance(doc: bytes) -> None:
     assert brackets(np.frombuffer(doc, np.uint8), 3) is None
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_chunks_scanned_in_threads_give_the_parsers_index_in_file_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """The compiled pass runs ahead in scan threads while the caller converts: the index is the parser's (file
+    order, problems in order) whether one thread scans or several, and no scan runs on the caller's thread."""
+    import threading
+
+    from segtrain.data.formats import coco_text_kernels
+
+    rng = np.random.default_rng(threads)
+    odd = [a for a in _odd_annotations() if '"area":-01' not in a]
+    anns = [_plain(k, rng) for k in range(1, 200)]
+    for k, a in enumerate(odd):  # unusual ones spread over the file: chunks that go back to the parser
+        anns.insert(6 * k + 3, a)
+    path = tmp_path / "a.json"
+    path.write_bytes(_document(anns))
+    scanned_on: set[int] = set()
+    real = coco_text_kernels.scan_annotations
+
+    def recording(buf: np.ndarray, a: int, end: int) -> Any:
+        scanned_on.add(threading.get_ident())
+        return real(buf, a, end)
+
+    monkeypatch.setattr(coco_text_kernels, "scan_annotations", recording)
+    monkeypatch.setattr(coco_mod, "scan_threads", lambda: threads)
+    fast, scanned = _build(path, monkeypatch, compiled=True)
+    slow, _ = _build(path, monkeypatch, compiled=False)
+    assert scanned > 20
+    _same(fast, slow)
+    assert scanned_on and threading.get_ident() not in scanned_on and len(scanned_on) <= threads
