@@ -532,12 +532,16 @@ def _convert_parts(parts: list) -> tuple[array | np.ndarray, np.ndarray, dict[in
     return buf, lens, reasons
 
 
-def _segment_sums(values: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Sum of ``values`` over consecutive segments of lengths ``lens`` (empty segments: 0)."""
-    cs = np.zeros(len(values) + 1, np.int64)
-    np.cumsum(values, out=cs[1:])
+def _segments_any(mask: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Which consecutive segments of lengths ``lens`` hold a True of ``mask`` (empty segments: none). The usual
+    answer, none, costs one pass over the mask (a COCO file's vertices: tens of millions of values), not an
+    int64 running sum of it."""
+    if not mask.any():
+        return np.zeros(len(lens), bool)
+    cs = np.zeros(len(mask) + 1, np.int64)
+    np.cumsum(mask, out=cs[1:])
     ends = np.cumsum(lens)
-    return cs[ends] - cs[ends - lens]
+    return cs[ends] - cs[ends - lens] > 0
 
 
 _ID_TYPES = frozenset({int, str})
@@ -776,10 +780,10 @@ class _Annotations:
             buf, lens, reasons = _convert_parts(parts)
             v = np.frombuffer(buf, np.float64) if len(buf) else np.zeros(0, np.float64)
             # true / false pass as 1.0 / 0.0 through fromlist: look closer at parts holding those values
-            for k in np.flatnonzero(_segment_sums((v == 0.0) | (v == 1.0), lens) > 0).tolist():
+            for k in np.flatnonzero(_segments_any((v == 0.0) | (v == 1.0), lens)).tolist():
                 if k not in reasons and type(parts[k]) is list and bool in set(map(type, parts[k])):
                     reasons[k] = "coordinates must be numbers, not true/false"
-        nonfinite = _segment_sums(~np.isfinite(v), lens) > 0
+        nonfinite = _segments_any(~np.isfinite(v), lens)
         bad = nonfinite | (lens % 2 == 1) | (lens < 6) | (lens > 2 * MAX_POLYGON_VERTICES)
         if reasons:
             bad[list(reasons)] = True
