@@ -37,6 +37,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import psutil  # noqa: E402
 import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,25 +54,23 @@ from tests.helpers.s3_server import S3Proxy, s3_client, start_moto_process  # no
 
 def process_tree_cpu_s() -> float:
     """CPU seconds of this process, its finished children and its live ones (the loader's workers)."""
-    me = os.getpid()
     total = sum(
         resource.getrusage(who)[0] + resource.getrusage(who)[1]
         for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
     )
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for child in psutil.Process().children():
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        if int(fields[1]) == me:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            t = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue  # ended meanwhile (its time is in RUSAGE_CHILDREN once waited for)
+        total += t.user + t.system
     return total
 
 
 def pid_cpu_s(pid: int) -> float:
     """CPU seconds process ``pid`` has used (the store's server)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def split_cores(layout: str) -> tuple[set[int], set[int]]:

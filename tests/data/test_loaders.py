@@ -3,6 +3,7 @@ read-ahead each key carries for its loader worker."""
 
 from __future__ import annotations
 
+import gc
 import pickle
 from collections.abc import Iterable
 from pathlib import Path
@@ -285,8 +286,6 @@ class _FreezeProbe(torch.utils.data.Dataset):
         return 4
 
     def __getitem__(self, key: object) -> dict[str, torch.Tensor]:
-        import gc
-
         tracked = any(o is self.marker for o in gc.get_objects())
         return {"frozen": torch.tensor(gc.get_freeze_count()), "marker_tracked": torch.tensor(tracked)}
 
@@ -295,8 +294,6 @@ class _FreezeProbe(torch.utils.data.Dataset):
 def test_workers_leave_the_main_process_objects_to_it(persistent):
     """A worker's collector never visits what the main process made (each visit copies a shared page); the main
     process's own collector is unchanged once the workers have started."""
-    import gc
-
     from segtrain.config import compose
     from segtrain.data.loaders import build_loader
     from segtrain.distributed import DistInfo
