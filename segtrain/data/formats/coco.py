@@ -240,7 +240,8 @@ class _Scanned:
 def scan_threads() -> int:
     """Threads that scan annotation chunks while the calling thread converts the ones already scanned: one per
     core, at most 3. A scan takes a little longer than the conversion of its chunk, so on two cores two scan
-    threads keep the converting thread from waiting (1.5 s -> 1.2 s for a quarter of COCO train2017)."""
+    threads keep the converting thread from waiting (``scripts/bench_index.py``: ``parse_text`` in
+    ``first_start_parts_seconds`` is that wait)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(3, cores))
 
