@@ -262,8 +262,9 @@ def _scanned_chunks(kernels: ModuleType, raw: bytes, span: tuple[int, int], star
             ahead.append((a, b, pool.submit(kernels.scan_annotations, buf, a, b)))
         while ahead:
             a, b, scanning = ahead.popleft()
-            for c, d in islice(cuts, 1):
-                ahead.append((c, d, pool.submit(kernels.scan_annotations, buf, c, d)))
+            following = next(cuts, None)
+            if following is not None:
+                ahead.append((*following, pool.submit(kernels.scan_annotations, buf, *following)))
             found = scanning.result()
             if found is not None:
                 ints, area, has_area, nparts, seg, lens, vals = found
@@ -773,7 +774,6 @@ class _Annotations:
         parts = pend.parts
         fidx, img, code, crowd, nparts, area = pend.cat()
         ids = _cat_ids(pend.ids)
-        owned = pend.flat is not None  # the compiled pass's own arrays (no buffer behind them to free)
         if pend.flat is not None:  # read from the text: numbers only, finite
             v, lens = pend.flat
             reasons: dict[int, str] = {}
@@ -809,7 +809,7 @@ class _Annotations:
             fidx, img, code, crowd, nparts = fidx[keep], img[keep], code[keep], crowd[keep], nparts[keep]
             area = area[keep]
             ids = ids[keep] if isinstance(ids, np.ndarray) else [x for x, k in zip(ids, keep.tolist()) if k]
-        elif not owned:
+        elif pend.flat is None:  # the compiled pass's arrays are its own; a view of the array buffer is copied
             v = v.copy()  # own the memory (the array buffer is freed)
         self.done.add(fidx, img, code, crowd, nparts, ids, [], area)
         self.verts.append(v.reshape(-1, 2))
