@@ -16,6 +16,12 @@ from collections.abc import MutableMapping
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (what ``taskset``, SLURM's ``--cpus-per-task`` binding
+    or a container's cpuset leave it), not the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def first_host(nodelist: str) -> str:
     """The first host of a SLURM node list: ``gpu[003-005,9],cpu1`` -> ``gpu003`` (the rendezvous host)."""
     m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())

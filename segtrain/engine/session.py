@@ -19,7 +19,7 @@ import segtrain
 from segtrain.config import Config, TrainerConfig
 from segtrain.distributed import DistInfo, broadcast_object, cleanup, setup
 from segtrain.engine.recorder import close_run_log, setup_logging, start_run_log
-from segtrain.launch_env import DEFERRAL
+from segtrain.launch_env import DEFERRAL, usable_cores
 
 log = logging.getLogger("segtrain")
 
@@ -129,5 +129,5 @@ def cpu_threads(trainer_cfg: TrainerConfig) -> int:
     if trainer_cfg.cpu_threads:
         return trainer_cfg.cpu_threads
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     return max(1, cores // local - trainer_cfg.num_workers)

@@ -38,6 +38,7 @@ from segtrain.data import (
 )
 from segtrain.distributed import DistInfo
 from segtrain.engine.build import step_trainer
+from segtrain.launch_env import usable_cores
 from segtrain.placement import DEVICE
 
 log = logging.getLogger("segtrain.doctor")
@@ -233,7 +234,7 @@ def thread_trial(
     """The model step's img/s with other ``trainer.cpu_threads`` values (a CPU run's A/B, on the batch training
     uses), beside the current thread count's figure ``current_ips``; the thread count is restored after."""
     current = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     measured = {current: current_ips}
     for n in thread_candidates(current, cores):
         torch.set_num_threads(n)

@@ -67,6 +67,7 @@ from segtrain.data.records import (
 from segtrain.data.targets.compiled import optional_kernels
 from segtrain.fileio import is_regular_file
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
+from segtrain.launch_env import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ def scan_threads() -> int:
     core, at most 3. A scan takes a little longer than the conversion of its chunk, so on two cores two scan
     threads keep the converting thread from waiting (``scripts/bench_index.py``: ``parse_text`` in
     ``first_start_parts_seconds`` is that wait)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     return max(1, min(3, cores))
 
 
