@@ -23,7 +23,9 @@ unless ``check_files=True``: a missing image is reported when it is read (see im
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import logging
 import math
 import os
@@ -193,10 +195,28 @@ def build_coco(
     read (handed over in a list, so _build can drop them once converted); None: read here."""
     if holder is None:
         holder = [read_annotation_file(path, "COCO annotation file", MAX_ANNOTATION_BYTES)]
+    with _cyclic_gc_paused():
+        try:
+            return _build(holder, path, int(max_image_pixels), split=True)
+        except NotSplittable:  # unusual layout or a syntax error: parse it whole (exact error messages)
+            return _build(holder, path, int(max_image_pixels), split=False)
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the build, and back as it was after it.
+
+    A build makes hundreds of thousands of containers (parsed chunks, image dicts) that form no reference
+    cycles and are freed by their reference counts; counting them sets off the collector over and over
+    (at a quarter of COCO train2017: about 250 collections, two of them full, 0.13 s of a 2.3 s start) to
+    find nothing. Whatever cycles the build does leave are collected once it is back on."""
+    enabled = gc.isenabled()
+    gc.disable()
     try:
-        return _build(holder, path, int(max_image_pixels), split=True)
-    except NotSplittable:  # unusual layout or a syntax error: parse it whole (exact error messages)
-        return _build(holder, path, int(max_image_pixels), split=False)
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _loads_chunk(text: bytes) -> Any:

@@ -249,7 +249,7 @@ def test_cache_hit_miss_and_invalidation(coco_copy, tmp_path, monkeypatch, caplo
     assert len(calls) == 4  # rebuilt for the restored file, then for the new limit
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "header", "object"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "header", "object", "empty", "zeros"])
 def test_corrupt_cache_is_rebuilt_with_a_warning(coco_copy, tmp_path, monkeypatch, caplog, damage):
     cache = tmp_path / "cache"
     cm = ClassMap(["background", "person"])
@@ -263,6 +263,10 @@ def test_corrupt_cache_is_rebuilt_with_a_warning(coco_copy, tmp_path, monkeypatc
         data[offset + 8] ^= 0x40
     elif damage == "truncate":
         data = data[: len(data) // 2]
+    elif damage == "empty":  # what a crash before write-back can leave (the file is not fsynced) ...
+        data = bytearray()
+    elif damage == "zeros":  # ... or the right size, never written
+        data = bytearray(len(data))
     elif damage == "garbage":
         data = bytearray(os.urandom(len(data)))
     elif damage == "header":
