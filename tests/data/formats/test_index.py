@@ -5,6 +5,7 @@ discovery, and loader-worker memory (all mechanisms, never wall-clock)."""
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import logging
 import os
@@ -289,6 +290,31 @@ def test_cache_dir_not_writable_builds_in_memory(coco_copy, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         index, _ = load_coco(coco_copy, coco_copy.parent, ClassMap(["background", "person"]), cache_dir=blocker)
     assert index.file is None and len(index) == 4 and "cache" in caplog.text
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_build_runs_without_the_cyclic_collector_and_restores_it(coco_copy, monkeypatch, enabled):
+    """The build turns the cyclic collector off (its containers form no cycles) and leaves it as it found it,
+    also when the file is not a COCO instances file."""
+    seen: list[bool] = []
+    real = coco_mod._build
+
+    def build(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(coco_mod, "_build", build)
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        index, _ = load_coco(coco_copy, coco_copy.parent, ClassMap(["background", "person"]))
+        assert len(index) == 4 and seen == [False] and gc.isenabled() is enabled
+        coco_copy.write_text('{"images": 3}')
+        with pytest.raises(AnnotationError, match="not a COCO instances file"):
+            load_coco(coco_copy, coco_copy.parent, ClassMap(["background", "person"]))
+        assert seen[1:] and not any(seen) and gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 # --------------------------------------------------------------------------- lazy image checks
