@@ -207,9 +207,9 @@ def _cyclic_gc_paused() -> Iterator[None]:
     """The cyclic garbage collector off for the build, and back as it was after it.
 
     A build makes hundreds of thousands of containers (parsed chunks, image dicts) that form no reference
-    cycles and are freed by their reference counts; counting them sets off the collector over and over
-    (at a quarter of COCO train2017: about 250 collections, two of them full, 0.13 s of a 2.3 s start) to
-    find nothing. Whatever cycles the build does leave are collected once it is back on."""
+    cycles and are freed by their reference counts; counting them sets off the collector over and over (a few
+    hundred times at a quarter of COCO train2017, full passes among them) to find nothing. Whatever cycles the
+    build does leave are collected once it is back on."""
     enabled = gc.isenabled()
     gc.disable()
     try:
