@@ -43,10 +43,10 @@ def check_overrides(overrides: list[str], search_dirs: Sequence[Path] = ()) -> N
     import difflib
 
     schema = OmegaConf.structured(SegtrainConfig)
-    for ov in overrides:
+    for i, ov in enumerate(overrides):
         if "=" not in ov:
             continue
-        check_override_syntax(ov)
+        check_override_syntax(ov, overrides[i + 1 :])
         key, value = ov.split("=", 1)
         key = key.lstrip("+~")
         check_plugin(key, value)
@@ -73,17 +73,38 @@ def check_overrides(overrides: list[str], search_dirs: Sequence[Path] = ()) -> N
             )
 
 
-def check_override_syntax(override: str) -> None:
+def check_override_syntax(override: str, following: Sequence[str] = ()) -> None:
     """An override Hydra's grammar cannot read, in one line; unquoted non-ASCII letters (``dataset.root=/data/café``)
-    and spaces or brackets in a path are the usual cause, and quoting is the fix."""
+    and spaces or brackets in a path are the usual cause, and quoting is the fix. A dict or list typed with spaces
+    (``+model.kwargs={depth: 3}``) reaches us split by the shell: ``following`` (the arguments after it) rejoined
+    shows the whole override, to quote as one word."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
+    parser = OverridesParser.create()
+
+    def parses(text: str) -> bool:
+        try:
+            parser.parse_overrides([text])
+        except OverrideParseException:
+            return False
+        return True
+
     try:
-        OverridesParser.create().parse_overrides([override])
+        parser.parse_overrides([override])
     except OverrideParseException as e:
         key, _, value = override.partition("=")
         first = str(e).strip().splitlines()[0]
+        if value.lstrip().startswith(("{", "[")):
+            whole = next(
+                (j for n in range(1, len(following) + 1) if parses(j := " ".join([override, *following[:n]]))), None
+            )
+            example = whole or (f"{key}={{name: value, ...}}" if value.lstrip()[0] == "{" else f"{key}=[a, b]")
+            split = "the shell split it at a space; " if whole else ""
+            raise ConfigError(
+                f"cannot read the override {override!r} ({first}); {split}put the whole override in single quotes, "
+                f"one shell word: '{example}'"
+            ) from None
         why = "non-ASCII letters" if not value.isascii() else "characters Hydra's override grammar reserves"
         raise ConfigError(
             f"cannot read the override {override!r} ({first}); a value with {why} must be quoted: "

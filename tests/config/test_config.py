@@ -145,6 +145,32 @@ def test_true_false_unquoted_mean_the_words(word):
             assert OmegaConf.select(cfg, key) == OmegaConf.select(quoted, key) == word
 
 
+@pytest.mark.parametrize(
+    ("typed", "quoting", "value"),
+    [
+        ("+model.kwargs={depth: 3}", "'+model.kwargs={depth: 3}'", {"depth": 3}),
+        ("+model.kwargs={depth: 3, width: 16}", "'+model.kwargs={depth: 3, width: 16}'", {"depth": 3, "width": 16}),
+        ("trainer.loggers=[tensorboard, mlflow]", "'trainer.loggers=[tensorboard, mlflow]'", ["tensorboard", "mlflow"]),
+    ],
+)
+def test_a_value_the_shell_split_is_named_with_a_quoting_that_composes(typed, quoting, value, tmp_path, monkeypatch):
+    """A dict or list typed with spaces reaches segtrain in pieces (bash splits words as shlex does): the one line
+    names the quoting of the whole override, and that quoting, split by the shell, composes to the typed value."""
+    import shlex
+
+    from segtrain.config import check_overrides
+
+    (tmp_path / "kwnets.py").write_text("def build(spec, **kwargs):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        check_overrides(shlex.split(typed))
+    message = str(e.value)
+    assert "\n" not in message and message.endswith(f"one shell word: {quoting}"), message
+    (override,) = shlex.split(quoting)
+    cfg = compose(["model.name=kwnets:build", override])
+    assert OmegaConf.to_container(OmegaConf.select(cfg, override.lstrip("+").split("=")[0])) == value
+
+
 @pytest.mark.parametrize("tool", ["finetune", "evaluate", "predict", "doctor", "export"])
 def test_every_tool_has_its_own_run_directory(tool):
     """docs/configuration.md: the tools write into outputs/<tool>/<date>/<time>, never among the training runs."""
