@@ -4,7 +4,7 @@ Why: s3fs signs each request and parses each response in Python (botocore), 2-5 
 cores that decode the images; obstore does both in Rust, well under 1 ms. With an image per request, that is the
 difference between a loader that keeps up with a store 30 ms away and one that is CPU-bound (docs/storage.md).
 
-Optional (``pip install 'segtrain[storage]'`` brings it): without obstore, or where it cannot honour what s3fs
+Optional (``pip install -e '.[storage]'`` brings it): without obstore, or where it cannot honour what s3fs
 would, :func:`usable` says no and :mod:`segtrain.storage` reads through s3fs as before. obstore reads the same
 environment as botocore (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_REGION`` or
 ``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``, which the ``storage.endpoint_url`` key sets); credentials only

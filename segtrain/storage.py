@@ -5,7 +5,7 @@ Every path segtrain reads or writes on a user's behalf (a data set's root, its a
 path or ``file://`` URL stays a :class:`pathlib.Path` (every local guarantee as before), anything else becomes
 a ``UPath`` (universal-pathlib over fsspec), which has the same methods (``/``, ``name``, ``exists``,
 ``iterdir``, ``read_bytes``). Object stores need the ``storage`` extra (s3fs, gcsfs); without it a URL is one
-line naming ``pip install 'segtrain[storage]'``, and local paths never import any of it.
+line naming ``pip install -e '.[storage]'``, and local paths never import any of it.
 
 Credentials are the libraries' own (``AWS_ACCESS_KEY_ID``/``AWS_PROFILE``, ``GOOGLE_APPLICATION_CREDENTIALS``):
 none ever pass through a config, a log or a checkpoint. An S3-compatible store of a team's own (MinIO, Ceph) is
@@ -44,7 +44,7 @@ _S3_OPTIONS: dict[str, Any] = {
         "max_pool_connections": int(os.environ.get("SEGTRAIN_READ_AHEAD", "16")) + 4,
     }
 }
-INSTALL_HINT = "pip install 'segtrain[storage]'"
+INSTALL_HINT = "pip install -e '.[storage]'"
 #: The parent's fsspec file systems, held for the life of a forked child (:func:`_hold_inherited_clients`).
 _INHERITED: list[Any] = []
 

@@ -25,7 +25,7 @@ def test_a_url_without_the_storage_extra_is_one_line_naming_the_install(monkeypa
     with pytest.raises(storage.StorageError) as err:
         storage.location("s3://bucket/coco")
     message = str(err.value)
-    assert "\n" not in message and "s3://bucket/coco" in message and "pip install 'segtrain[storage]'" in message
+    assert "\n" not in message and "s3://bucket/coco" in message and "pip install -e '.[storage]'" in message
 
 
 def test_write_read_list_remove_round_trip(bucket):

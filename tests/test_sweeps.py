@@ -13,7 +13,7 @@ from segtrain.config import checks as config_checks
 from segtrain.sweep import SUMMARY, check_direction, summarise, write_result
 from tests.helpers.proc_utils import run_module
 
-pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install 'segtrain[sweep]'")
+pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e '.[sweep]'")
 
 
 def test_summary_picks_by_mode_and_skips_failures(tmp_path):

@@ -317,7 +317,7 @@ def _read_safetensors(f: IO[bytes], path: Any, what: str) -> dict[str, torch.Ten
     except ImportError:
         raise CheckpointError(
             f"{what} {path} is a safetensors file; reading it needs the safetensors package: "
-            "pip install 'segtrain[timm]' (or pip install safetensors)"
+            "pip install -e '.[timm]' (or pip install safetensors)"
         ) from None
     try:
         return load(f.read())

@@ -127,7 +127,7 @@ def check_plugin(key: str, value: str) -> None:
                 found = False
             if not found:
                 raise ConfigError(
-                    f"{key}={value} needs {module}, which is not installed: pip install 'segtrain[{extra}]'"
+                    f"{key}={value} needs {module}, which is not installed: pip install -e '.[{extra}]'"
                 )
 
 
@@ -451,7 +451,7 @@ def check_loggers(cfg: DictConfig) -> None:
         if package is not None and importlib.util.find_spec(package) is None:
             raise ConfigError(
                 f"trainer.loggers: {name} needs the {package} package, which is not installed: "
-                "pip install 'segtrain[trackers]'"
+                "pip install -e '.[trackers]'"
             )
 
 
@@ -501,7 +501,7 @@ def check_timm_backbone(backbone: str) -> None:
         import timm
     except ImportError:
         raise ConfigError(
-            f"model.backbone={backbone} needs the timm package: pip install 'segtrain[timm]' (or pip install timm)"
+            f"model.backbone={backbone} needs the timm package: pip install -e '.[timm]' (or pip install timm)"
         ) from None
     if not timm.is_model(name):
         import difflib

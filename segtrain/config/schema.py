@@ -461,7 +461,7 @@ class TrainerConfig:
     # {name: ..., key: value} entries whose other keys are passed to the hook.
     hooks: list[Any] = field(default_factory=list)
     # Where scalars, the config and figures go besides metrics.jsonl: tensorboard, mlflow, wandb (registered names,
-    # segtrain.engine.trackers.LOGGERS); mlflow/wandb need `pip install 'segtrain[trackers]'`.
+    # segtrain.engine.trackers.LOGGERS); mlflow/wandb need `pip install -e '.[trackers]'`.
     loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 

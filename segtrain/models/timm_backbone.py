@@ -39,7 +39,7 @@ def import_timm() -> Any:
         import timm
     except ImportError:
         raise ConfigError(
-            "model.backbone=timm:... needs the timm package: pip install 'segtrain[timm]' (or pip install timm)"
+            "model.backbone=timm:... needs the timm package: pip install -e '.[timm]' (or pip install timm)"
         ) from None
     return timm
 

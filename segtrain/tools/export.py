@@ -9,7 +9,7 @@ normalisation is inside the graph), outputs at the input's resolution:
   instance-aware models (semantic-only models export ``semantic`` alone).
 
 ONNX (``torch.onnx.export(dynamo=True)``, which needs the ``onnx`` and ``onnxscript`` packages:
-``pip install 'segtrain[export]'``) names these outputs, in this order. ``torch_export``
+``pip install -e '.[export]'``) names these outputs, in this order. ``torch_export``
 (``torch.export.export``, saved with ``torch.export.save`` as a ``.pt2`` ExportedProgram, loaded with
 ``torch.export.load(path).module()``) returns the same dict as the PyTorch model; it is PyTorch's maintained
 format. TorchScript (``torch.jit.trace``) is kept as a legacy format: torch.jit is deprecated upstream, and the
@@ -110,7 +110,7 @@ def check_onnx_dependencies() -> None:
     if missing:
         raise ExportDependencyError(
             f"format=onnx needs the package(s) {', '.join(missing)} (torch's ONNX exporter): "
-            "pip install 'segtrain[export]' (or pip install onnx onnxscript), or use format=torch_export"
+            "pip install -e '.[export]' (or pip install onnx onnxscript), or use format=torch_export"
         )
 
 

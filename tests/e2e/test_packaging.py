@@ -21,7 +21,7 @@ def test_wheel_ships_configs_and_trains_from_anywhere(tmp_path):
         capture_output=True,
         timeout=600,
     )
-    wheel = next((tmp_path / "whl").glob("segtrain-*.whl"))
+    wheel = next((tmp_path / "whl").glob("segtrain_torch-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for cfg in (
         "train.yaml",

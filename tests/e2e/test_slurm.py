@@ -43,7 +43,7 @@ def test_slurm_step_variables_become_torchruns():
 
 
 def test_submitit_environment_becomes_torchruns(monkeypatch):
-    pytest.importorskip("submitit", reason="pip install 'segtrain[slurm]'")
+    pytest.importorskip("submitit", reason="pip install -e '.[slurm]'")
     for k, v in {
         "SUBMITIT_EXECUTOR": "local",
         "SUBMITIT_LOCAL_JOB_ID": "99",
@@ -84,7 +84,7 @@ def torchrun_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_submitit_local_two_tasks_train_as_torchruns_two_ranks(tmp_path, torchrun_run):
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install 'segtrain[slurm]'")
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
     sweep = tmp_path / "sweep"
     env = child_env(tmp_path / "cache", MASTER_PORT=str(free_port()))
     args = [

@@ -15,8 +15,8 @@ from segtrain.config import checks as config_checks
 from segtrain.engine.trackers import redact, tracked_scalars
 from tests.helpers.proc_utils import child_env, free_port, run_module
 
-mlflow = pytest.importorskip("mlflow", reason="mlflow not installed (pip install 'segtrain[trackers]')")
-wandb = pytest.importorskip("wandb", reason="wandb not installed (pip install 'segtrain[trackers]')")
+mlflow = pytest.importorskip("mlflow", reason="mlflow not installed (pip install -e '.[trackers]')")
+wandb = pytest.importorskip("wandb", reason="wandb not installed (pip install -e '.[trackers]')")
 
 
 # --------------------------------------------------------------------------- unit
@@ -24,7 +24,7 @@ def test_missing_tracker_package_is_one_config_error(monkeypatch):
     monkeypatch.setitem(config_checks.LOGGER_PACKAGES, "mlflow", "segtrain_no_such_package")
     with pytest.raises(ConfigError) as e:
         compose(["experiment=cpu_smoke", "trainer.loggers=[tensorboard,mlflow]"])
-    assert "pip install 'segtrain[trackers]'" in str(e.value) and "\n" not in str(e.value)
+    assert "pip install -e '.[trackers]'" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_without_the_optional_packages_segtrain_imports_and_names_the_extra(tmp_path):
@@ -45,7 +45,7 @@ def test_without_the_optional_packages_segtrain_imports_and_names_the_extra(tmp_
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "error: trainer.loggers: mlflow needs the mlflow package, which is not installed: "
-        "pip install 'segtrain[trackers]'"
+        "pip install -e '.[trackers]'"
     ]
 
 

@@ -1,6 +1,6 @@
 """Which library decodes a batch of JPEGs on the training device (``dataset.decode=device``).
 
-On CUDA, NVIDIA's maintained decoder, nvImageCodec (``pip install 'segtrain[nvimgcodec-cu13]'`` or ``-cu12``: the
+On CUDA, NVIDIA's maintained decoder, nvImageCodec (``pip install -e '.[nvimgcodec-cu13]'`` or ``-cu12``: the
 ``nvidia-nvimgcodec-cu12`` / ``-cu13`` wheels), when it is installed; otherwise torchvision's
 ``decode_jpeg`` (nvjpeg on CUDA, libjpeg-turbo on a CPU). torchvision's image decoding is deprecated since
 0.29; it stays the fallback while it exists (no other installed library decodes a list of JPEGs straight into

@@ -127,7 +127,7 @@ def test_nvimgcodec_and_torchvision_agree_on_cuda():
     nvImageCodec's IDCT and chroma upsampling may differ); prints the figures (scripts/device_check.py runs it)."""
     module = jpeg_decoders.nvimgcodec_module()
     if module is None:
-        pytest.skip("nvImageCodec is not installed (pip install 'segtrain[nvimgcodec-cu13]' or '-cu12')")
+        pytest.skip("nvImageCodec is not installed (pip install -e '.[nvimgcodec-cu13]' or '-cu12')")
     cuda = torch.device("cuda")
     encoded = _encoded()
     got = NvImageCodecJpeg(module, cuda)(encoded, cuda)
