@@ -216,6 +216,28 @@ def test_doctor_advises_cpu_threads_only_as_measured(unpinned, loader_ips, model
         assert not any("cpu_threads" in a for a in [v["summary"], *v["advice"]]), v
 
 
+def test_doctor_suggests_fewer_workers_only_while_the_run_has_some_to_spare(unpinned):
+    """Compute-bound on CPU: fewer loader workers is advised as the measured count that still outpaces the model,
+    and no longer once the user runs that count (nor with no workers)."""
+    report = declared_report("cpu", "augment", 1000.0, 10.0)
+    report["loader"] = [
+        {"workers": 0, "images_per_s": 30.0},
+        {"workers": 1, "images_per_s": 40.0},
+        {"workers": 2, "images_per_s": 70.0},
+    ]
+    v = verdict(report, 2, unpinned)
+    assert v["bound"] == "compute-bound"
+    assert "fewer loader workers" not in v["summary"], v["summary"]
+    assert [a for a in v["advice"] if "num_workers" in a] == [
+        "trainer.num_workers=1 would do: 1 worker(s) measured 40.0 img/s, still more than the model's 10.0, "
+        "and leave cores to the model"
+    ], v["advice"]
+    for applied in (1, 0):  # the advice taken, or no workers at all: nothing left to lower
+        v = verdict(report, applied, unpinned)
+        text = "\n".join([v["summary"], *v["advice"]])
+        assert "fewer" not in text and "num_workers" not in text, text
+
+
 def test_doctor_measures_the_batch_training_uses(monkeypatch):
     """A preset's batch the data cannot fill is lowered as training lowers it (fit_batch_to_data), and the
     model step and the thread A/B run on that batch; the report says so."""
