@@ -178,6 +178,7 @@ def config_from_checkpoint(
                 "mapping (edited by hand?); restore it, or give "
                 f"{section}=... on the command line to use the current one"
             )
+    check_stored_code(stored, overrides, bool(cli_cfg.get("trust_checkpoint")), origin)
     from omegaconf.errors import OmegaConfBaseException
 
     try:
@@ -187,6 +188,31 @@ def config_from_checkpoint(
     except OmegaConfBaseException as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"{origin}: its stored config (model, dataset) does not fit the schema: {first}") from e
+
+
+def check_stored_code(stored: dict, overrides: list[str], trust: bool, origin: str) -> None:
+    """An import path in a checkpoint's stored config (``model.name=pkg.mod:build``) is code: building the model
+    would import that module and call what it names with the stored ``model.kwargs``. It is used only when the
+    user typed the same key on this command line, or passed ``trust_checkpoint=true``; otherwise one line says
+    how to opt in, before anything is imported."""
+    from segtrain.registry import DECLARED, is_import_path
+
+    if trust:
+        return
+    typed = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    for key, declared in DECLARED.items():
+        section, _, name = key.partition(".")
+        if not declared.import_paths or section not in CHECKPOINT_SECTIONS or {section, key} & typed:
+            continue
+        value = (stored.get(section) or {}).get(name) if isinstance(stored.get(section), dict) else None
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, str) and v not in declared.names and is_import_path(v):
+                raise ConfigError(
+                    f"{origin}: its stored config names {key}={v}, an import path: building it would run that "
+                    f"code, and a checkpoint may come from anyone. If you trust the file, pass "
+                    f"trust_checkpoint=true, or name the code yourself: {key}={v}"
+                )
 
 
 def checkpoint_sources(cfg: DictConfig, stored: dict | None, overrides: list[str]) -> str:
