@@ -158,7 +158,7 @@ class ModelConfig:
     decoder_channels: int = field(default=128, metadata=CHANNELS)
     head_channels: int = field(default=64, metadata=CHANNELS)
     output_stride: int = field(default=16, metadata=rule(choices=OUTPUT_STRIDES))
-    # keyword arguments of the builder (a model named by import path): +model.kwargs={depth: 3} (None: none)
+    # keyword arguments of the builder (a model named by import path): '+model.kwargs={depth: 3}' (None: none)
     kwargs: Any = None
 
 
