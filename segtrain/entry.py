@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from segtrain import storage
+from segtrain import redact, storage
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
 from segtrain.config.user_files import check_user_configs, split_flags
 from segtrain.errors import (
@@ -171,8 +171,8 @@ def user_message(err: BaseException) -> str:
     if text.startswith("Caught ") and "Original Traceback" in text:
         head, sep, rest = text.rstrip().splitlines()[-1].partition(": ")
         if sep and head.rsplit(".", 1)[-1] == type(err).__name__:
-            return rest
-    return text
+            return redact.text(rest)
+    return redact.text(text)  # a message may quote a URI or a value holding credentials
 
 
 def _write_error_file(message: str) -> None:

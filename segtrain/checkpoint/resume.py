@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from segtrain import storage
+from segtrain import redact, storage
 from segtrain.checkpoint import io
 from segtrain.checkpoint.io import CheckpointError, is_training_checkpoint, read_checkpoint
 from segtrain.checkpoint.state import Stateful, check_finite_weights, restore_rng
@@ -121,7 +121,7 @@ def check_resumable(blob: Any, cfg: Config, path: Path) -> None:
     if problem:
         raise CheckpointError(f"resume={path}: {problem}; resume from another checkpoint of the run")
     stored = blob.get("config") or {}
-    now = to_container(cfg)
+    now = redact.tree(to_container(cfg))  # as the checkpoint stored it
     finetune = f"start from its weights with python -m segtrain.finetune ckpt={path}"
     unused = _MODEL_KEYS_UNUSED.get(str(now["model"].get("name")), ())
     diffs = _differences(stored.get("model") or {}, now["model"], "model", _MODEL_KEYS_IGNORED + unused)
@@ -268,7 +268,7 @@ def restore_training_state(
         check_finite_weights(blob["ema"], f"resume={path} (EMA weights)")
     state = dict(blob, stop_reason=None)
     stored = blob.get("config") or {}
-    now = to_container(cfg)
+    now = redact.tree(to_container(cfg))  # as the checkpoint stored it
     ck_then = (stored.get("trainer") or {}).get("checkpoint") or {}
     ck_now = now["trainer"]["checkpoint"]
     changed = _differences(ck_then, ck_now, "trainer.checkpoint", ("every_steps", "keep_last"))

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from segtrain import storage
+from segtrain import redact, storage
 from segtrain.checkpoint import io
 from segtrain.checkpoint.resume import find_resume_checkpoint, restore_training_state
 from segtrain.checkpoint.state import Checkpointer
@@ -87,7 +87,8 @@ def _build(
         total_steps = min(total_steps, tr.max_steps)
     warn_long_warmup(cfg, total_steps, dist.is_main)
     root = checkpoint_root(cfg, run_dir)
-    checkpointer = Checkpointer(root, to_container(cfg), tr.checkpoint.keep_last, dist.is_main)
+    # the stored config holds no credentials (redact); the live one keeps them
+    checkpointer = Checkpointer(root, redact.tree(to_container(cfg)), tr.checkpoint.keep_last, dist.is_main)
     trainer = Trainer(
         model,
         optimizer,

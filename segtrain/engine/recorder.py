@@ -17,6 +17,8 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm import tqdm
 
+from segtrain import redact
+
 log = logging.getLogger("segtrain")
 
 #: A record at this level goes to train.log but not to the console (where a progress bar shows it).
@@ -124,11 +126,21 @@ def setup_logging(run_dir: Path | None, rank: int, log_name: str = "train.log", 
             handlers.append(logging.FileHandler(run_dir / log_name))
     for h in handlers:
         h.setFormatter(fmt)
+        h.addFilter(_masked)
         h._segtrain = True  # type: ignore[attr-defined]
         root.addHandler(h)
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logging.getLogger("PIL").setLevel(logging.WARNING)
     logging.captureWarnings(True)
+
+
+def _masked(record: logging.LogRecord) -> bool:
+    """Every console and train.log line without the credentials a URI or the environment may put in it."""
+    message = record.getMessage()
+    masked = redact.text(message)
+    if masked != message:
+        record.msg, record.args = masked, None
+    return True
 
 
 def _plain(v: Any) -> Any:

@@ -16,6 +16,7 @@ import cv2
 import torch
 
 import segtrain
+from segtrain import redact
 from segtrain.config import Config, TrainerConfig
 from segtrain.distributed import DistInfo, broadcast_object, cleanup, setup
 from segtrain.engine.recorder import close_run_log, setup_logging, start_run_log
@@ -118,9 +119,14 @@ def write_run_record(cfg: Config, run_dir: Path) -> None:
     hydra_cfg.hydra.output_subdir = subdir  # what the user asked for, not the deferral
     hydra_cfg.hydra.overrides.hydra = [o for o in hydra_cfg.hydra.overrides.hydra if o != launch_env.DEFERRAL]
     task = hydra_cfg.hydra.overrides.task
-    atomic_write_bytes(folder / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
-    atomic_write_bytes(folder / "overrides.yaml", OmegaConf.to_yaml(task).encode())
-    atomic_write_bytes(folder / "hydra.yaml", OmegaConf.to_yaml(hydra_cfg).encode())
+    # the record holds no credentials (a URI's user:password@, a token, a secret from the environment)
+    record = {
+        "config.yaml": redact.tree(OmegaConf.to_container(cfg, resolve=True)),
+        "overrides.yaml": redact.tree(OmegaConf.to_container(task)),
+        "hydra.yaml": redact.tree(OmegaConf.to_container(hydra_cfg)),
+    }
+    for name, content in record.items():
+        atomic_write_bytes(folder / name, OmegaConf.to_yaml(OmegaConf.create(content)).encode())
 
 
 def cpu_threads(trainer_cfg: TrainerConfig) -> int:

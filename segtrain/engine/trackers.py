@@ -27,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
+import segtrain.redact
 from segtrain.checkpoint import io
 from segtrain.config import Config, TrackingConfig
 from segtrain.engine.hooks import HookBase
@@ -198,16 +199,17 @@ class WandbTracker(Tracker):
         import wandb
 
         config = {**run.params, "command": run.command}
-        self.run = wandb.init(
-            project=run.experiment,
-            name=run.name,
-            id=run_id,  # None: W&B makes one
-            resume="allow",
-            dir=str(run.run_dir),
-            config=config,
-            # train.log has the console (W&B would capture it twice); quiet: no run summary printed at the end
-            settings=wandb.Settings(console="off", quiet=True),
-        )
+        with segtrain.redact.masked_argv():  # W&B's run metadata records sys.argv
+            self.run = wandb.init(
+                project=run.experiment,
+                name=run.name,
+                id=run_id,  # None: W&B makes one
+                resume="allow",
+                dir=str(run.run_dir),
+                config=config,
+                # train.log has the console (W&B would capture it twice); quiet: no run summary printed at the end
+                settings=wandb.Settings(console="off", quiet=True),
+            )
         return str(self.run.id)
 
     def log_scalars(self, values: Mapping[str, float], step: int) -> None:
@@ -263,7 +265,7 @@ class TrackerHook(HookBase):
             self.tracking.run_name or self.run_dir.name,
             self.tracking.experiment,
             self.params,
-            " ".join([Path(sys.argv[0]).name, *(a for a in sys.argv[1:] if a != DEFERRAL)]),
+            segtrain.redact.text(" ".join([Path(sys.argv[0]).name, *(a for a in sys.argv[1:] if a != DEFERRAL)])),
             step,
         )
         for tracker in list(self.trackers):
@@ -347,4 +349,5 @@ def tracker_hook(cfg: Config, run_dir: Path) -> TrackerHook | None:
     trackers = [tr for name in cfg.trainer.loggers if (tr := LOGGERS.get(str(name))(tracking)) is not None]
     if not trackers:
         return None
-    return TrackerHook(trackers, run_dir, tracking, to_container(cfg), list(cfg.dataset.classes))
+    params = segtrain.redact.tree(to_container(cfg))  # a tracker records no credentials (live config keeps them)
+    return TrackerHook(trackers, run_dir, tracking, params, list(cfg.dataset.classes))
