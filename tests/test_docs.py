@@ -139,3 +139,29 @@ def test_docs_speak_of_the_project_only():
         for m in banned.finditer(doc.read_text())
     ]
     assert hits == []
+
+
+#: The site's top-level sections, in a user's order: start, data, models, training, evaluation, export, operations,
+#: then reference.
+USER_PATH = ["Home", "Getting started", "Data", "Models", "Training", "Evaluation", "Export", "Operations", "Reference"]
+
+
+def test_the_nav_follows_a_users_path():
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]
+    assert [next(iter(entry)) for entry in nav] == USER_PATH
+
+
+def test_home_lists_every_page_in_the_order_of_the_nav():
+    listed = nav_files(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"])
+    linked = [t for t in LINK.findall(prose((DOCS / "index.md").read_text())) if t.endswith(".md")]
+    assert linked == [p for p in listed if p != "index.md"]
+
+
+def test_configuration_names_every_config_group_and_preset():
+    configs = REPO / "configs"
+    text = (DOCS / "configuration.md").read_text()
+    groups = sorted(p for p in configs.iterdir() if p.is_dir())
+    names = [p.name for p in sorted(configs.glob("*.yaml"))] + [f"{g.name}/" for g in groups]
+    names += [p.stem for g in groups for p in sorted(g.glob("*.yaml"))]
+    missing = [n for n in names if not re.search(rf"(?<![\w.]){re.escape(n)}(?![\w])", text)]
+    assert missing == [], f"docs/configuration.md does not name {missing}"
