@@ -96,6 +96,44 @@ def position_problem(blob: Any) -> str | None:
     at = blob.get("best_at")
     if at is not None and not (isinstance(at, list | tuple) and len(at) == 2 and all(_is_count(v) for v in at)):
         return f"its 'best_at' is {at!r}, not [epoch, step] (was the file edited?)"
+    return data_order_problem(blob)
+
+
+#: The counts of a checkpoint's ``data_order`` entry (``EpochSampler.position``) and the least each may be.
+_ORDER_COUNTS = {"epoch": 0, "samples_in_epoch": 0, "world_size": 1, "global_batch": 1, "size": 0}
+
+
+def data_order_problem(blob: Any) -> str | None:
+    """What is wrong with a training checkpoint's ``data_order`` entry, or None. The resumed epoch skips the
+    samples it says were trained on, so an edited entry would skip or repeat samples without a word: a position
+    past the epoch's end would skip the rest of the epoch."""
+    order = blob.get("data_order")
+    if order is None:
+        return None  # a checkpoint of an older version, or a trainer without a sampler
+    if not isinstance(order, dict):
+        return f"its 'data_order' is {order!r:.80}, not a mapping (was the file edited?)"
+    for key, least in _ORDER_COUNTS.items():
+        value = order.get(key)
+        if key in order and not (_is_count(value) and value >= least):
+            return f"its data_order.{key} is {value!r:.80}, not a whole number >= {least} (was the file edited?)"
+    if "seed" in order and not (isinstance(order["seed"], int) and not isinstance(order["seed"], bool)):
+        return f"its data_order.seed is {order['seed']!r:.80}, not an integer (was the file edited?)"
+    g, size = order.get("global_batch"), order.get("size")
+    in_epoch = blob.get("step_in_epoch")
+    if not (_is_count(in_epoch) and g and size is not None):
+        return None
+    done = order.get("samples_in_epoch", in_epoch * g)
+    if done != in_epoch * g:
+        return (
+            f"its step_in_epoch={in_epoch} and data_order.samples_in_epoch={done} disagree ({in_epoch} steps of "
+            f"{g} samples are {in_epoch * g}; was the file edited?)"
+        )
+    steps = size // g  # whole global batches only: the epoch's length (a preemption may save at its very end)
+    if in_epoch > steps:
+        return (
+            f"its step_in_epoch={in_epoch} is beyond the epoch ({steps} steps of {g} of the {size} training "
+            "images; was the file edited?)"
+        )
     return None
 
 

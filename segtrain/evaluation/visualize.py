@@ -58,9 +58,18 @@ def overlay_heatmap(image: np.ndarray, heat: np.ndarray, alpha: float = HEAT_ALP
     return out.clip(0, 255).astype(np.uint8)
 
 
+#: Narrowest picture whose colour bar has room for its ticks and labels.
+MIN_BAR_WIDTH = 16
+
+
 def colour_bar(width: int, threshold: float | None = None, title: str = "centre heatmap") -> np.ndarray:
     """A strip to put under a heatmap picture: the colour scale from 0 to 1 (the colours of
-    :func:`heat_colours`) with ticks at 0, 0.5 and 1, the centre ``threshold`` marked when given."""
+    :func:`heat_colours`) with ticks at 0, 0.5 and 1, the centre ``threshold`` marked when given. An image
+    narrower than :data:`MIN_BAR_WIDTH` (a 20000x2 strip) gets the scale alone, over its whole width: no tick or
+    label fits."""
+    if width < MIN_BAR_WIDTH:
+        values = (np.arange(width, dtype=np.float32) + 0.5) / max(width, 1)
+        return np.repeat(heat_colours(values)[None], 6, axis=0).astype(np.uint8)
     scale = float(np.clip(width / 700.0, 0.3, 0.6))
     thick = max(1, round(scale * 2))
     text_h = cv2.getTextSize("0.5", cv2.FONT_HERSHEY_SIMPLEX, scale, thick)[0][1]
