@@ -1,6 +1,6 @@
-"""Round three of hostile cases: each test makes the mistake (or the attack) as a user would, through the
-real entry point where the finding was a command, and checks the outcome: nothing lost, nothing silently
-wrong, no hang, and one line naming the key or file and the fix instead of a traceback."""
+"""Inputs that would train, score or write nothing useful: each test makes the mistake (or the attack) as a user
+would, through the real entry point where the finding was a command, and checks the outcome: nothing lost, nothing
+silently wrong, no hang, and one line naming the key or file and the fix instead of a traceback."""
 
 from __future__ import annotations
 

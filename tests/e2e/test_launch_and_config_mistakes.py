@@ -1,4 +1,4 @@
-"""Round three of hostile cases, at the command line: a leaked rank environment, launcher arguments torchrun
+"""Mistakes at the command line: a leaked rank environment, launcher arguments torchrun
 would trip over, config mistakes (interpolations, YAML errors, tags, an alias bomb) and Hydra's own flags,
 each through the real entry point: one line naming the key or file and the fix, no traceback, no hang."""
 

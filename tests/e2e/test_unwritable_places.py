@@ -1,4 +1,4 @@
-"""Round three of hostile cases: places nothing can be written to (run folder, outputs, cache, HOME), through
+"""Places nothing can be written to (run folder, outputs, cache, HOME), through
 the real entry points: one line naming the path and the fix instead of a traceback."""
 
 from __future__ import annotations
