@@ -254,7 +254,7 @@ def _user_model(block: Block, tmp_path: Path, monkeypatch) -> None:
     (command,) = [c for c in commands() if c.where.startswith("docs/models.md") and "model.name=mynets:build" in c.args]
     cfg = compose(overrides(command.args))
     model = build_model(cfg.model).eval()
-    convs = [m for m in model.backbone if isinstance(m, torch.nn.Conv2d)]
+    convs = [m for m in model.get_submodule("backbone").modules() if isinstance(m, torch.nn.Conv2d)]
     assert len(convs) == 3, "+model.kwargs={depth: 3} reached the builder"
     out = model(torch.rand(1, 3, 64, 64))
     assert out["semantic"].shape == (1, cfg.model.num_classes, 64, 64) and out["offset"].shape == (1, 2, 64, 64)
