@@ -7,12 +7,15 @@
 - Each such command runs for real as its ``--cfg job`` variant against the packaged configs (one process for all,
   :mod:`tests.helpers.cases`): a mistyped key, group option or value fails. A multirun (``-m``) composes its first
   job. Other programs' commands (``pip``, ``docker``, ``srun``'s own flags, ``export``) are parsed, not run.
+- The tools' commands that name a checkpoint (``evaluate``, ``predict``, ``export``) also run for real, as typed,
+  on the session's ``smoke_run`` (slow); :data:`REAL_TOOLS` says why the others are composed only.
 - Each fenced ``python`` block runs as written, in a fresh namespace and an empty working directory holding the
   files it names (:data:`SNIPPETS` says what each one is given); those that need a trained run are marked slow and
   use the session's ``smoke_run``.
 
-Placeholders are substituted as :data:`ELIDED`, :data:`SHELL_VARS` and :data:`SNIPPETS` say, nothing is skipped
-silently: a new snippet without an entry in :data:`SNIPPETS` fails :func:`test_every_python_snippet_has_a_runner`.
+Placeholders are substituted as :data:`ELIDED`, :data:`SHELL_VARS`, :data:`CKPT` and :data:`SNIPPETS` say; nothing is
+skipped silently: a new snippet without an entry in :data:`SNIPPETS` fails
+:func:`test_every_python_snippet_has_a_runner`.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cases import Case, run_cases
+from tests.helpers.cases import Case, Result, run_cases
 from tests.helpers.proc_utils import REPO
 
 DOCS = REPO / "docs"
@@ -310,26 +313,70 @@ def _coco_eval(block: Block, tmp_path: Path, monkeypatch) -> None:
     assert scope["ev"].stats[0] == pytest.approx(1.0), "the ground truth as detections scores AP 1"
 
 
+#: The checkpoint the tools' commands name, and what stands in for it where they run for real: a copy of the
+#: session's smoke run's ``best.pt`` at that path with ``...`` filled in, under an empty working directory that
+#: also holds ``images/`` (one real photo, :data:`PHOTO`). ``--cfg job`` reads no file, so the composition check
+#: keeps every path as typed.
+CKPT = "outputs/.../checkpoints/best.pt"
+CKPT_HERE = "outputs/run/checkpoints/best.pt"
+#: Which commands run for real: the tools that read a checkpoint and write files (on the smoke run, in seconds).
+#: The others are composed only, because they train (``train``, ``finetune``: minutes to days; the default run's
+#: own tests train ``experiment=cpu_smoke``), measure for a minute (``doctor``), or name a GPU node, a SLURM
+#: cluster, a bucket or a data set that is not here (``/data/coco``, ``s3://...``).
+REAL_TOOLS = ("evaluate", "predict", "export")
+
+
+def tool_argv(command: Command, run_dir: Path) -> list[str]:
+    """The command as typed, :data:`CKPT` substituted, in a run directory of its own (the default,
+    ``outputs/<tool>/<date>/<time>``, repeats within a second)."""
+    return [a.replace(CKPT, CKPT_HERE) for a in command.args] + [f"hydra.run.dir={run_dir}"]
+
+
 @pytest.fixture(scope="module")
-def exported(smoke_run, tmp_path_factory) -> Path:
-    """A folder holding ``best.onnx`` and ``best.pt2`` of the smoke run's ``best.pt`` (``segtrain.export`` as
-    docs/export.md runs it) and ``image.jpg``, a real photo: the files docs/export.md's snippets name."""
-    folder = tmp_path_factory.mktemp("exported")
-    shutil.copy(smoke_run.best, folder / "best.pt")
-    shutil.copy(PHOTO, folder / "image.jpg")
+def tool_runs(smoke_run, tmp_path_factory) -> tuple[Path, list[tuple[Command, Result]]]:
+    """Each distinct tool command of the docs that names :data:`CKPT`, run as typed on the smoke run's
+    ``best.pt``, all in one process: (the working directory, each command with its result)."""
+    cwd = tmp_path_factory.mktemp("docs-tools")
+    (cwd / CKPT_HERE).parent.mkdir(parents=True)
+    shutil.copy(smoke_run.best, cwd / CKPT_HERE)
+    (cwd / "images").mkdir()
+    shutil.copy(PHOTO, cwd / "images" / PHOTO.name)
+    found: dict[tuple[str, ...], Command] = {}
+    for c in commands():
+        if c.entry in REAL_TOOLS and any(CKPT in a for a in c.args):
+            found.setdefault((c.entry, *c.args), c)
+    chosen = list(found.values())
     cases = [
-        Case(
-            "segtrain.export",
-            [f"ckpt={folder / 'best.pt'}", f"format={f}", f"hydra.run.dir={folder / f}"],
-            str(folder),
-            {},
-        )
-        for f in ("onnx", "torch_export")
+        Case(f"segtrain.{c.entry}", tool_argv(c, cwd / "runs" / str(k)), str(cwd), {}) for k, c in enumerate(chosen)
     ]
-    for r in run_cases(cases, smoke_run.cache):
-        assert r.returncode == 0, r.stderr[-3000:]
+    return cwd, list(zip(chosen, run_cases(cases, smoke_run.cache, timeout=900), strict=True))
+
+
+@pytest.fixture(scope="module")
+def exported(tool_runs) -> Path:
+    """The folder of the docs' export commands' ``best.onnx`` and ``best.pt2`` (beside ``best.pt``), holding
+    ``image.jpg`` too: the files docs/export.md's snippets name."""
+    cwd, _ = tool_runs
+    folder = (cwd / CKPT_HERE).parent
+    shutil.copy(PHOTO, folder / "image.jpg")
     assert (folder / "best.onnx").is_file() and (folder / "best.pt2").is_file()
     return folder
+
+
+@pytest.mark.slow
+def test_the_tools_commands_run_as_typed_on_the_smoke_run(tool_runs):
+    pytest.importorskip("onnxruntime")
+    cwd, runs = tool_runs
+    failed = [
+        f"{c.where}: {c.line}: status {r.returncode}: " + (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+        for c, r in runs
+        if r.returncode != 0
+    ]
+    assert failed == [], "\n".join(failed)
+    assert {c.entry for c, _ in runs} == set(REAL_TOOLS)
+    assert {c.args[-1] for c, _ in runs if c.entry == "export"} == {"format=onnx", "format=torch_export"}
+    assert (cwd / "pred").is_dir() and any((cwd / "pred").iterdir()), "predict wrote into output=pred/"
+    assert any((cwd / "runs").glob("*/eval.json")), "evaluate scored the checkpoint"
 
 
 def _exported_onnx(block: Block, folder: Path, monkeypatch) -> None:
