@@ -157,10 +157,13 @@ def test_the_nav_follows_a_users_path():
     assert [next(iter(entry)) for entry in nav] == USER_PATH
 
 
-def test_home_lists_every_page_in_the_order_of_the_nav():
-    listed = nav_files(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"])
+def test_home_and_readme_list_every_page_in_the_order_of_the_nav():
+    listed = [p for p in nav_files(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]) if p != "index.md"]
     linked = [t for t in LINK.findall(prose((DOCS / "index.md").read_text())) if t.endswith(".md")]
-    assert linked == [p for p in listed if p != "index.md"]
+    assert linked == listed, "docs/index.md"
+    section = README.read_text().split("\n## Documentation\n", 1)[1].split("\n## ", 1)[0]
+    table = [t.removeprefix("docs/") for t in re.findall(r"^\| \[[^\]]*\]\(([^)#]+)\)", section, re.M)]
+    assert table == listed, "README.md's Documentation table"
 
 
 def test_configuration_names_every_config_group_and_preset():
