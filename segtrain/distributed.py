@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -113,11 +114,21 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 1800, re
 GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-def rendezvous(rank: int, world_size: int, timeout_s: int) -> tuple[Any, int, int]:
+#: Longest single connection attempt of a rank other than 0 (see :func:`rendezvous`).
+CONNECT_ATTEMPT_S = 2.0
+
+
+def rendezvous(
+    rank: int, world_size: int, timeout_s: int, clock: Callable[[], float] = time.monotonic
+) -> tuple[Any, int, int]:
     """(store, rank, world size) of the ``env://`` rendezvous, bounded by ``timeout_s``: what
     ``init_process_group`` does first, with its own timeout. A process whose others never come (RANK and
     WORLD_SIZE left over from a job script, outside torchrun) gets one line naming the variables instead of
-    a silent wait; while it waits, it says so (at once outside torchrun, after 15 s under it)."""
+    a silent wait; while it waits, it says so (at once outside torchrun, after 15 s under it).
+
+    A rank other than 0 connects to rank 0's store: c10d's client keeps retrying past the timeout it is given
+    (about twice as long), so it is given at most :data:`CONNECT_ATTEMPT_S` per attempt and tried again until
+    ``timeout_s`` on ``clock`` has passed: the wait ends within one attempt of the timeout."""
     env = " ".join(f"{k}={os.environ[k]}" for k in GROUP_VARIABLES if k in os.environ)
     launched = "TORCHELASTIC_RUN_ID" in os.environ
     with quiet_native_stderr() as say:
@@ -132,7 +143,7 @@ def rendezvous(rank: int, world_size: int, timeout_s: int) -> tuple[Any, int, in
         notice.daemon = True
         notice.start()
         try:
-            return next(dist.rendezvous("env://", rank, world_size, timeout=datetime.timedelta(seconds=timeout_s)))
+            return _connect(rank, world_size, timeout_s, clock)
         except (RuntimeError, ValueError, TimeoutError) as e:
             cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             hint = (
@@ -147,6 +158,21 @@ def rendezvous(rank: int, world_size: int, timeout_s: int) -> tuple[Any, int, in
             ) from e
         finally:
             notice.cancel()
+
+
+def _connect(rank: int, world_size: int, timeout_s: int, clock: Callable[[], float]) -> tuple[Any, int, int]:
+    """:func:`rendezvous`'s attempts: one for rank 0 (its store waits for the others within ``timeout_s``), short
+    ones until the deadline for the others."""
+    if rank == 0:
+        return next(dist.rendezvous("env://", rank, world_size, timeout=datetime.timedelta(seconds=timeout_s)))
+    deadline = clock() + timeout_s
+    while True:
+        attempt = max(0.1, min(CONNECT_ATTEMPT_S, deadline - clock()))
+        try:
+            return next(dist.rendezvous("env://", rank, world_size, timeout=datetime.timedelta(seconds=attempt)))
+        except (RuntimeError, TimeoutError):  # DistNetworkError / DistStoreError: rank 0 not there (yet)
+            if clock() >= deadline:
+                raise
 
 
 @contextlib.contextmanager
