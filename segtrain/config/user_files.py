@@ -86,13 +86,36 @@ def user_config_dirs(argv: list[str]) -> list[Path]:
 
 
 def check_user_configs(argv: list[str]) -> list[Path]:
-    """Check every YAML file of the user's config folders (:func:`user_config_dirs`); returns the folders."""
+    """Check every YAML file of the user's config folders (:func:`user_config_dirs`), and that the primary config
+    (``--config-name``) found there is a mapping; returns the folders."""
     dirs = user_config_dirs(argv)
     for folder in dirs:
         files = sorted(p for p in folder.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
         for path in files[:MAX_CONFIG_FILES]:
             check_yaml_file(path)
+    name = flag_value(split_flags(argv)[0], "--config-name", "-cn")
+    if name:
+        check_primary_config(dirs, name)
     return dirs
+
+
+def check_primary_config(dirs: list[Path], name: str) -> None:
+    """The primary config (``--config-name NAME``, the first ``NAME.yaml`` of ``dirs``) is what Hydra composes the
+    run from: a mapping of keys. Hydra refuses any other top level ("must be a DictConfig, got ListConfig")."""
+    import yaml
+
+    stem = name.removesuffix(".yaml")
+    path = next((d / f"{stem}.yaml" for d in dirs if (d / f"{stem}.yaml").is_file()), None)
+    if path is None:
+        return
+    node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)  # parsed: check_yaml_file passed
+    if node is None or isinstance(node, yaml.MappingNode):
+        return
+    what = "a list" if isinstance(node, yaml.SequenceNode) else f"a single value ({node.value!r:.40})"
+    raise ConfigError(
+        f"{path}: the primary config (--config-name {name}) is {what}; it must be a mapping of keys to values, e.g. "
+        "'defaults: [train, _self_]' on one line and 'trainer: {epochs: 2}' on the next"
+    )
 
 
 def check_yaml_file(path: Path) -> None:

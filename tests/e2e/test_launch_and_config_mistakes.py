@@ -81,12 +81,14 @@ BOMB = "a0: &a0 [1, 2, 3, 4, 5, 6, 7, 8, 9]\n" + "".join(
 )
 
 
-#: A user's config files, each with one mistake: a primary config with a YAML error, one with a tag, and a
-#: YAML alias bomb (9 levels of 9).
+#: A user's config files, each with one mistake: a primary config with a YAML error, one with a tag, a YAML
+#: alias bomb (9 levels of 9), and primary configs that are a list and a single value rather than a mapping.
 USER_FILES = {
     "broken": "defaults:\n  - train\ntrainer: [1\n",
     "tagged": "x: !!python/object/apply:os.system ['echo owned']\n",
     "bomb": BOMB,
+    "listed": "- train\n- trainer: {epochs: 2}\n",
+    "scalar": "train\n",
 }
 
 
@@ -109,6 +111,8 @@ CONFIG_MISTAKES = [
     (["dataset.root=/data/café"], ["dataset.root=/data/café", "quoted", "\"dataset.root='/data/café'\""]),
     (["--config-dir", "{broken}", "-cn", "broken"], ["broken.yaml, line 4", "not valid YAML"]),
     (["--config-dir", "{tagged}"], ["tagged.yaml, line 1", "!!python/object/apply"]),
+    (["--config-dir", "{listed}", "--config-name", "listed"], ["listed.yaml", "is a list", "must be a mapping"]),
+    (["--config-dir", "{scalar}", "-cn", "scalar.yaml"], ["scalar.yaml", "a single value", "must be a mapping"]),
     (["hydra.searchpath=[file://{bomb}]"], ["bomb.yaml", "100,000 values"]),
     (
         ["dataset=labelme", "dataset.train.dir=tr", "dataset.val.dir=va", "hydra.job.chdir=true"],
