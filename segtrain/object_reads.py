@@ -8,8 +8,10 @@ Optional (``pip install -e '.[storage]'`` brings it): without obstore, or where 
 would, :func:`usable` says no and :mod:`segtrain.storage` reads through s3fs as before. obstore reads the same
 environment as botocore (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_REGION`` or
 ``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``, which the ``storage.endpoint_url`` key sets); credentials only
-botocore resolves (profiles, SSO, instance roles) keep the reads on s3fs. Requests are retried with exponential
-backoff on 5xx, dropped connections and timeouts, as botocore's ``standard`` mode does.
+botocore resolves (profiles, SSO, instance roles) keep the reads on s3fs. Requests have the ``storage.*`` bounds
+(:mod:`segtrain.storage_limits`: obstore's ``connect_timeout`` and ``read_timeout``) and are retried here, not
+inside obstore (its ``RetryConfig`` makes one attempt), so that each retry says its line: 5xx, throttling,
+timeouts and dropped connections, ``storage.retries`` times with exponential backoff, as s3fs's botocore does.
 
 One client per process: obstore's runtime (tokio) does not survive a fork, so it is started only in the loader's
 worker processes, which fork nothing (a main process that read through it would leave its workers, forked later,
@@ -33,6 +35,8 @@ from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
+from segtrain import storage_limits
+
 #: ``SEGTRAIN_S3_READER``: ``auto`` (obstore in loader workers), ``obstore`` (in any process), ``fsspec`` (never:
 #: a comparison, or a store obstore cannot talk to).
 READER_VARIABLE = "SEGTRAIN_S3_READER"
@@ -45,11 +49,11 @@ _ENV_KEYS = (
     "AWS_DEFAULT_REGION",
     "AWS_ENDPOINT_URL",
 )
-#: botocore's standard mode makes 8 attempts with exponential backoff; the same here.
+#: obstore's own retries are off: :func:`_get` retries, announcing each (:func:`segtrain.storage_limits.retrying`).
 _RETRY: dict[str, Any] = {
-    "max_retries": 7,
-    "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=20), "base": 2},
-    "retry_timeout": timedelta(minutes=3),
+    "max_retries": 0,
+    "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=10), "base": 2},
+    "retry_timeout": timedelta(seconds=1),
 }
 _CODE = re.compile(r"<Code>([^<]+)</Code>")
 
@@ -105,13 +109,21 @@ def split(url: str) -> tuple[str, str]:
 
 def _store(bucket: str) -> Any:
     """This process's client for ``bucket`` (one per bucket and configuration; its connections are pooled)."""
-    key = (bucket, *(os.environ.get(k, "") for k in _ENV_KEYS))
+    limits = storage_limits.current()
+    key = (bucket, *(os.environ.get(k, "") for k in _ENV_KEYS), str(limits))
     store = _STORES.get(key)
     if store is None:
         from obstore.store import S3Store
 
         endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
-        options = {"allow_http": True} if endpoint.startswith("http://") else {}  # as s3fs does for such a URL
+        options: dict[str, Any] = {
+            "connect_timeout": timedelta(seconds=limits.connect_timeout_s),
+            "read_timeout": timedelta(seconds=limits.read_timeout_s),
+            # the whole request (30 s by default) bounds no more than a connection and an answer do
+            "timeout": timedelta(seconds=limits.connect_timeout_s + limits.read_timeout_s),
+        }
+        if endpoint.startswith("http://"):
+            options["allow_http"] = True  # as s3fs does for such a URL
         store = _STORES[key] = S3Store(bucket, client_options=options, retry_config=_RETRY)  # type: ignore[arg-type]
     return store
 
@@ -137,10 +149,25 @@ def error_of(err: BaseException) -> OSError:
         return FileNotFoundError(short)
     if isinstance(err, PermissionError) or "AccessDenied" in text or "403 Forbidden" in text:
         return PermissionError(short if code else "AccessDenied")
-    return OSError(short)
+    return OSError(short if code else _transport_failure(text) or storage_limits.why(err))
 
 
-async def _get(url: str, max_bytes: int | None) -> bytes:
+def _transport_failure(text: str) -> str | None:
+    """What a request that got no answer met, from object_store's debug text (its first line says only "error
+    sending request"), in :func:`segtrain.storage_limits.why`'s words; None when the text names none."""
+    limits = storage_limits.current()
+    if "ConnectionRefused" in text:
+        return "the connection was refused (nothing listens there)"
+    if "kind: Timeout" in text or "TimedOut" in text:
+        if "kind: Connect" in text:
+            return f"no connection within {limits.connect_timeout_s:g} s (storage.connect_timeout_s)"
+        return f"no answer within {limits.read_timeout_s:g} s (storage.read_timeout_s)"
+    if any(w in text for w in ("IncompleteMessage", "ConnectionReset", "BrokenPipe", "ConnectionAborted")):
+        return "the connection was closed before the answer was complete"
+    return None
+
+
+async def _get_once(url: str, max_bytes: int | None) -> bytes:
     import obstore
 
     bucket, key = split(url)
@@ -154,6 +181,34 @@ async def _get(url: str, max_bytes: int | None) -> bytes:
         raise
     except Exception as e:  # noqa: BLE001 - obstore's errors, as builtin types
         raise error_of(e) from None
+
+
+async def _get(url: str, max_bytes: int | None) -> bytes:
+    """One object, in at most ``storage.retries + 1`` attempts: a missing, denied or too large object is final
+    at once; anything else (a timeout, a refused or dropped connection, 5xx, throttling) is tried again after
+    a backoff, with a line saying so."""
+    limits = storage_limits.current()
+    store = os.environ.get("AWS_ENDPOINT_URL") or "s3"
+    for attempt in range(1, limits.attempts + 1):
+        try:
+            data = await _get_once(url, max_bytes)
+        except (FileNotFoundError, PermissionError, ObjectTooLarge):
+            raise
+        except OSError as e:
+            if attempt >= limits.attempts:
+                raise
+            storage_limits.retrying(store, attempt, storage_limits.why(e, _status_of(e)))
+            await asyncio.sleep(limits.backoff_s(attempt))
+            continue
+        storage_limits.answered(store)
+        return data
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _status_of(err: BaseException) -> int | None:
+    """The HTTP status a failed request was answered with, when obstore's text names one (5xx, 429)."""
+    found = re.search(r"\b(429|5\d\d)\b", str(err))
+    return int(found.group(1)) if found and "status" in str(err).lower() else None
 
 
 async def _get_all(reads: Sequence[tuple[str, Future[bytes]]], max_bytes: int | None) -> None:

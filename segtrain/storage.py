@@ -11,8 +11,10 @@ Credentials are the libraries' own (``AWS_ACCESS_KEY_ID``/``AWS_PROFILE``, ``GOO
 none ever pass through a config, a log or a checkpoint. An S3-compatible store of a team's own (MinIO, Ceph) is
 named by the standard ``AWS_ENDPOINT_URL`` or the ``storage.endpoint_url`` config key (:func:`configure`).
 
-Reads are retried with backoff by the clients (botocore's ``standard`` retry mode: 5xx, throttling, dropped
-connections); a missing object or a denied request is one line naming the URL (:func:`storage_error`). Each
+Requests are bounded (:mod:`segtrain.storage_limits`, the ``storage.*`` timeouts and retries): botocore retries
+5xx, throttling, timeouts and dropped connections with backoff, each retry one warning, and s3fs adds no retry
+loop of its own on top; a missing object, a denied request or a store that never answered is one line naming
+the URL (:func:`storage_error`). Only ``s3://``, ``gs://`` and local paths are accepted (:data:`SCHEMES`). Each
 process has its own client: fsspec keys its instance cache on the process id, so a loader worker forked from
 the main process never shares the parent's connections or event loop.
 """
@@ -28,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from segtrain import fileio, object_reads
+from segtrain import fileio, object_reads, storage_limits
 from segtrain.errors import UserError
 
 #: URL schemes that are local files (``file:///data/coco`` is ``/data/coco``).
@@ -36,14 +38,11 @@ LOCAL_SCHEMES = ("file", "local")
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 #: The package each protocol needs, for the one-line message when it is absent.
 _NEEDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
-#: Client retries: botocore's standard mode retries 5xx, throttling and dropped connections with exponential backoff.
+#: The remote schemes segtrain reads and writes (anything else fsspec knows, ftp:// or http://, is refused in one
+#: line: it cannot hold a run's checkpoints, and none of its failures would be worded).
+SCHEMES = ("s3", "s3a", "gs", "gcs")
 #: Connections: as many as reads in flight (botocore's default pool of 10 would queue the rest).
-_S3_OPTIONS: dict[str, Any] = {
-    "config_kwargs": {
-        "retries": {"max_attempts": 8, "mode": "standard"},
-        "max_pool_connections": int(os.environ.get("SEGTRAIN_READ_AHEAD", "16")) + 4,
-    }
-}
+_POOL_CONNECTIONS = int(os.environ.get("SEGTRAIN_READ_AHEAD", "16")) + 4
 INSTALL_HINT = "pip install -e '.[storage]'"
 #: The parent's fsspec file systems, held for the life of a forked child (:func:`_hold_inherited_clients`).
 _INHERITED: list[Any] = []
@@ -91,17 +90,75 @@ def is_remote(path: str | os.PathLike | None) -> bool:
     return scheme not in LOCAL_SCHEMES
 
 
-def configure(endpoint_url: str | None = None) -> None:
+def configure(
+    endpoint_url: str | None = None,
+    connect_timeout_s: float | None = None,
+    read_timeout_s: float | None = None,
+    retries: int | None = None,
+) -> None:
     """Apply the ``storage`` config group: ``endpoint_url`` becomes ``AWS_ENDPOINT_URL``, which botocore reads,
-    so loader workers and child processes use the same store without a client being handed to them."""
+    and the bounds their ``SEGTRAIN_STORAGE_*`` variables, so loader workers and child processes use the same
+    store, with the same patience, without a client being handed to them."""
     if endpoint_url:
         os.environ["AWS_ENDPOINT_URL"] = str(endpoint_url)
+    storage_limits.configure(connect_timeout_s, read_timeout_s, retries)
 
 
 def _options(scheme: str) -> dict[str, Any]:
+    """The client options of ``scheme``: for S3, the ``storage.*`` timeouts and botocore's standard retry mode
+    making ``retries + 1`` attempts in all (5xx, throttling, timeouts, dropped connections, with backoff)."""
     if scheme in ("s3", "s3a"):
-        return dict(_S3_OPTIONS)
+        limits = storage_limits.current()
+        options: dict[str, Any] = {
+            "config_kwargs": {
+                "connect_timeout": limits.connect_timeout_s,
+                "read_timeout": limits.read_timeout_s,
+                "retries": {"total_max_attempts": limits.attempts, "mode": "standard"},
+                "max_pool_connections": _POOL_CONNECTIONS,
+            }
+        }
+        endpoint = os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:  # part of the client's identity: another endpoint (storage.endpoint_url) is another client
+            options["endpoint_url"] = endpoint
+        return options
     return {}
+
+
+def _tuned(fs: Any) -> Any:
+    """``fs`` (an fsspec file system) with segtrain's retry policy, once per instance: s3fs's own retry loop
+    (5 tries of each of botocore's attempts, the 15-minute silence) reduced to one try, and each of botocore's
+    retries announced in a line (:func:`segtrain.storage_limits.observe_botocore_attempt`)."""
+    if getattr(fs, "_segtrain_tuned", False) or type(fs).__name__ != "S3FileSystem":
+        return fs
+    fs.retries = 1
+    if getattr(fs, "session", None) is None:  # the session its clients are made from: observe their retries
+        from aiobotocore.session import AioSession
+
+        session = AioSession()
+        session.register("needs-retry.s3", storage_limits.observe_botocore_attempt)
+        session.register("before-send.s3", _without_expect_continue)
+        fs.session = session
+    fs._segtrain_tuned = True
+    return fs
+
+
+def _without_expect_continue(request: Any = None, **_: Any) -> None:
+    """Send a PUT's body at once, without ``Expect: 100-continue`` (not a signed header): aiohttp starts its read
+    timeout only once the body is sent, so a store that never answers the header held an upload forever."""
+    if request is not None and "Expect" in request.headers:
+        del request.headers["Expect"]
+
+
+def client_failures() -> tuple[type[BaseException], ...]:
+    """What a client raises when a store fails: builtin OSError/ValueError (s3fs's translations, obstore's via
+    :func:`segtrain.object_reads.error_of`) and botocore's/aiohttp's own errors (a refused port, a read timeout,
+    a dropped connection), which are neither."""
+    found: list[type[BaseException]] = [OSError, ValueError]
+    for module, name in (("botocore.exceptions", "BotoCoreError"), ("aiohttp", "ClientError")):
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            found.append(getattr(loaded, name))
+    return tuple(found)
 
 
 def location(path: str | os.PathLike) -> Any:
@@ -116,10 +173,17 @@ def location(path: str | os.PathLike) -> Any:
         return Path(text)
     if scheme in LOCAL_SCHEMES:
         return Path(_URL.sub("", text, count=1) or "/")
+    if scheme not in SCHEMES:
+        raise StorageError(
+            f"{text}: {scheme}:// is not supported; segtrain reads and writes s3:// and gs:// URLs and local paths "
+            "(docs/storage.md). Copy it to one of those"
+        )
     try:
         from upath import UPath
 
-        return UPath(text, **_options(scheme))
+        found = UPath(text, **_options(scheme))
+        _tuned(found.fs)
+        return found
     except ImportError as e:
         needs = _NEEDS.get(scheme, "the fsspec implementation for it")
         raise StorageError(
@@ -145,16 +209,47 @@ def describe(path: Any) -> str:
 def storage_error(path: Any, err: BaseException, what: str = "object") -> StorageError:
     """One line for a failed remote operation on ``path``: missing, denied, or (else) unreachable."""
     name = describe(path)
+    subject = f"{name} ({what})" if what in ("writing", "deleting", "listing") else f"{what} {name}".strip()
     text = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
     if isinstance(err, FileNotFoundError):
         detail = "the bucket does not exist" if "bucket" in text.lower() else "no such object"
-        return StorageError(f"{what} {name} not found ({detail}): check the URL")
+        return StorageError(f"{subject} not found ({detail}): check the URL")
     if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text or "403" in text:
         return StorageError(
             f"access to {name} denied ({text}): check the credentials the environment gives "
             "(AWS_ACCESS_KEY_ID/AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS) and the bucket's policy"
         )
-    return StorageError(f"cannot reach {what} {name}: {text} (retried; is AWS_ENDPOINT_URL/the network right?)")
+    if "NoCredentials" in type(err).__name__ or "Unable to locate credentials" in text:
+        return StorageError(
+            f"no credentials for {subject}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the "
+            "environment"
+        )
+    limits = storage_limits.current()
+    return StorageError(
+        f"cannot reach {subject}: {storage_limits.why(err)}, {limits.attempts} attempt(s) "
+        f"(storage.retries={limits.retries}) at {storage_limits.endpoint()}. Check that the store is up and that "
+        "AWS_ENDPOINT_URL/storage.endpoint_url names it (raise storage.read_timeout_s for a slow one)"
+    )
+
+
+#: Where a store client's code lives: an error raised through it is the store's, not a local file's.
+_CLIENT_CODE = ("/s3fs/", "/gcsfs/", "/botocore/", "/aiobotocore/", "/obstore/", "/upath/", "/fsspec/", "/aiohttp/")
+
+
+def client_failure(err: BaseException) -> StorageError | None:
+    """The one line for an error a store client raised outside segtrain's own wrappers (a ``UPath`` method such as
+    ``exists()`` called on a URL), None for any other error: a failure of botocore's or aiohttp's own types, or an
+    OSError raised from a client's code, names the store and what failed."""
+    if isinstance(err, UserError):
+        return None
+    own = type(err).__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "obstore")
+    tb = err.__traceback__
+    while not own and tb is not None:
+        own = any(part in tb.tb_frame.f_code.co_filename for part in _CLIENT_CODE)
+        tb = tb.tb_next
+    if not own or not isinstance(err, client_failures()):
+        return None
+    return storage_error(f"the object store at {storage_limits.endpoint()}", err, "")
 
 
 def read_bytes(path: Any, what: str = "object", max_bytes: int | None = None) -> bytes:
@@ -173,7 +268,7 @@ def read_bytes(path: Any, what: str = "object", max_bytes: int | None = None) ->
             ) from None
         except StorageError:
             raise
-        except (OSError, ValueError) as e:  # from obstore's reads (s3fs's come here as StorageError already)
+        except client_failures() as e:  # from obstore's reads (s3fs's come here as StorageError already)
             raise storage_error(path, e, what) from None
         if max_bytes is not None and len(data) > max_bytes:  # read ahead without knowing this caller's limit
             raise StorageError(f"{what} {describe(path)} is {len(data):,} bytes, more than the limit of {max_bytes:,}")
@@ -189,7 +284,7 @@ def _client(path: Any) -> tuple[Any, str]:
 
     text = str(path)
     scheme = scheme_of(text) or "file"
-    fs = fsspec.filesystem(scheme, **_options(scheme))
+    fs = _tuned(fsspec.filesystem(scheme, **_options(scheme)))
     return fs, fs._strip_protocol(text)
 
 
@@ -218,7 +313,7 @@ def _read_remote(path: Any, what: str, max_bytes: int | None) -> bytes:
         return _checked(data, path, what, max_bytes)
     except StorageError:
         raise
-    except (OSError, ValueError) as e:
+    except client_failures() as e:
         raise storage_error(path, e, what) from None
 
 
@@ -235,7 +330,7 @@ async def _read_async(fs: Any, key: str, path: Any, what: str, max_bytes: int | 
         return _checked(data, path, what, max_bytes)
     except StorageError:
         raise
-    except (OSError, ValueError) as e:
+    except client_failures() as e:
         raise storage_error(path, e, what) from None
 
 
@@ -332,7 +427,7 @@ def write_bytes(path: Any, data: bytes) -> None:
     loc = location(path)
     try:
         loc.fs.pipe_file(loc.path, bytes(data))
-    except (OSError, ValueError) as e:
+    except client_failures() as e:
         raise storage_error(loc, e, "writing") from None
     invalidate(loc)
 
@@ -344,7 +439,7 @@ def remove(path: Any) -> None:
         loc.fs.rm_file(loc.path)
     except FileNotFoundError:
         pass
-    except (OSError, ValueError) as e:
+    except client_failures() as e:
         raise storage_error(loc, e, "deleting") from None
     invalidate(loc)
 
@@ -364,7 +459,7 @@ def names_in(folder: Any) -> list[str]:
         entries = loc.fs.ls(loc.path, detail=False, refresh=True)
     except FileNotFoundError:
         return []
-    except (OSError, ValueError) as e:
+    except client_failures() as e:
         raise storage_error(loc, e, "listing") from None
     return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
@@ -378,7 +473,7 @@ def files_under(folder: Any) -> dict[str, dict[str, Any]]:
         found = loc.fs.find(root, detail=True)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
+    except client_failures() as e:
         raise storage_error(loc, e, "listing") from None
     return {name[len(root) :]: dict(meta) for name, meta in found.items() if name.startswith(root)}
 
@@ -390,7 +485,7 @@ def info(path: Any) -> dict[str, Any] | None:
         return dict(loc.fs.info(loc.path))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
+    except client_failures() as e:
         raise storage_error(loc, e) from None
 
 

@@ -146,3 +146,11 @@ def test_sigterm_saves_to_s3_and_resume_auto_on_a_fresh_node_is_exact(s3_server,
     assert final["step"] == reference["step"] == 12
     for k, v in reference["model"].items():
         assert torch.equal(v, final["model"][k]), f"{k} differs after preemption at step {saved['step']}"
+
+
+def test_an_export_beside_a_remote_checkpoint_is_a_url_in_the_store() -> None:
+    """A Path would turn ``s3://b/...`` into a local folder named ``s3:`` (what export wrote into)."""
+    from segtrain.tools.export import default_output
+
+    assert default_output("s3://b/r/checkpoints/best.pt", "torch_export") == "s3://b/r/checkpoints/best.pt2"
+    assert default_output("s3://b/r/checkpoints/best.pt", "onnx") == "s3://b/r/checkpoints/best.onnx"

@@ -524,6 +524,11 @@ class StorageConfig:
 
     # An S3-compatible store's URL (MinIO, Ceph: http://minio:9000); null: AWS_ENDPOINT_URL, else AWS itself
     endpoint_url: str | None = None
+    # Seconds to open a connection to the store, and to wait for each answer, before an attempt fails
+    connect_timeout_s: float = field(default=10.0, metadata=POSITIVE)
+    read_timeout_s: float = field(default=60.0, metadata=POSITIVE)
+    # Attempts after a failed one (timeouts, refused or dropped connections, 5xx, throttling), with backoff
+    retries: int = field(default=3, metadata=AT_LEAST_0)
 
 
 @dataclass

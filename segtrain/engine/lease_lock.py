@@ -77,7 +77,7 @@ class LeaseLock:
             return False
         except (TypeError, NotImplementedError, ValueError):  # a store without conditional writes
             storage.write_bytes(loc, self._content())
-        except OSError as e:
+        except storage.client_failures() as e:
             if "PreconditionFailed" in str(e) or "412" in str(e):
                 return False
             raise storage.storage_error(loc, e, "run lock") from None

@@ -38,6 +38,8 @@ import importlib
 import json
 import logging
 import os
+import re
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -49,6 +51,7 @@ import torch
 from torch import Tensor, nn
 
 import segtrain
+from segtrain import storage
 from segtrain.checkpoint.state import load_checkpoint_weights
 from segtrain.config import EXPORT_FORMATS, Config, ConfigError, check_value, to_container
 from segtrain.fileio import temp_beside
@@ -91,7 +94,7 @@ class ExportDependencyError(ConfigError):
 
 @dataclass
 class ExportResult:
-    path: Path
+    path: Any  # the written file: a Path, or the URL of an object in a store
     format: str
     outputs: list[str]
     dynamic: dict[str, list[str]]  # input/output name -> names of its dynamic axes
@@ -114,10 +117,45 @@ def check_onnx_dependencies() -> None:
         )
 
 
-def default_output(ckpt: str | os.PathLike, fmt: str) -> Path:
-    """``<ckpt folder>/<ckpt stem>.onnx``, ``.pt2`` or ``.torchscript.pt``."""
+def default_output(ckpt: str | os.PathLike, fmt: str) -> Any:
+    """``<ckpt folder>/<ckpt stem>.onnx``, ``.pt2`` or ``.torchscript.pt``: a Path, or a URL beside a checkpoint in
+    an object store (``s3://b/run/checkpoints/best.pt2``; a Path would turn ``s3://`` into a folder ``s3:``)."""
+    text = os.fspath(ckpt)
+    if storage.is_remote(text):
+        folder, _, name = text.rpartition("/")
+        return f"{folder}/{Path(name).stem}{SUFFIXES[fmt]}"
     path = Path(ckpt)
     return path.with_name(path.stem + SUFFIXES[fmt])
+
+
+#: The names of a run's training checkpoints in a store: never replaced by an export.
+_TRAINING_NAMES = ("last.pt", "best.pt", "best_weights.pt")
+
+
+def check_remote_output(output: str, ckpt: str | os.PathLike, overwrite: bool) -> None:
+    """:func:`check_output` for an object in a store: never the checkpoint or a training checkpoint; an existing
+    object only with ``overwrite=true``."""
+    name = output.rstrip("/").rsplit("/", 1)[-1]
+    if output == os.fspath(ckpt) or name in _TRAINING_NAMES or re.fullmatch(r"step_\d{8}\.pt", name):
+        raise ConfigError(
+            f"output={output} is the checkpoint being exported or a training checkpoint; it is never replaced. "
+            "Choose another output, or leave it out (default: beside the checkpoint, with the format's suffix)"
+        )
+    if storage.info(output) is not None and not overwrite:
+        raise ConfigError(f"output={output} exists; pass overwrite=true to replace it, or choose another output")
+
+
+@contextlib.contextmanager
+def _staged(target: Any) -> Iterator[Path]:
+    """The local file to export to: ``target`` itself, or for a URL a file in a temporary folder, uploaded to the
+    store as one whole object once the export (and its verification) succeeded."""
+    if not storage.is_remote(target):
+        yield Path(target)
+        return
+    with tempfile.TemporaryDirectory(prefix="segtrain-export-") as folder:
+        local = Path(folder) / str(target).rsplit("/", 1)[-1]
+        yield local
+        storage.write_bytes(target, local.read_bytes())
 
 
 class _TupleOutputs(nn.Module):
@@ -147,7 +185,13 @@ def _output_names(model: nn.Module, example: Tensor) -> list[str]:
 @contextlib.contextmanager
 def _atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path``, renamed over it when the block succeeds (removed otherwise)."""
-    fd, tmp_name = temp_beside(path)
+    try:
+        fd, tmp_name = temp_beside(path)
+    except OSError as e:  # a folder no file can be made in (/proc, a missing device): one line, not a traceback
+        raise ConfigError(
+            f"output={path}: no file can be written in {path.parent} ({e.strerror or e}); choose another output "
+            "(a file in a writable folder)"
+        ) from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -244,7 +288,41 @@ def _export_program(model: nn.Module, example: Tensor, tmp: Path, dynamic: bool,
             raise ExportError(
                 f"torch.export fixed the input's {', '.join(fixed)} of {type(model).__name__}; use export.dynamic=false"
             )
+        least = least_side(program, example)
+        if least is not None:
+            metadata = json.dumps({**json.loads(metadata), "min_side": least})
+            log.info("the .pt2 program takes a height and width of at least %d pixels (its metadata: min_side)", least)
     torch.export.save(program, str(tmp), extra_files={f"{METADATA_KEY}.json": metadata})
+
+
+#: Largest side :func:`least_side` tries.
+MIN_SIDE_PROBE = 64
+
+
+def least_side(program: Any, example: Tensor) -> int | None:
+    """The smallest height and width the exported program runs on (square inputs of one image, at most
+    :data:`MIN_SIDE_PROBE` or the export size), or None when even that fails. ``torch.export`` keeps the cases it
+    traced: a feature map one pixel high or wide is a case of its own (broadcasting), so an input whose deeper
+    features would be that small fails an assertion of the program ("Guard failed: ..."). Found by bisection (a
+    few runs of the program): what fails is the inputs below a size, since features only shrink with the input."""
+    module = program.module()
+    gen = torch.Generator().manual_seed(0)
+
+    def runs(side: int) -> bool:
+        try:
+            with torch.no_grad():
+                module(torch.rand((1, 3, side, side), generator=gen))
+        except Exception:  # noqa: BLE001 - the program's shape guard (an AssertionError or RuntimeError)
+            return False
+        return True
+
+    low, high = 1, min(MIN_SIDE_PROBE, *example.shape[-2:])
+    if not runs(high):
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if runs(middle) else (middle + 1, high)
+    return high
 
 
 def _input_shape(program: Any) -> tuple[Any, ...]:
@@ -449,8 +527,21 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
             "writes the maintained .pt2 ExportedProgram"
         )
     ckpt = cfg.ckpt or ""  # set: the entry point refuses a run without ckpt=
-    output = Path(ex.output) if ex.output else default_output(ckpt, fmt)
-    check_output(output, ckpt, cfg.overwrite)
+    target = ex.output or default_output(ckpt, fmt)
+    if storage.is_remote(target):
+        check_remote_output(str(target), ckpt, cfg.overwrite)
+    else:
+        check_output(Path(target), ckpt, cfg.overwrite)
+    with _staged(target) as local:
+        result = _export(cfg, blob, local, target)
+    result.path = target if storage.is_remote(target) else Path(target)
+    log.info("wrote %s", result.path)
+    return result
+
+
+def _export(cfg: Config, blob: Any, local: Path, output: Any) -> ExportResult:
+    """:func:`export_checkpoint`'s work, writing to ``local`` (``output``, or its staging file for a URL)."""
+    ex, fmt, ckpt = cfg.export, cfg.export.format, cfg.ckpt or ""
     model = build_model(cfg.model)
     report = load_checkpoint_weights(model, blob, ckpt, strict=cfg.ckpt_strict, prefer_ema=True, asked=cfg)
     model = model.to("cpu").eval()
@@ -489,9 +580,9 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
         # transformers' Mask2Former specialises its shapes when traced: a "dynamic" graph would fix them anyway
         log.info("%s exports to %s at a fixed input size (dataset.input_size %dx%d)", cfg.model.name, fmt, h, w)
         dynamic = False
-    result = export_model(
+    return export_model(
         model,
-        output,
+        local,
         fmt,
         list(cfg.dataset.input_size),
         opset=ex.opset,
@@ -499,5 +590,3 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
         metadata=model_metadata(cfg, report.weights),
         check=verify,
     )
-    log.info("wrote %s", output)
-    return result

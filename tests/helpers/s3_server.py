@@ -106,9 +106,9 @@ class S3Proxy:
     """Loopback HTTP proxy in front of an S3 endpoint, counting requests (and their clients' User-Agent).
 
     ``delay_s``: added to every request; ``deny``: bucket names answered with 403 AccessDenied; ``fail_next``: the
-    next requests answered 503; ``hold``: a regex of request paths whose PUT (after ``hold_after`` of them went
-    through) is held after its first bytes: ``held`` is set then, and the request never reaches the
-    store (``release`` ends it, unanswered)."""
+    next requests answered 503; ``drop_next``: the next requests' connections closed unanswered; ``hold``: a
+    regex of request paths whose PUT (after ``hold_after`` of them went through) is held after its first bytes:
+    ``held`` is set then, and the request never reaches the store (``release`` ends it, unanswered)."""
 
     upstream: str
     delay_s: float = 0.0
@@ -118,6 +118,7 @@ class S3Proxy:
     held: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
     fail_next: int = 0  # the next requests answered 503 SlowDown (a transient error, which clients retry)
+    drop_next: int = 0  # the next requests read, then their connection closed without an answer (a store going down)
     requests: int = 0
     agents: list[str] = field(default_factory=list)  # each request's User-Agent: which client sent it
     _server: ThreadingHTTPServer | None = None
@@ -148,6 +149,12 @@ class S3Proxy:
                     time.sleep(proxy.delay_s)
                 bucket = self.path.lstrip("/").split("/", 1)[0].split("?", 1)[0]
                 length = int(self.headers.get("Content-Length") or 0)
+                if proxy.drop_next > 0:
+                    proxy.drop_next -= 1
+                    self.rfile.read(length)
+                    self.close_connection = True
+                    self.request.shutdown(socket.SHUT_RDWR)
+                    return None
                 if proxy.fail_next > 0:
                     proxy.fail_next -= 1
                     self.rfile.read(length)
@@ -214,6 +221,45 @@ class S3Proxy:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+class SilentStore:
+    """A loopback port that accepts connections and never answers (a hung store, or the wrong service behind
+    ``AWS_ENDPOINT_URL``): a client only learns it from its own timeouts."""
+
+    def __init__(self) -> None:
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(256)
+        self._held: list[socket.socket] = []
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._socket.accept()
+            except OSError:
+                return
+            self._held.append(conn)  # held open, never read from nor written to
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._socket.close()
+        for conn in self._held:
+            conn.close()
+
+
+def closed_port_endpoint() -> str:
+    """An endpoint where nothing listens (the connection is refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
 
 
 def client_of(agent: str) -> str:
