@@ -114,7 +114,7 @@ def data_order_problem(blob: Any) -> str | None:
         return f"its 'data_order' is {order!r:.80}, not a mapping (was the file edited?)"
     for key, least in _ORDER_COUNTS.items():
         value = order.get(key)
-        if key in order and not (_is_count(value) and value >= least):
+        if key in order and not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
             return f"its data_order.{key} is {value!r:.80}, not a whole number >= {least} (was the file edited?)"
     if "seed" in order and not (isinstance(order["seed"], int) and not isinstance(order["seed"], bool)):
         return f"its data_order.seed is {order['seed']!r:.80}, not an integer (was the file edited?)"

@@ -17,7 +17,7 @@ EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], tuple[str, ...]]] = {
     "a string": (lambda b: b.update(data_order="a string"), ("'data_order'", "not a mapping")),
     "global batch 2.5": (lambda b: b["data_order"].update(global_batch=2.5), ("data_order.global_batch", "2.5")),
     "beyond the epoch": (
-        lambda b: (b.update(step_in_epoch=7), b["data_order"].update(samples_in_epoch=28)),
+        lambda b: b.update(step_in_epoch=7, data_order={**b["data_order"], "samples_in_epoch": 28}),
         ("step_in_epoch=7", "beyond the epoch", "4 steps"),
     ),
     "step alone edited": (
