@@ -36,7 +36,7 @@ from segtrain.errors import (
 from segtrain.fileio import atomic_write_bytes, unwritable_error, writable_folder_problem
 from segtrain.launch_env import adopt_cluster_env, defer_hydra_record, env_rank, follower_overrides
 from segtrain.preemption import prefer_submitit_signal, requeue_with_submitit
-from segtrain.sweep import check_direction
+from segtrain.sweep import check_direction, check_repeated_keys
 
 
 def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
@@ -54,9 +54,8 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         try:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 check_direction(HydraConfig.get().sweeper, cfg)
-            configure_storage(cfg)  # before finalize, which may read the data set (dataset.classes=auto)
             cfg = finalize(cfg)
-            configure_storage(cfg)
+            storage.configure(OmegaConf.select(cfg, "storage.endpoint_url"))
             return job(cfg, HydraConfig.get().runtime.output_dir)
         except Exception as e:
             if HydraConfig.get().mode == RunMode.MULTIRUN:  # one job of a sweep: Hydra marks it FAILED
@@ -64,11 +63,7 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
                     requeue_with_submitit(e.signal_name)
                 _report_job_failure(e)
                 raise
-            failure.append(
-                storage.client_failure(e)
-                or unwritable_error(e, where_to_write(e, cfg) if isinstance(e, OSError) else "")
-                or e
-            )
+            failure.append(unwritable_error(e, where_to_write(e, cfg) if isinstance(e, OSError) else "") or e)
         except BaseException as e:  # noqa: BLE001 - Ctrl-C and exits: reported below
             failure.append(e)
         return None
@@ -78,15 +73,21 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
     argv = sys.argv[1:]
     debug = debug_requested(argv)
     flags, overrides = split_flags(argv)  # segtrain's own overrides join the user's block, after any flag
+    multirun = any(f in ("-m", "--multirun") for f in flags)
     try:
         check_overrides(overrides, check_user_configs(argv))
         check_resume_target(config_name, overrides)
         check_run_dir(overrides, flags)
+        if multirun:
+            check_repeated_keys(overrides)
     except ConfigError as e:
         _user_error(e, debug)
     sys.argv = [sys.argv[0], *flags, *defer_hydra_record(follower_overrides(overrides))]
 
-    _task()
+    if multirun:
+        _sweep(_task)
+    else:
+        _task()
     if failure:
         err = failure[0]
         if isinstance(err, Preempted):
@@ -99,18 +100,6 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         if isinstance(err, UserError):
             _user_error(err, debug)
         _report_crash(err)
-
-
-def configure_storage(cfg: DictConfig) -> None:
-    """Apply the ``storage`` group (endpoint, timeouts, retries) before anything reads a URL: the data paths are
-    checked, and ``dataset.classes=auto`` read, while the config is finalized."""
-    values = {}
-    for key in ("endpoint_url", "connect_timeout_s", "read_timeout_s", "retries"):
-        try:
-            values[key] = OmegaConf.select(cfg, f"storage.{key}")
-        except Exception:  # noqa: BLE001 - an interpolation that does not resolve: finalize names it
-            values[key] = None
-    storage.configure(**values)
 
 
 def where_to_write(err: BaseException, cfg: DictConfig) -> str:
@@ -136,9 +125,58 @@ def _where_to_write(err: BaseException, cfg: DictConfig) -> str:
     return "Make it writable, or choose a writable place"
 
 
+def _sweep(task: Callable[[], Any]) -> None:
+    """Run a ``-m`` sweep (``task``: the Hydra main). A job's error reaches this process when the sweep stops at it
+    (the basic sweeper, at once; Optuna, past ``max_failure_rate``): a user error, whose line the job printed
+    (:func:`_report_job_failure`), ends the sweep with status 2 and no traceback. Hydra would print the job's
+    traceback itself, unless HYDRA_FULL_ERROR is set: it is, during the sweep, and what Hydra would have shown
+    compactly (a composition error) is shown so here. Hydra's own line per failed job is left out."""
+    from hydra.errors import CompactHydraException
+
+    asked = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    stderr = sys.stderr
+    sys.stderr = _WithoutHydraJobLines(stderr)
+    try:
+        task()
+    except UserError as e:
+        if getattr(e, "reported_by", None) != os.getpid():  # a job of another process (submitit): said here
+            print(f"error in {getattr(e, 'job_dir', 'a job')}: {user_message(e)}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
+    except CompactHydraException as e:
+        if asked:
+            raise
+        print(f"{e}\n\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        sys.stderr = stderr
+        if asked is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = asked
+
+
+class _WithoutHydraJobLines:
+    """``sys.stderr`` during a sweep, less the line Hydra writes each time a sweeper reads a failed job's result
+    ("Error executing job with overrides: [...]"): the job's own line (or traceback) names its directory."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if text.startswith("Error executing job with overrides: "):
+            return len(text)
+        return int(self.stream.write(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def _report_job_failure(err: Exception) -> None:
     """A sweep's job failed: its one line (a user error), or its traceback (a bug); the sweep goes on."""
     where = HydraConfig.get().runtime.output_dir
+    if isinstance(err, UserError):  # for _sweep, in this process or (pickled with the error) in the sweep's
+        err.job_dir, err.reported_by = where, os.getpid()  # type: ignore[attr-defined]
     if isinstance(err, UserError) and not debug_requested(sys.argv[1:]):
         print(f"error in {where}: {user_message(err)}", file=sys.stderr, flush=True)
     else:
