@@ -3,15 +3,18 @@ many tests read (made once per test session, shared by pytest-xdist's workers)."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.proc_utils import REFERENCE_RUN_ARGS, SMOKE_RUN_ARGS
+from tests.helpers.slow_guard import GuardedPopen, unmarked_training_fixtures
 
 TEST_DATA = Path(__file__).resolve().parent / "data"
 # Samples that may not be copied into the repository (GPL-3.0 / unclear provenance) live beside it.
@@ -19,7 +22,19 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``cuda`` skip with the reason "CUDA not available" on machines without a GPU (CI)."""
+    """Tests marked ``cuda`` skip with the reason "CUDA not available" on machines without a GPU (CI); a test that
+    waits for a shared training run must be marked ``slow`` (tests/helpers/slow_guard.py)."""
+    unmarked = [
+        f"{item.nodeid} uses {', '.join(names)}"
+        for item in items
+        if (
+            names := unmarked_training_fixtures(
+                getattr(item, "fixturenames", ()), item.get_closest_marker("slow") is not None
+            )
+        )
+    ]
+    if unmarked:
+        raise pytest.UsageError("tests that wait for a training run must be marked slow: " + "; ".join(unmarked))
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return
@@ -30,6 +45,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="CUDA not available")
     for item in marked:
         item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    """A test not marked ``slow`` whose setup (its fixtures, of any scope) starts torchrun or a training entry point
+    fails (tests/helpers/slow_guard.py)."""
+    with _guarded(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """The same while the test itself runs."""
+    with _guarded(item):
+        yield
+
+
+@contextlib.contextmanager
+def _guarded(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("slow") is not None:
+        yield
+        return
+    original = subprocess.Popen
+    subprocess.Popen = type("GuardedPopen", (GuardedPopen,), {"test_id": item.nodeid})  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        subprocess.Popen = original  # type: ignore[misc]
 
 
 @pytest.fixture(autouse=True)

@@ -274,7 +274,7 @@ def test_failed_export_leaves_no_file(tmp_path, monkeypatch):
 def test_missing_onnx_packages_are_one_clear_error(monkeypatch, smoke_ckpt):
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # import onnxscript -> ImportError
     with pytest.raises(
-        ExportDependencyError, match=r"needs the package\(s\) onnxscript.*pip install 'segtrain\[export\]'"
+        ExportDependencyError, match=r"needs the package\(s\) onnxscript.*pip install -e '\.\[export\]'"
     ):
         check_onnx_dependencies()
     path = smoke_ckpt[0]

@@ -40,7 +40,7 @@ def test_direction_must_match_the_checkpoint_mode():
 
 def test_missing_plugin_is_one_line_naming_the_extra(monkeypatch):
     monkeypatch.setitem(config_checks.PLUGINS, ("hydra/sweeper", "optuna"), ("hydra_plugins.no_such_sweeper", "sweep"))
-    with pytest.raises(ConfigError, match=r"pip install 'segtrain\[sweep\]'"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[sweep\]'"):
         check_overrides(["hydra/sweeper=optuna"])
     check_overrides(["hparams_search=optuna"])  # the shipped example composes (its plugin is installed)
 
