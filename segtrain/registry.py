@@ -134,6 +134,13 @@ class Registry(Generic[T]):
                 f"{self.key}={path!r}: cannot import {module_name!r} ({e}); the module must be importable from "
                 "the working directory or PYTHONPATH"
             ) from None
+        except Exception as e:  # noqa: BLE001 - the user's module failed while importing: its error, in one line
+            where = _raised_in(e)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise UnknownChoiceError(
+                f"{self.key}={path!r}: importing {module_name!r} raised {type(e).__name__}: {first}{where}; fix the "
+                "module (python -c 'import " + module_name + "' shows the traceback)"
+            ) from None
         try:
             return getattr(module, attr)
         except AttributeError:
@@ -173,6 +180,18 @@ def check_call(obj: object, key: str, name: str, kwargs: dict[str, object], firs
             f"{key}={name} cannot be called as {name}({first}, **kwargs) with the kwargs given ({given}): {e}; "
             f"its parameters are {signature}"
         ) from None
+
+
+def _raised_in(err: BaseException) -> str:
+    """`` (file:line)`` of the innermost frame of ``err``'s traceback, where the user's module raised."""
+    tb = err.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return ""
+    return f" ({last.tb_frame.f_code.co_filename}:{last.tb_lineno})"
 
 
 def _split_import_path(name: str) -> tuple[str, str]:

@@ -288,6 +288,7 @@ def load_weights(
     weights: str = "state dict",
     stored: Mapping[str, Any] | None = None,
     asked: Any = None,
+    min_fit: float = 0.0,
 ) -> LoadReport:
     """Load ``state`` into ``model`` (or its backbone); returns the report, raises when strict and unclean.
 
@@ -297,6 +298,8 @@ def load_weights(
     ``stored``: the config the file was trained with, ``asked``: the one ``model`` was built from
     (both with ``model`` and ``dataset`` sections); when the table is printed, a line saying which
     model and classes each names comes first (``asked`` unknown: what ``model`` itself shows).
+    ``min_fit``: the least share of the target's weight tensors (floating point) the file must fill, else one
+    line refuses it (a non-strict load of another architecture would train on as if pretrained).
     """
     candidates = _candidates(model, state, target)
     name, module, own, mapped = max(candidates, key=lambda c: _fit_count(c[2], c[3]))  # first wins ties
@@ -329,6 +332,15 @@ def load_weights(
         raise CheckpointError(
             f"{first}{source}: no tensor matches {type(model).__name__} or its backbone (file keys start "
             f"{list(state)[:3]}, model keys start {list(model.state_dict())[:3]}); is it for another architecture?"
+        )
+    weights_own = [k for k, v in own.items() if v.is_floating_point()]
+    filled = sum(1 for k in fitting if k in own and own[k].is_floating_point())
+    if min_fit and filled < min_fit * len(weights_own):
+        raise CheckpointError(
+            f"{source}: only {filled} of the {len(weights_own)} weight tensors of the {name} "
+            f"({type(module).__name__}) match the file, so it is for another architecture (file keys start "
+            f"{list(state)[:3]}, {name} keys start {weights_own[:3]}); give weights of this {name}, or drop "
+            "model.pretrained to start from random weights"
         )
     if strict and not report.clean:
         raise CheckpointError(
@@ -454,6 +466,10 @@ def _describe(name: Any, backbone: Any, count: int | None, names: list[str]) -> 
 
 
 # --------------------------------------------------------------------------- model.pretrained
+#: ``model.pretrained`` is refused when it fills less than this share of the target's weight tensors.
+MIN_PRETRAINED_FIT = 0.25
+
+
 def load_pretrained(model: nn.Module, source: str, trust: bool = False) -> LoadReport:
     """``model.pretrained``: a local file (backbone-only or whole model, told apart by its keys) or a
     torchvision weights name (downloads; needs internet). Non-strict: what fits is loaded, the rest
@@ -468,7 +484,8 @@ def load_pretrained(model: nn.Module, source: str, trust: bool = False) -> LoadR
             f"model.pretrained={source!r}: no such file, and not a torchvision weights name "
             "(e.g. ResNet50_Weights.IMAGENET1K_V2, IMAGENET1K_V1 or DEFAULT)"
         )
-    report = load_weights(model, state, f"model.pretrained={source}", strict=False, target="auto", weights=where)
+    name = f"model.pretrained={source}"
+    report = load_weights(model, state, name, strict=False, target="auto", weights=where, min_fit=MIN_PRETRAINED_FIT)
     log.info("model.pretrained=%s: loaded %d tensors into the %s", source, len(report.loaded), report.target)
     if report.ignored:
         log.info("model.pretrained: ignored classifier tensors: %s", ", ".join(report.ignored[:8]))

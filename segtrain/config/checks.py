@@ -19,6 +19,7 @@ from segtrain.config.schema import (
     BACKGROUND_NAMES,
     IGNORE_LABEL,
     MAX_SIGMA,
+    MODEL_BACKBONES,
     PANOPTIC_EXPORTS,
     SegtrainConfig,
     config_dir,
@@ -475,9 +476,15 @@ def check_model(cfg: DictConfig) -> None:
     builder's module (hence torch), so only when such a value is given; the rest is checked without torch."""
     from segtrain.registry import check_call, is_import_path, load
 
-    check_timm_backbone(str(cfg.model.backbone))
+    check_timm_backbone(str(cfg.model.backbone), cfg.dataset.input_size)
+    check_fixed_backbone(str(cfg.model.name), str(cfg.model.backbone))
     kwargs = OmegaConf.select(cfg, "model.kwargs")
     name = str(cfg.model.name)
+    if kwargs is not None and not OmegaConf.is_dict(kwargs):
+        raise ConfigError(
+            f"model.kwargs must map the builder's argument names to values, e.g. 'model.kwargs={{depth: 3}}' (one "
+            f"shell word); got {OmegaConf.to_container(kwargs) if OmegaConf.is_config(kwargs) else kwargs!r}"
+        )
     if kwargs or is_import_path(name):
         builder = load("model.name").get(name)
         given = OmegaConf.to_container(kwargs, resolve=True) if kwargs else {}
@@ -489,9 +496,36 @@ TIMM_PREFIX = "timm:"
 FIND_TIMM_NAMES = "List timm's models with: python -c \"import timm; print(timm.list_models('*resnet*'))\""
 
 
-def check_timm_backbone(backbone: str) -> None:
-    """``timm:<name>`` must name a timm model: one line otherwise, saying how to list the names. Imports timm
-    (hence torch) only for such a value."""
+def _takes_any_size(timm: Any, name: str) -> bool:
+    """Whether timm builds ``name`` for any input size (``dynamic_img_size``: ViTs, which segtrain builds so);
+    tried on the meta device, so it costs no weights."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            timm.create_model(name, pretrained=False, dynamic_img_size=True)
+    except TypeError as e:
+        return "dynamic_img_size" not in str(e)
+    except Exception:  # noqa: BLE001 - cannot initialise on meta: the build itself will tell
+        return True
+    return True
+
+
+def check_fixed_backbone(name: str, backbone: str) -> None:
+    """A model whose name fixes its backbone (Mask2Former's presets) is not silently built with another one."""
+    fixed = MODEL_BACKBONES.get(name)
+    if fixed is not None and backbone != fixed:
+        others = ", ".join(f"model={n} ({b})" for n, b in MODEL_BACKBONES.items() if n != name)
+        raise ConfigError(
+            f"model.backbone={backbone}: model.name={name} is built with its own backbone ({fixed}) and cannot "
+            f"take another; pick the preset of that backbone ({others}), or drop model.backbone"
+        )
+
+
+def check_timm_backbone(backbone: str, input_size: Any = None) -> None:
+    """``timm:<name>`` must name a timm model: one line otherwise, saying how to list the names. A timm model
+    built for one input size only (timm's ``fixed_input_size``: ViT, MLP-Mixer, LeViT...) needs
+    ``dataset.input_size`` to be that size. Imports timm (hence torch) only for such a value."""
     if not backbone.startswith(TIMM_PREFIX):
         return
     name = backbone[len(TIMM_PREFIX) :]
@@ -509,3 +543,14 @@ def check_timm_backbone(backbone: str) -> None:
         near = difflib.get_close_matches(name.split(".")[0], timm.list_models(), n=3)
         hint = f" Did you mean {', '.join('timm:' + n for n in near)}?" if near else ""
         raise ConfigError(f"model.backbone={backbone!r}: timm has no model {name!r}.{hint} {FIND_TIMM_NAMES}")
+    pretrained_cfg = timm.models.get_pretrained_cfg(name)
+    if input_size is None or pretrained_cfg is None or not getattr(pretrained_cfg, "fixed_input_size", False):
+        return
+    fixed = [int(v) for v in pretrained_cfg.input_size[-2:]]
+    given = [int(v) for v in input_size]
+    if given != fixed and not _takes_any_size(timm, name):
+        raise ConfigError(
+            f"model.backbone={backbone} takes {fixed[0]}x{fixed[1]} images only (timm's fixed_input_size), and "
+            f"dataset.input_size is {given}: set dataset.input_size=[{fixed[0]},{fixed[1]}], or pick a "
+            "convolutional timm backbone (any size), e.g. timm:resnet18"
+        )

@@ -156,6 +156,10 @@ class ModelConfig:
         default=32, metadata=rule(bound=Bound(1, 1024, "the tiny model's channels; its widest layers have 4x as many"))
     )
     decoder_channels: int = field(default=128, metadata=CHANNELS)
+#: Models whose name fixes their backbone (models/mask2former.py PRESETS): ``model.backbone`` must say the same.
+MODEL_BACKBONES = {"mask2former_tiny": "resnet_tiny", "mask2former_r50": "resnet50", "mask2former_swin_t": "swin_t"}
+
+
     head_channels: int = field(default=64, metadata=CHANNELS)
     output_stride: int = field(default=16, metadata=rule(choices=OUTPUT_STRIDES))
     # keyword arguments of the builder (a model named by import path): '+model.kwargs={depth: 3}' (None: none)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from segtrain.checkpoint.state import load_checkpoint_weights
-from segtrain.config import Config, LossConfig
+from segtrain.config import Config, ConfigError, LossConfig
 from segtrain.data import PolygonDataset, collate
 from segtrain.device import autocast, to_channels_last, to_device, use_channels_last
 from segtrain.distributed import DistInfo, all_reduce_
@@ -92,9 +92,36 @@ def apply_memory_format(model: nn.Module, setting: str, dist: DistInfo, precisio
     on = use_channels_last(setting, dist.device, precision, is_convolutional(model))
     if on:
         to_channels_last(model)
+        check_runs_channels_last(model, setting, dist.device)
         if dist.is_main:
             log.info("channels_last: model and input batches in NHWC (trainer.channels_last=%s)", setting)
     return on
+
+
+#: What torch says when ``.view()`` meets a tensor whose memory order (NHWC) does not allow it.
+_VIEW_ERROR = "view size is not compatible with input tensor's size and stride"
+
+
+def check_runs_channels_last(model: nn.Module, setting: str, device: torch.device) -> None:
+    """One forward of a small image in NHWC (eval mode, no gradients; buffers and random streams untouched):
+    a network that ``.view()``s a feature map fails there, and is refused in one line naming the switch instead
+    of a traceback at the first step. Other errors are left to the run, which reports them in its own way."""
+    was_training = model.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model.eval()(torch.rand(1, 3, 64, 64, device=device))
+    except RuntimeError as e:
+        if _VIEW_ERROR not in str(e):
+            return
+        raise ConfigError(
+            f"trainer.channels_last={setting}: the model calls .view() on a feature map, which NHWC memory does "
+            f"not allow ({type(e).__name__}: {str(e).splitlines()[0][:160]}); set trainer.channels_last=false, or "
+            "use .reshape() in the model"
+        ) from None
+    except Exception:  # noqa: BLE001 - not this switch's business (e.g. a fixed input size): the run says it
+        return
+    finally:
+        model.train(was_training)
 
 
 def compile_mode(setting: str) -> str | None:

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from segtrain.config.checks import check_fixed_backbone
+from segtrain.config.schema import MODEL_BACKBONES
 from segtrain.models.heads import IMAGENET_MEAN, IMAGENET_STD
 from segtrain.models.registry import ModelSpec, register_model
 
@@ -56,7 +58,7 @@ class Mask2FormerPreset:
 
 PRESETS: dict[str, Mask2FormerPreset] = {
     "mask2former_tiny": Mask2FormerPreset(
-        "resnet_tiny",
+        MODEL_BACKBONES["mask2former_tiny"],
         hidden_dim=64,
         num_queries=16,
         encoder_layers=1,
@@ -66,8 +68,8 @@ PRESETS: dict[str, Mask2FormerPreset] = {
         heads=4,
         train_num_points=1024,
     ),
-    "mask2former_r50": Mask2FormerPreset("resnet50"),
-    "mask2former_swin_t": Mask2FormerPreset("swin_t"),
+    "mask2former_r50": Mask2FormerPreset(MODEL_BACKBONES["mask2former_r50"]),
+    "mask2former_swin_t": Mask2FormerPreset(MODEL_BACKBONES["mask2former_swin_t"]),
 }
 
 
@@ -231,9 +233,10 @@ class Mask2Former(nn.Module):
 
 
 def build_mask2former(spec: ModelSpec) -> Mask2Former:
-    """``model.name`` picks the preset; ``model.backbone`` is the preset's (other values are refused in the
-    preset's yaml comment, not silently used)."""
+    """``model.name`` picks the preset; ``model.backbone`` must be the preset's (another is refused in one line,
+    never silently replaced: the config check says so first, this for a spec built in Python)."""
     preset = PRESETS[spec.name]
+    check_fixed_backbone(spec.name, spec.backbone)
     return Mask2Former(hf_config(preset, spec.num_classes))
 
 

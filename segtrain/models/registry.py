@@ -163,34 +163,54 @@ def check_contract(model: Any, spec: ModelSpec, user: bool = True) -> None:
 
 
 def _check_outputs(model: nn.Module, spec: ModelSpec, aware: bool) -> None:
+    """The outputs' names and shapes in both modes: eval (validation, inference) and train, the mode training
+    runs the network in (a forward may differ there: dropout, auxiliary heads, a branch on ``self.training``).
+    Train mode takes a batch of 2 (BatchNorm needs more than one value per channel); the model's buffers (BN
+    statistics) and the random streams are left as they were."""
     import torch
 
     wanted = {"semantic": spec.num_classes, **({"center": 1, "offset": 2} if aware else {})}
     was_training = model.training
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
     try:
-        with torch.no_grad():
-            out = model.eval()(torch.rand(1, 3, _PROBE, _PROBE))
-    except Exception as e:  # noqa: BLE001 - whatever the user's forward raises, said in one line
-        raise ModelContractError(
-            f"model.name={spec.name}: the model fails on a (1, 3, {_PROBE}, {_PROBE}) image in [0, 1] "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); docs/models.md gives the contract"
-        ) from None
+        for mode, batch in (("eval", 1), ("train", 2)):
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                try:
+                    out = model.train(mode == "train")(torch.rand(batch, 3, _PROBE, _PROBE))
+                except Exception as e:  # noqa: BLE001 - whatever the user's forward raises, said in one line
+                    raise ModelContractError(
+                        f"model.name={spec.name}: the model fails on a ({batch}, 3, {_PROBE}, {_PROBE}) image "
+                        f"batch in [0, 1] in {mode} mode ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}); docs/models.md gives the contract"
+                    ) from None
+            _check_output_dict(out, spec, wanted, mode, batch)
     finally:
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
         model.train(was_training)
+
+
+def _check_output_dict(out: Any, spec: ModelSpec, wanted: dict[str, int], mode: str, batch: int) -> None:
+    import torch
+
     if not isinstance(out, Mapping):
         raise ModelContractError(
             f"model.name={spec.name}: forward returned {type(out).__name__}; it must return a dict "
-            f"{{{', '.join(repr(k) for k in wanted)}}} of (B, C, H, W) tensors (docs/models.md)"
+            f"{{{', '.join(repr(k) for k in wanted)}}} of (B, C, H, W) tensors, in eval and in train mode (this was "
+            f"{mode} mode; docs/models.md)"
         )
     for key, channels in wanted.items():
-        shape = (1, channels, _PROBE, _PROBE)
+        shape = (batch, channels, _PROBE, _PROBE)
         got = out.get(key)
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape:
             seen = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             why = " (instance_aware=True)" if key != "semantic" else f" (model.num_classes={spec.num_classes})"
+            where = " (model.train(): the mode training runs it in)" if mode == "train" else ""
             raise ModelContractError(
-                f"model.name={spec.name}: output {key!r} must be a {shape} tensor for a {_PROBE}x{_PROBE} "
-                f"image{why}, got {seen}; subclass segtrain.models.SegmentationModel to get the input resolution"
+                f"model.name={spec.name}: output {key!r} must be a {shape} tensor in {mode} mode{where} for a "
+                f"{_PROBE}x{_PROBE} image{why}, got {seen}; subclass segtrain.models.SegmentationModel to get the "
+                "input resolution"
             )
 
 
