@@ -36,6 +36,22 @@ class PostprocessDefaults:
 POSTPROCESS = PostprocessDefaults()
 
 
+@dataclass(frozen=True)
+class QueryPostprocessDefaults:
+    """Mask2Former's panoptic inference from its queries: transformers' ``post_process_panoptic_segmentation``
+    defaults (the paper's configs use the same values); read by the schema's ``dataset.panoptic.queries`` and
+    ``models.mask2former_postprocess``."""
+
+    method: str = "transformers"  # or "paper": the paper's code (docs/mask2former.md says how they differ)
+    threshold: float = 0.8  # a query whose class probability is at most this makes no segment
+    mask_threshold: float = 0.5  # a query's own mask: its pixels with (score *) sigmoid(mask) at least this
+    overlap_threshold: float = 0.8  # a query keeps its segment when it wins more than this of its own mask
+
+
+QUERY_POSTPROCESS = QueryPostprocessDefaults()
+QUERY_METHODS = ("transformers", "paper")
+
+
 # Fixed sets of values. Sets that grow (models, data formats, augmentation pipelines, optimisers,
 # schedules, hooks) are registries (segtrain.registry): their allowed values come from there.
 # The lists the code branches on are defined here once and imported by it (config imports no package).
@@ -140,6 +156,10 @@ def config_dir() -> Path:
 
 
 # --------------------------------------------------------------------------- model
+#: Models whose name fixes their backbone (models/mask2former.py PRESETS): ``model.backbone`` must say the same.
+MODEL_BACKBONES = {"mask2former_tiny": "resnet_tiny", "mask2former_r50": "resnet50", "mask2former_swin_t": "swin_t"}
+
+
 @dataclass
 class ModelConfig:
     # a registered model, or your own builder by import path: mypkg.nets:build (docs/models.md)
@@ -156,10 +176,6 @@ class ModelConfig:
         default=32, metadata=rule(bound=Bound(1, 1024, "the tiny model's channels; its widest layers have 4x as many"))
     )
     decoder_channels: int = field(default=128, metadata=CHANNELS)
-#: Models whose name fixes their backbone (models/mask2former.py PRESETS): ``model.backbone`` must say the same.
-MODEL_BACKBONES = {"mask2former_tiny": "resnet_tiny", "mask2former_r50": "resnet50", "mask2former_swin_t": "swin_t"}
-
-
     head_channels: int = field(default=64, metadata=CHANNELS)
     output_stride: int = field(default=16, metadata=rule(choices=OUTPUT_STRIDES))
     # keyword arguments of the builder (a model named by import path): '+model.kwargs={depth: 3}' (None: none)
@@ -199,6 +215,19 @@ class TargetsConfig:
     where: str = field(default="auto", metadata=rule(choices=("auto", "worker", "device")))
 
 
+_PROBABILITY = rule(bound=Bound(0, 1, "a probability"))
+
+
+@dataclass
+class QueriesConfig:
+    """Mask2Former's panoptic inference (defaults: :data:`QUERY_POSTPROCESS`, transformers')."""
+
+    method: str = field(default=QUERY_POSTPROCESS.method, metadata=rule(choices=QUERY_METHODS))
+    threshold: float = field(default=QUERY_POSTPROCESS.threshold, metadata=_PROBABILITY)
+    mask_threshold: float = field(default=QUERY_POSTPROCESS.mask_threshold, metadata=_PROBABILITY)
+    overlap_threshold: float = field(default=QUERY_POSTPROCESS.overlap_threshold, metadata=_PROBABILITY)
+
+
 @dataclass
 class PanopticConfig:
     """Panoptic post-processing and scoring; the defaults are :data:`POSTPROCESS` (see there)."""
@@ -219,6 +248,8 @@ class PanopticConfig:
     # background where the format's unlabelled pixels train as background (COCO, LabelMe, synthetic), void
     # where they are ignored (COCO panoptic, Cityscapes). Ignore and crowd regions are always void.
     unannotated: str = field(default="auto", metadata=rule(choices=PANOPTIC_UNANNOTATED))
+    # Mask2Former: segments from its queries (the settings above are Panoptic-DeepLab's)
+    queries: QueriesConfig = field(default_factory=QueriesConfig)
 
 
 @dataclass

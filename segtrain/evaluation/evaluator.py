@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL, POSTPROCESS, Config
+from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL, POSTPROCESS, QUERY_POSTPROCESS, Config
 from segtrain.data import (
     coco_ids,
     known_background,
@@ -111,6 +111,11 @@ class PanopticSpec:
     # Unannotated pixels are known background for PQ (``known_background``), not VOID: the data set's
     # unlabelled pixels train as background (``dataset.panoptic.unannotated``).
     known_background: bool = False
+    # Mask2Former's segments from its queries (``dataset.panoptic.queries``): the rule and its thresholds
+    query_method: str = QUERY_POSTPROCESS.method
+    query_threshold: float = QUERY_POSTPROCESS.threshold
+    query_mask_threshold: float = QUERY_POSTPROCESS.mask_threshold
+    query_overlap_threshold: float = QUERY_POSTPROCESS.overlap_threshold
 
     @classmethod
     def from_config(cls, cfg: Config) -> PanopticSpec:
@@ -138,6 +143,10 @@ class PanopticSpec:
             pan.top_k,
             pan.background,
             _known_background(str(getattr(pan, "unannotated", "auto")), unlabeled),
+            str(pan.queries.method),
+            float(pan.queries.threshold),
+            float(pan.queries.mask_threshold),
+            float(pan.queries.overlap_threshold),
         )
 
     def segment(self, semantic: torch.Tensor, center: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -185,7 +194,16 @@ class PanopticSpec:
 
     def segment_queries(self, class_logits: torch.Tensor, mask_logits: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Mask2Former's ``panoptic_inference`` of one image: class (Q, C+1) and mask (Q, H, W) logits."""
-        return panoptic_inference(class_logits, mask_logits, self.thing_ids, label_divisor=self.label_divisor)
+        return panoptic_inference(
+            class_logits,
+            mask_logits,
+            self.thing_ids,
+            label_divisor=self.label_divisor,
+            threshold=self.query_threshold,
+            overlap_threshold=self.query_overlap_threshold,
+            mask_threshold=self.query_mask_threshold,
+            method=self.query_method,
+        )
 
     def prediction(self, panoptic: torch.Tensor) -> tuple[np.ndarray, list[dict[str, int]]]:
         return panoptic_from_prediction(

@@ -1,15 +1,19 @@
 """Mask2Former's inference: per-query class and mask logits -> semantic, panoptic and instance outputs.
 
-The rules are those of the paper's code (``MaskFormer.semantic_inference`` / ``panoptic_inference`` /
-``instance_inference``) as transformers' ``Mask2FormerImageProcessor`` implements them; the panoptic result
-equals ``post_process_panoptic_segmentation`` on the same logits (tests/models/test_mask2former.py), vectorised
-over queries instead of one full-image pass per query:
+The panoptic rule follows transformers' ``Mask2FormerImageProcessor.post_process_panoptic_segmentation``
+(``method="transformers"``, the default: its result equals transformers' on the same logits, bit for bit,
+tests/models/test_mask2former.py); ``method="paper"`` follows the paper's code (``MaskFormer.panoptic_inference``
+of facebookresearch/Mask2Former). Both are vectorised over queries instead of one full-image pass per query:
 
 - panoptic: each query's class is the argmax of its softmax (no-object included); queries whose class is
   no-object or whose score is at most ``threshold`` are dropped. Each pixel goes to the remaining query with
-  the highest ``score * sigmoid(mask)``; a query keeps its segment when it wins pixels and those are more than
-  ``overlap_threshold`` of its own mask (``score * sigmoid(mask) >= mask_threshold``, as transformers weighs
-  it) -- one segment per query; queries of a non-thing class merge into one segment per class.
+  the highest ``score * sigmoid(mask)``; queries of a non-thing class merge into one segment per class.
+  transformers: a query keeps its segment when the pixels it wins are more than ``overlap_threshold`` of its own
+  mask, its own mask weighted by its score (``score * sigmoid(mask) >= mask_threshold``), the ratio a float32
+  compared as a Python float (exactly 0.8 of a mask passes 0.8: float32(0.8) > 0.8); every pixel goes to its
+  winner. paper: its own mask unweighted (``sigmoid(mask) >= mask_threshold``), kept when the ratio is at least
+  ``overlap_threshold``, and a pixel whose winner's own ``sigmoid(mask)`` is under ``mask_threshold`` stays
+  unlabelled (void).
 - semantic: ``sum_q softmax(class_q)[:-1] * sigmoid(mask_q)`` (the model's eval output ``semantic``).
 - instance: the top ``num_queries`` (query, class) pairs by class probability, each scored by the class
   probability times the mean mask probability inside its binary mask (overlapping masks allowed).
@@ -25,13 +29,17 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from segtrain.config import POSTPROCESS
+from segtrain.config import POSTPROCESS, QUERY_METHODS, QUERY_POSTPROCESS
 
 __all__ = ["instance_inference", "panoptic_inference", "query_segments", "semantic_inference"]
 
-THRESHOLD = 0.8  # the paper's object_mask_threshold for panoptic inference
-OVERLAP_THRESHOLD = 0.8
-MASK_THRESHOLD = 0.5
+# transformers' post_process_panoptic_segmentation defaults (threshold, overlap_mask_area_threshold,
+# mask_threshold); the paper's configs use the same (object_mask_threshold, overlap_threshold, 0.5)
+THRESHOLD = QUERY_POSTPROCESS.threshold
+OVERLAP_THRESHOLD = QUERY_POSTPROCESS.overlap_threshold
+MASK_THRESHOLD = QUERY_POSTPROCESS.mask_threshold
+#: The panoptic rules: transformers' post-processing (the default) or the paper's code.
+METHODS = QUERY_METHODS
 
 
 def semantic_inference(class_logits: Tensor, mask_logits: Tensor) -> Tensor:
@@ -46,13 +54,17 @@ def query_segments(
     threshold: float = THRESHOLD,
     mask_threshold: float = MASK_THRESHOLD,
     overlap_threshold: float = OVERLAP_THRESHOLD,
+    method: str = QUERY_POSTPROCESS.method,
 ) -> tuple[Tensor, list[dict[str, float | int | bool]]]:
     """One image: (Q, C+1) class and (Q, H, W) mask logits -> ((H, W) int32 segment ids, 0 where no segment,
-    or all -1 when no query passes ``threshold``; segments ``[{id, label_id, was_fused, score}]``), exactly
-    transformers' ``post_process_panoptic_segmentation`` without resizing (``fuse_classes`` =
-    ``label_ids_to_fuse``). One difference: a fused class met again gets its segment's id and the next new
-    segment the next unused one, as in the paper's code (transformers restarts the count from the fused id, so
-    a later segment can take an id in use), and it is listed once."""
+    or all -1 when no query passes ``threshold``; segments ``[{id, label_id, was_fused, score}]``). With
+    ``method="transformers"``, exactly transformers' ``post_process_panoptic_segmentation`` without resizing
+    (``fuse_classes`` = ``label_ids_to_fuse``). One difference: a fused class met again gets its segment's id and
+    the next new segment the next unused one, as in the paper's code (transformers restarts the count from the
+    fused id, so a later segment can take an id in use), and it is listed once. ``method="paper"``: the paper's
+    rule (module docstring)."""
+    if method not in METHODS:
+        raise ValueError(f"method={method!r}: one of {', '.join(METHODS)}")
     num_labels = class_logits.shape[-1] - 1
     scores, labels = class_logits.softmax(-1).max(-1)
     keep = labels.ne(num_labels) & (scores > threshold)
@@ -60,13 +72,23 @@ def query_segments(
     if not bool(keep.any()):
         return torch.full((h, w), -1, dtype=torch.int32, device=mask_logits.device), []
     scores, labels = scores[keep], labels[keep]
-    prob = mask_logits[keep].sigmoid() * scores.view(-1, 1, 1)
+    sig = mask_logits[keep].sigmoid()
+    prob = sig * scores.view(-1, 1, 1)
     winner = prob.argmax(0)  # (H, W) index into the kept queries
     k = prob.shape[0]
     won = torch.bincount(winner.reshape(-1), minlength=k)
-    own = (prob >= mask_threshold).flatten(1).sum(1)
-    ratio = won / own.clamp(min=1)
-    valid = ((won > 0) & (own > 0) & (ratio > overlap_threshold)).tolist()
+    if method == "transformers":
+        own = (prob >= mask_threshold).flatten(1).sum(1)
+        # transformers: (int / int) is a float32 tensor, and its .item() is compared with the Python float
+        ratio = (won / own.clamp(min=1)).double()
+        valid = ((won > 0) & (own > 0) & (ratio > overlap_threshold)).tolist()
+        labelled = None
+    else:
+        own = (sig >= mask_threshold).flatten(1).sum(1)
+        labelled = sig.gather(0, winner[None])[0] >= mask_threshold  # the winner's own mask holds the pixel
+        kept = torch.bincount(winner[labelled], minlength=k)
+        ratio = won.double() / own.clamp(min=1).double()
+        valid = ((won > 0) & (own > 0) & (kept > 0) & (ratio >= overlap_threshold)).tolist()
     fuse = {int(c) for c in fuse_classes}
     lut = [0] * k
     segments: list[dict[str, float | int | bool]] = []
@@ -84,6 +106,8 @@ def query_segments(
         if label in fuse:
             stuff[label] = current
     ids = torch.tensor(lut, dtype=torch.int32, device=mask_logits.device)[winner]
+    if labelled is not None:
+        ids = torch.where(labelled, ids, torch.zeros_like(ids))
     return ids, segments
 
 
@@ -95,6 +119,7 @@ def panoptic_inference(
     threshold: float = THRESHOLD,
     overlap_threshold: float = OVERLAP_THRESHOLD,
     mask_threshold: float = MASK_THRESHOLD,
+    method: str = QUERY_POSTPROCESS.method,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """One image's panoptic map in segtrain's encoding, as ``postprocess.panoptic_segmentation`` returns it:
     ``(panoptic (1, H, W) int64, instances)`` with ``instances`` ``id``, ``class``, ``score`` (the query's
@@ -102,7 +127,9 @@ def panoptic_inference(
     things = {int(t) for t in thing_ids}
     num_labels = class_logits.shape[-1] - 1
     fuse = [c for c in range(num_labels) if c not in things]
-    ids, segments = query_segments(class_logits, mask_logits, fuse, threshold, mask_threshold, overlap_threshold)
+    ids, segments = query_segments(
+        class_logits, mask_logits, fuse, threshold, mask_threshold, overlap_threshold, method
+    )
     dev = mask_logits.device
     lut = torch.full((len(segments) + 2,), -1, dtype=torch.int64)  # index: segment id (0 none), last: -1
     per_class: dict[int, int] = {}

@@ -196,6 +196,108 @@ def test_panoptic_inference_in_segtrain_encoding():
     assert ((inst["score"] > 0.8) & (inst["score"] <= 1)).all()
 
 
+def _transformers_panoptic(cls: torch.Tensor, masks: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
+    from transformers import Mask2FormerImageProcessor
+    from transformers.models.mask2former.modeling_mask2former import Mask2FormerForUniversalSegmentationOutput
+
+    out = Mask2FormerForUniversalSegmentationOutput(class_queries_logits=cls[None], masks_queries_logits=masks[None])
+    return Mask2FormerImageProcessor().post_process_panoptic_segmentation(out, label_ids_to_fuse=set(), **kwargs)[0]
+
+
+def test_a_query_winning_exactly_the_overlap_threshold_of_its_mask_is_kept_as_transformers_keeps_it():
+    """Query 0 owns columns 0-49 and wins 0-39 of them: 40/50 = 0.8, the default overlap threshold. transformers
+    compares the float32 ratio's .item() with the Python float (0.800000012 > 0.8): it keeps the segment."""
+    size = 384  # transformers resizes the masks to 384 x 384: given so, its map is on the same grid
+    cls = torch.full((2, 3), -8.0)
+    cls[:, 1] = 8.0  # both queries confidently class 1
+    masks = torch.full((2, size, size), -5.0)
+    masks[0, :, :50] = 5.0
+    masks[1, :, 40:] = 8.0
+    hf = _transformers_panoptic(cls, masks)
+    ids, segments = query_segments(cls, masks, ())
+    assert [s["id"] for s in hf["segments_info"]] == [1, 2], "transformers keeps both"
+    assert torch.equal(ids.long(), hf["segmentation"].long()) and segments == hf["segments_info"]
+    assert int((ids == 1).sum()) == 40 * size
+    # the paper's rule keeps it too (ratio >= threshold)
+    paper_ids, paper_segments = query_segments(cls, masks, (), method="paper")
+    assert [s["id"] for s in paper_segments] == [1, 2] and torch.equal(paper_ids, ids)
+
+
+def _papers_panoptic_inference(
+    cls: torch.Tensor, masks: torch.Tensor, thing_ids: set[int], threshold: float, overlap: float
+) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """facebookresearch/Mask2Former's ``MaskFormer.panoptic_inference``, transcribed (no detectron2 here):
+    (segment map, [(id, class)])."""
+    num_classes = cls.shape[-1] - 1
+    scores, labels = cls.softmax(-1).max(-1)
+    mask_pred = masks.sigmoid()
+    keep = labels.ne(num_classes) & (scores > threshold)
+    cur_scores, cur_classes, cur_masks = scores[keep], labels[keep], mask_pred[keep]
+    cur_prob_masks = cur_scores.view(-1, 1, 1) * cur_masks
+    panoptic_seg = torch.zeros(masks.shape[-2:], dtype=torch.int32)
+    segments: list[tuple[int, int]] = []
+    current_segment_id = 0
+    if cur_masks.shape[0] == 0:
+        return panoptic_seg, segments
+    cur_mask_ids = cur_prob_masks.argmax(0)
+    stuff_memory_list: dict[int, int] = {}
+    for k in range(cur_classes.shape[0]):
+        pred_class = cur_classes[k].item()
+        isthing = pred_class in thing_ids
+        mask_area = (cur_mask_ids == k).sum().item()
+        original_area = (cur_masks[k] >= 0.5).sum().item()
+        mask = (cur_mask_ids == k) & (cur_masks[k] >= 0.5)
+        if mask_area > 0 and original_area > 0 and mask.sum().item() > 0:
+            if mask_area / original_area < overlap:
+                continue
+            if not isthing:
+                if int(pred_class) in stuff_memory_list:
+                    panoptic_seg[mask] = stuff_memory_list[int(pred_class)]
+                    continue
+                stuff_memory_list[int(pred_class)] = current_segment_id + 1
+            current_segment_id += 1
+            panoptic_seg[mask] = current_segment_id
+            segments.append((current_segment_id, int(pred_class)))
+    return panoptic_seg, segments
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_method_paper_is_the_papers_panoptic_inference(seed):
+    cls, masks = _logits(seed, size=64)
+    things = {1, 3, 4}
+    fuse = [c for c in range(5) if c not in things]
+    ref_map, ref_segments = _papers_panoptic_inference(cls, masks, things, 0.8, 0.8)
+    ids, segments = query_segments(cls, masks, fuse, method="paper")
+    assert len(ref_segments) >= 3
+    assert [(s["id"], s["label_id"]) for s in segments] == ref_segments
+    assert torch.equal(ids.clamp(min=0), ref_map), "segment map bit for bit (no segment: 0)"
+    assert bool((ids == 0).any()), "pixels whose winner's own mask is under 0.5 stay unlabelled"
+    hf_ids, _ = query_segments(cls, masks, fuse)
+    assert not torch.equal(hf_ids, ids), "the two rules differ on these logits"
+
+
+def test_the_query_rule_and_thresholds_are_config_keys():
+    from segtrain.config import compose
+    from segtrain.evaluation.evaluator import PanopticSpec
+
+    base = ["model=mask2former_tiny", "experiment=cpu_smoke"]
+    spec = PanopticSpec.from_config(compose(base))
+    assert (spec.query_method, spec.query_threshold, spec.query_mask_threshold, spec.query_overlap_threshold) == (
+        "transformers",
+        0.8,
+        0.5,
+        0.8,
+    ), "transformers' defaults"
+    keys = ["method=paper", "threshold=0.5", "mask_threshold=0.4", "overlap_threshold=0.6"]
+    spec = PanopticSpec.from_config(compose([*base, *(f"dataset.panoptic.queries.{k}" for k in keys)]))
+    cls, masks = _logits(5, size=64)
+    got, _ = spec.segment_queries(cls, masks)
+    want, _ = panoptic_inference(
+        cls, masks, spec.thing_ids, threshold=0.5, mask_threshold=0.4, overlap_threshold=0.6, method="paper"
+    )
+    assert torch.equal(got, want)
+
+
 def test_predict_segments_are_the_panoptic_inference_on_the_image_grid():
     from segtrain.evaluation.banded import NativeOutputs, segment_banded, segment_queries_banded
     from segtrain.evaluation.evaluator import PanopticSpec
