@@ -48,8 +48,8 @@ def objective(best: float | None) -> float | None:
 
 def check_direction(sweeper: Any, cfg: DictConfig) -> None:
     """The Optuna sweeper (``sweeper``: ``hydra.sweeper``) maximises or minimises what the job returns; it must
-    agree with ``cfg``'s checkpoint mode (a mismatch would search for the worst model). Checked by each job
-    before it trains: Hydra's callbacks cannot stop a sweep."""
+    agree with ``cfg``'s checkpoint mode (a mismatch would search for the worst model). Checked before the first
+    job (:class:`SweepCallback`) and again by each job before it trains (a sweep may set the mode per job)."""
     if "optuna" not in str(sweeper.get("_target_", "")).lower():
         return
     direction = str(sweeper.get("direction", "")).rsplit(".", 1)[-1].lower()  # "minimize" or "Direction.minimize"
