@@ -138,6 +138,7 @@ def _tuned(fs: Any) -> Any:
         session.register("needs-retry.s3", storage_limits.observe_botocore_attempt)
         session.register("before-send.s3", _without_expect_continue)
         fs.session = session
+        fs._session_is_owned = False  # a refreshed client (new credentials) is made from it too, with the handlers
     fs._segtrain_tuned = True
     return fs
 
@@ -225,6 +226,7 @@ def storage_error(path: Any, err: BaseException, what: str = "object") -> Storag
             "environment"
         )
     limits = storage_limits.current()
+    storage_limits.mark_unreachable()
     return StorageError(
         f"cannot reach {subject}: {storage_limits.why(err)}, {limits.attempts} attempt(s) "
         f"(storage.retries={limits.retries}) at {storage_limits.endpoint()}. Check that the store is up and that "

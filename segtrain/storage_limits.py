@@ -101,6 +101,18 @@ def why(err: BaseException | None, status: int | None = None) -> str:
 # --------------------------------------------------------------------------- one line per retry
 _LOCK = threading.Lock()
 _SAID: dict[str, int] = {}  # store -> the highest attempt announced in its current run of failures
+#: Whether a request spent its attempts without an answer, and none was answered since: what a run does on its
+#: way out (copying its logs, releasing its lock) is skipped rather than waiting out the retries again.
+_UNREACHABLE = threading.Event()
+
+
+def mark_unreachable() -> None:
+    _UNREACHABLE.set()
+
+
+def unreachable() -> bool:
+    """True after a request gave up on the store (:func:`mark_unreachable`) until another one was answered."""
+    return _UNREACHABLE.is_set()
 
 
 def retrying(store: str, failed: int, reason: str) -> None:
@@ -123,6 +135,7 @@ def retrying(store: str, failed: int, reason: str) -> None:
 
 def answered(store: str) -> None:
     """A request to ``store`` succeeded: its next failure is announced again."""
+    _UNREACHABLE.clear()
     if _SAID:
         with _LOCK:
             _SAID.pop(store, None)

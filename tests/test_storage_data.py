@@ -191,7 +191,8 @@ def test_a_coco_folder_in_a_bucket_trains_evaluates_and_predicts_under_torchrun(
     names = storage.names_in(f"{runs}/checkpoints")
     assert {"last.pt", "best.pt", "best_weights.pt"} <= set(names), names
     assert storage.info(f"{runs}/.lock") is None, "the run lock is released when the run ends"
-    assert storage.names_in(f"{runs}/logs") == ["metrics.jsonl", "train.log"], "the local logs are copied"
+    assert storage.names_in(f"{runs}/logs") == ["metrics.jsonl", "tb", "train.log"], "the local logs are copied"
+    assert [n for n in storage.names_in(f"{runs}/logs/tb") if n.startswith("events.out.tfevents.")], "TensorBoard's"
     assert b"run finished" in storage.read_bytes(f"{runs}/logs/train.log")
     ckpt = f"{runs}/checkpoints/best.pt"
     run_module(

@@ -24,6 +24,12 @@ CLIENTS = {"obstore": "obstore", "fsspec": "s3fs"}
 HUNG_S = 120
 
 
+@pytest.fixture(autouse=True)
+def _store_answers_again() -> Iterator[None]:
+    yield
+    storage_limits.answered("")  # a store that failed here is not the next test's
+
+
 @pytest.fixture(params=list(CLIENTS))
 def client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "obstore":
@@ -189,3 +195,25 @@ def test_a_local_error_is_not_called_a_stores() -> None:
         open("/nonexistent-folder/x")  # noqa: SIM115 - raises
     except OSError as e:
         assert storage.client_failure(e) is None
+
+
+def test_after_a_store_gave_up_the_runs_way_out_does_not_wait_again(
+    silent: SilentStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run ending because its store stopped answering copies no logs and deletes no lock (its lease expires):
+    each would wait out the retries again before the run's one line."""
+    from segtrain.engine.lease_lock import LeaseLock
+    from segtrain.engine.remote_logs import copy_logs
+
+    limits(monkeypatch, connect=5, read=0.5, retries=0)
+    (tmp_path / "train.log").write_text("a run\n")
+    one_line(bounded(lambda: storage.write_bytes("s3://hung/runs/a/checkpoints/last.pt", b"1")), "no answer")
+    assert storage_limits.unreachable()
+    requests = len(silent._held)
+    with caplog.at_level(logging.WARNING, logger="segtrain.trainer"):
+        copy_logs(tmp_path, storage.location("s3://hung/runs/a"))
+    assert "did not copy the run's logs" in caplog.text
+    lock = LeaseLock("s3://hung/runs/a")
+    lock.held = True  # as if taken before the store stopped answering
+    lock.release()
+    assert len(silent._held) == requests, "no request was sent on the way out"

@@ -35,6 +35,7 @@ from segtrain.engine.model_setup import (
 )
 from segtrain.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler, optimizer_settings
 from segtrain.engine.recorder import Recorder
+from segtrain.engine.remote_logs import copy_logs, restore_logs
 from segtrain.engine.run_dir import RunDirLock, check_fresh
 from segtrain.engine.session import start_run_record
 from segtrain.engine.trackers import tracker_hook
@@ -153,6 +154,8 @@ def fit(
         if dist.is_main:
             if lock is not None:
                 lock.announce()
+            if found is not None:  # a new node: the run's log, metrics and TensorBoard files from the store
+                restore_logs(run_dir, checkpoint_root(cfg, run_dir))
             start_run_record(cfg, run_dir)
             folder = io.folder_of(checkpoint_root(cfg, run_dir))
             if found is not None and io.same_path(found[0].parent, folder):
@@ -176,24 +179,6 @@ def fit(
     if dist.is_main:
         copy_logs(run_dir, checkpoint_root(cfg, run_dir))  # again, with the summary
     return trainer.state.best_metric
-
-
-#: The run's records copied beside remote checkpoints when a run ends (a lost node's disk takes the originals).
-COPIED_LOGS = ("train.log", "finetune.log", "metrics.jsonl")
-
-
-def copy_logs(run_dir: Path, root: Any) -> None:
-    """With ``trainer.checkpoint.dir`` on an object store: the run's log and metrics into ``<dir>/logs/``, each a
-    whole-object upload, when the run ends (finished, failed or preempted). A failed copy is a warning."""
-    if not storage.is_remote(root):
-        return
-    for name in COPIED_LOGS:
-        path = Path(run_dir) / name
-        if path.is_file():
-            try:
-                storage.write_bytes(storage.join(root, "logs", name), path.read_bytes())
-            except (OSError, storage.StorageError) as e:
-                log.warning("could not copy %s to %s: %s", name, root, e)
 
 
 def log_start(cfg: Config, trainer: Trainer) -> None:

@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from segtrain import storage
+from segtrain import storage, storage_limits
 from segtrain.config import ConfigError
 
 log = logging.getLogger("segtrain.run_dir")
@@ -132,6 +132,8 @@ class LeaseLock:
         if not self.held:
             return
         self.held = False
+        if storage_limits.unreachable():  # the store stopped answering: the lease expires on its own
+            return
         with contextlib.suppress(storage.StorageError):
             content, _ = self._read()
             if content is not None and content.get("run_id") == self.owner["run_id"]:
