@@ -80,8 +80,8 @@ def _channels_last_input(_: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """Non-blocking copies from pinned memory; integer maps become int64, uint8 images and uint8 loss-weight
-    planes (``WEIGHT_KEYS``, built compact in the workers) float on the device; encoded JPEG bytes
-    (``HOST_KEYS``) stay on the host, where the GPU decoder reads them."""
+    planes (``WEIGHT_KEYS``, built compact in the workers) float on the device; encoded JPEG bytes and the
+    samples' indices (``HOST_KEYS``) stay on the host, where the GPU decoder and the augmentation read them."""
     out = {k: v if k in HOST_KEYS else _to(v, device) for k, v in batch.items()}
     if "semantic" in out:
         out["semantic"] = out["semantic"].long()

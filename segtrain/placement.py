@@ -20,8 +20,9 @@ WORKER = "worker"
 DEVICE = "device"
 
 #: Batch entries that stay on the host when the batch moves to the device (``segtrain.device.to_device``): the
-#: encoded JPEG bytes (``dataset.decode=device``), which the GPU decoder reads from host memory.
-HOST_KEYS = ("jpeg", "jpeg_length", "orientation")
+#: encoded JPEG bytes (``dataset.decode=device``), which the GPU decoder reads from host memory, and the samples'
+#: data set indices, which seed each sample's device augmentation and name records without a device sync.
+HOST_KEYS = ("jpeg", "jpeg_length", "orientation", "index")
 
 #: The loss-weight planes of an item: float32, or uint8 when the loader workers build them compact
 #: (``make_targets(compact_weights=True)``: the same small integers in a quarter of the bytes); moving a batch

@@ -39,7 +39,9 @@ only); the shadow fill differs from ``cv2.fillPoly`` on part of the outline (see
 steps (float output).
 
 Randomness: every random number comes from ``generator`` (which must live on the batch's device), or from torch's
-default generator for that device if None; the same generator state gives the same output.  There is no host sync:
+default generator for that device if None; the same generator state gives the same output.  With ``item_seeds``
+each sample draws its own numbers from the generator reseeded with its seed, so a sample is augmented the same
+whatever batch it is in (1 or N processes, any batch split).  There is no host sync:
 every per-sample parameter stays a tensor and optional transforms are applied with identity parameters or
 ``torch.where``.  Ids survive exactly: ``id + 1`` (0 where invalid) is sampled as ONE float32 channel with
 ``mode="nearest"`` (exact below 2**24), so ids and validity come from the same source pixel and never mix; invalid
@@ -49,6 +51,7 @@ output pixels get id 0 (as ``transforms.apply_transforms``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import cast
 
 import torch
@@ -149,7 +152,11 @@ class DeviceAugment:
 
     # ------------------------------------------------------------------------------------------ parameters
     def sample_params(
-        self, content_hw: Tensor, generator: torch.Generator | None = None, device: torch.device | None = None
+        self,
+        content_hw: Tensor,
+        generator: torch.Generator | None = None,
+        device: torch.device | None = None,
+        u: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """Random parameters of a batch (all tensors on ``device``, default ``content_hw``'s; no host sync).
 
@@ -158,11 +165,13 @@ class DeviceAugment:
         Returns float64 (B,) ``scale`` (total: fit x random), ``angle`` (degrees), (B, 2) ``origin_yx``; bool (B,)
         ``hflip``, ``vflip``, ``color``, ``shadow``; float64 (B,) ``brightness``, ``contrast``, ``saturation``, ``hue``
         (fraction of a turn), ``noise_std``, ``shadow_factor``; (B, 6, 2) ``shadow_xy`` (x, y output pixels).
+        ``u``: the (B, ``_N_U``) float64 uniforms to use (:meth:`item_draws`) instead of drawing from ``generator``.
         """
         device = content_hw.device if device is None else torch.device(device)
         n = content_hw.shape[0]
         f64 = torch.float64
-        u = torch.rand((n, _N_U), generator=generator, device=device, dtype=f64)
+        if u is None:
+            u = torch.rand((n, _N_U), generator=generator, device=device, dtype=f64)
         h, w = self.size
         hw_c = content_hw.to(device=device, dtype=f64).clamp(min=1)
         # AffineCrop: fit into the output (1 for already fitted content) times U[scale_min, scale_max].
@@ -240,6 +249,22 @@ class DeviceAugment:
             [mo[:, 0] * (2 / win) + mo[:, 2] * (1 / win - 1), mo[:, 1] * (2 / hin) + mo[:, 2] * (1 / hin - 1)], dim=1
         )
 
+    def item_draws(
+        self, seeds: Sequence[int], generator: torch.Generator, device: torch.device
+    ) -> tuple[Tensor, Tensor | None]:
+        """Each sample's own random numbers: the (B, ``_N_U``) uniforms of :meth:`sample_params` and, when noise is
+        on, the (B, 3, h, w) unit normals of the noise, sample i's drawn from ``generator`` reseeded with
+        ``seeds[i]``. A sample's augmentation then depends on its seed alone, not on the batch around it (one
+        small draw per sample: a few kernel launches, no host sync)."""
+        h, w = self.size
+        us, normals = [], []
+        for seed in seeds:
+            generator.manual_seed(int(seed))
+            us.append(torch.rand((1, _N_U), generator=generator, device=device, dtype=torch.float64))
+            if self.noise_p > 0:
+                normals.append(torch.randn((3, h, w), generator=generator, device=device))
+        return torch.cat(us), torch.stack(normals) if normals else None
+
     # ------------------------------------------------------------------------------------------ application
     def __call__(
         self,
@@ -248,6 +273,7 @@ class DeviceAugment:
         valid: Tensor,
         generator: torch.Generator | None = None,
         content_hw: Tensor | None = None,
+        item_seeds: Sequence[int] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Augment a batch.
 
@@ -258,14 +284,22 @@ class DeviceAugment:
             generator: a ``torch.Generator`` on the same device (None: the default one).
             content_hw: optional (B, 2) content height/width in input pixels (may be fractional: the exact fitted
                 size), on the batch's device; default: the extent of ``valid`` (content at the top-left).
+            item_seeds: one seed per sample (``generator`` required): each sample's randomness from its own seed
+                (:meth:`item_draws`) instead of one stream for the batch.
 
         Returns:
             image (B, 3, h, w) float32 in [0, 1], instance (B, h, w) (input dtype), valid (B, h, w) bool, where
             (h, w) = ``input_size``.
         """
         hw = self.content_size(valid) if content_hw is None else content_hw
-        params = self.sample_params(hw, generator, image.device)
-        return self.apply(image, instance, valid, params, generator)
+        if item_seeds is None:
+            params = self.sample_params(hw, generator, image.device)
+            return self.apply(image, instance, valid, params, generator)
+        if generator is None:
+            raise ValueError("item_seeds needs a generator on the batch's device")
+        u, normals = self.item_draws(item_seeds, generator, image.device)
+        params = self.sample_params(hw, device=image.device, u=u)
+        return self.apply(image, instance, valid, params, normals=normals)
 
     @staticmethod
     def content_size(valid: Tensor) -> Tensor:
@@ -285,8 +319,10 @@ class DeviceAugment:
         valid: Tensor,
         params: dict[str, Tensor],
         generator: torch.Generator | None = None,
+        normals: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Apply sampled ``params`` (see :meth:`sample_params`); ``generator`` only feeds the noise."""
+        """Apply sampled ``params`` (see :meth:`sample_params`); ``generator`` only feeds the noise, unless its
+        (B, 3, h, w) unit ``normals`` are given (:meth:`item_draws`)."""
         if image.ndim != 4 or image.shape[1] != 3:
             raise ValueError(f"image must be (B, 3, H, W), got {tuple(image.shape)}")
         b, _, hin, win = image.shape
@@ -314,7 +350,9 @@ class DeviceAugment:
         if self.color_p > 0:
             img = self._colour(img, params)
         if self.noise_p > 0:
-            noise = torch.randn(img.shape, generator=generator, device=img.device, dtype=img.dtype)
+            noise = normals
+            if noise is None:
+                noise = torch.randn(img.shape, generator=generator, device=img.device, dtype=img.dtype)
             std = params["noise_std"].to(img.dtype).view(b, 1, 1, 1)
             img = img.addcmul_(noise, std).clamp_(0.0, 1.0)
         if self.shadow_p > 0:
@@ -371,9 +409,11 @@ class DeviceAugment:
 class DeviceBatchAugment:
     """``augment.device=cuda|auto``: augment a collated batch and build its targets on the device.
 
-    Randomness comes from a device generator reseeded from (seed, epoch, step, rank), so runs and
-    resumes are reproducible without any host synchronisation. ``targets`` is a
-    :class:`~segtrain.data.targets.spec.TargetSpec`.
+    Randomness: each sample's comes from a device generator reseeded from (seed, epoch, the sample's data set
+    index), as the CPU pipeline seeds its items (``data.seeding``), so 1 and N processes, and a resume on
+    another world size, augment every sample alike. The indices are read on the host (``to_device`` keeps
+    ``index`` there): no host synchronisation. A batch without ``index`` (built by hand) draws from one stream
+    seeded from (seed, epoch, step, rank). ``targets`` is a :class:`~segtrain.data.targets.spec.TargetSpec`.
     """
 
     def __init__(
@@ -393,13 +433,18 @@ class DeviceBatchAugment:
     def __call__(self, batch: dict[str, Tensor], epoch: int, step: int) -> dict[str, Tensor]:
         """``batch``: collated ``DeviceMapper`` items (``content`` (B, 2): the top-left content of each image;
         the rest is padding), on the device."""
-        self.generator.manual_seed(item_seed(self.seed, epoch, step * 65_536 + self.rank))
+        index = batch.get("index")
+        seeds = None
+        if index is not None and index.device.type == "cpu":
+            seeds = [item_seed(self.seed, epoch, i) for i in index.tolist()]
+        else:
+            self.generator.manual_seed(item_seed(self.seed, epoch, step * 65_536 + self.rank))
         inst = batch["instance"].to(torch.int32)  # uint16 has few kernels
         hw = batch["content"]
         b, h, w = inst.shape
         rows = torch.arange(h, device=inst.device).view(1, h, 1) < hw[:, 0].view(b, 1, 1)
         valid = rows & (torch.arange(w, device=inst.device).view(1, 1, w) < hw[:, 1].view(b, 1, 1))
-        image, inst, valid = self.augment(batch["image"], inst, valid, self.generator, content_hw=hw)
+        image, inst, valid = self.augment(batch["image"], inst, valid, self.generator, content_hw=hw, item_seeds=seeds)
         targets = build_targets_torch(
             inst, batch["instance_classes"], self.targets, valid=valid, crowd_classes=batch.get("crowd_classes")
         )

@@ -615,3 +615,49 @@ def test_end_to_end_statistics_match_the_cpu_pipeline():
 
     names = ["valid", "inst", "n_inst", "left-right", "thing", "offset", "center", "mean", "std", "chroma", "shadow"]
     compare_pipelines(AugmentConfig(), items, stats, names, targets=True)
+
+
+def test_a_sample_is_augmented_alike_in_any_batch_split(tmp_path):
+    """Device augmentation draws each sample's randomness from (seed, epoch, its data set index): one process's
+    global batch and two ranks' strided halves (what EpochSampler deals them, and what trainer.accumulate
+    splits) give every sample the same image, ids and targets. Drawn per (step, rank) before, every sample of
+    2 processes was augmented differently from 1 process, and a resume onto another world size changed it."""
+    from segtrain.config import compose
+    from segtrain.data.dataset import build_dataset, collate
+    from segtrain.data.pipeline import plan_pipeline
+    from segtrain.device import to_device
+    from tests.helpers.mixed_coco import write_mixed_coco
+
+    data = write_mixed_coco(tmp_path / "data", 8)
+    cfg = compose(
+        [
+            "experiment=cpu_smoke",
+            "dataset=coco",
+            f"dataset.root={tmp_path / 'data'}",
+            f"dataset.train.images={data['images']}",
+            f"dataset.train.annotations={data['annotations']}",
+            f"dataset.val.images={data['images']}",
+            f"dataset.val.annotations={data['annotations']}",
+            "dataset.classes=[background,circle,square,triangle]",
+            f"dataset.cache_dir={tmp_path / 'cache'}",
+            "augment.device=auto",
+            *(f"augment.{p}=1.0" for p in ("rotate_p", "color_p", "noise_p", "shadow_p")),
+        ]
+    )
+    cpu = torch.device("cpu")
+    dataset = build_dataset(cfg, "train", device=cpu)
+    plan = plan_pipeline(cfg, "cpu")
+    epoch, step = 1, 3
+    order = [5, 0, 3, 6, 1, 4]  # sizes and kinds mixed, so each split pads its batch to another size
+
+    def augmented(indices: list[int], rank: int) -> dict[str, torch.Tensor]:
+        batch = collate([dataset[(epoch, i)] for i in indices])  # collate takes the items apart: fresh ones
+        return plan.batch_step(rank=rank)(to_device(batch, cpu), epoch, step)
+
+    whole = augmented(order, 0)
+    for rank in (0, 1):
+        part = augmented(order[rank::2], rank)
+        for key in ("image", "instance", "semantic", "center", "offset", "semantic_weight", "center_weight"):
+            a, b = whole[key][rank::2], part[key]
+            assert torch.allclose(a, b, atol=1e-5), f"rank {rank}: {key} differs by {float((a - b).abs().max())}"
+    assert not torch.equal(whole["image"][0], whole["image"][1]), "samples are augmented independently"
