@@ -71,7 +71,20 @@ os.register_at_fork(after_in_child=_hold_inherited_clients)
 
 
 class StorageError(UserError, OSError):
-    """A remote object is missing, denied, or its store unreachable; the message names the URL."""
+    """A remote object is missing, denied, or its store unreachable; the message names the URL.
+
+    One that says the store could not be reached marks it so in the process that raises it, also when a loader
+    worker's error is raised again in the main process (made anew from its text): the run's way out then skips
+    the requests that would wait out the retries again (:func:`segtrain.storage_limits.unreachable`)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        if args and isinstance(args[0], str) and UNREACHABLE_WORDS in args[0]:
+            storage_limits.mark_unreachable()
+
+
+#: How :func:`storage_error` begins the line of a store that did not answer.
+UNREACHABLE_WORDS = "cannot reach "
 
 
 def scheme_of(path: str | os.PathLike) -> str | None:
@@ -226,9 +239,8 @@ def storage_error(path: Any, err: BaseException, what: str = "object") -> Storag
             "environment"
         )
     limits = storage_limits.current()
-    storage_limits.mark_unreachable()
     return StorageError(
-        f"cannot reach {subject}: {storage_limits.why(err)}, {limits.attempts} attempt(s) "
+        f"{UNREACHABLE_WORDS}{subject}: {storage_limits.why(err)}, {limits.attempts} attempt(s) "
         f"(storage.retries={limits.retries}) at {storage_limits.endpoint()}. Check that the store is up and that "
         "AWS_ENDPOINT_URL/storage.endpoint_url names it (raise storage.read_timeout_s for a slow one)"
     )

@@ -217,3 +217,22 @@ def test_after_a_store_gave_up_the_runs_way_out_does_not_wait_again(
     lock.held = True  # as if taken before the store stopped answering
     lock.release()
     assert len(silent._held) == requests, "no request was sent on the way out"
+
+
+class _Images(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> bytes:
+        return storage.read_bytes(f"s3://hung/images/{index}.jpg", "image file")
+
+
+def test_a_loader_workers_failure_marks_the_store_in_the_main_process(
+    silent: SilentStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The main process learns the store gave up from the worker's error, raised again there from its text."""
+    limits(monkeypatch, connect=5, read=0.5, retries=0)
+    loader = torch.utils.data.DataLoader(_Images(), batch_size=1, num_workers=1, collate_fn=list)
+    err = bounded(lambda: list(loader))
+    assert isinstance(err, storage.StorageError) and "no answer within 0.5 s" in str(err), repr(err)
+    assert storage_limits.unreachable()
