@@ -135,7 +135,7 @@ class Registry(Generic[T]):
                 "the working directory or PYTHONPATH"
             ) from None
         except Exception as e:  # noqa: BLE001 - the user's module failed while importing: its error, in one line
-            where = _raised_in(e)
+            where = raised_at(e)
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise UnknownChoiceError(
                 f"{self.key}={path!r}: importing {module_name!r} raised {type(e).__name__}: {first}{where}; fix the "
@@ -182,7 +182,7 @@ def check_call(obj: object, key: str, name: str, kwargs: dict[str, object], firs
         ) from None
 
 
-def _raised_in(err: BaseException) -> str:
+def raised_at(err: BaseException) -> str:
     """`` (file:line)`` of the innermost frame of ``err``'s traceback, where the user's module raised."""
     tb = err.__traceback__
     last = None

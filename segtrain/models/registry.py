@@ -15,7 +15,7 @@ from omegaconf.errors import MissingMandatoryValue
 from torch import nn
 
 from segtrain.config import ConfigError, ModelConfig, check_value
-from segtrain.registry import Registry, check_call
+from segtrain.registry import Registry, check_call, raised_at
 
 Builder = Callable[..., nn.Module]  # builder(spec, **model.kwargs)
 B = TypeVar("B", bound=Builder)
@@ -116,8 +116,18 @@ def build_model(cfg: Any, trust: bool = False) -> nn.Module:
     spec = model_spec(cfg)
     builder = MODELS.get(spec.name)
     check_builder(builder, spec.name, spec.kwargs)
-    model = builder(spec, **spec.kwargs)
-    check_contract(model, spec, user=not _origin_module(builder).startswith("segtrain."))
+    user = not _origin_module(builder).startswith("segtrain.")
+    try:
+        model = builder(spec, **spec.kwargs)
+    except Exception as e:
+        if not user:
+            raise  # segtrain's own builders: a traceback is a bug to report
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ModelContractError(
+            f"model.name={spec.name}: the builder raised {type(e).__name__}: {first}{raised_at(e)} when called with "
+            f"model.kwargs={spec.kwargs}; check the arguments and their types (docs/models.md)"
+        ) from None
+    check_contract(model, spec, user=user)
     if spec.pretrained == "timm":
         load_timm_pretrained(model, spec)
     elif spec.pretrained is not None:

@@ -68,6 +68,11 @@ USER_MODULE = textwrap.dedent(
 
     def build(spec, depth: int = 2):
         return Flattens(spec.num_classes)
+
+
+    def layered(spec, depth: int = 2):
+        layers = [nn.Conv2d(3, 8, 3, padding=1) for _ in range(depth)]  # depth must be a number
+        return Flattens(spec.num_classes) if layers else None
     """
 )
 
@@ -99,6 +104,10 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "model.kwargs a number": (["model.name=usernets:build", "model.kwargs=3"], ["model.kwargs must map", "got 3"]),
     "model.kwargs a list": (["model.name=usernets:build", "model.kwargs=[1,2]"], ["model.kwargs must map"]),
+    "model.kwargs of the wrong type": (
+        ["model.name=usernets:layered", "model.kwargs={depth: abc}"],
+        ["the builder raised TypeError", "usernets.py:", "model.kwargs={'depth': 'abc'}"],
+    ),
     "model.kwargs an argument the builder lacks": (
         ["model.name=usernets:build", "model.kwargs={nope: 1}"],
         ["unexpected keyword argument 'nope'"],
