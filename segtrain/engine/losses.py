@@ -62,13 +62,22 @@ def loss_denominators(batch: dict[str, torch.Tensor], cfg: LossConfig, terms: Se
     return torch.stack(out)
 
 
+def rank_share(global_sum: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Each rank's share of the global denominators: the global sum, at least 1 (an empty term never divides by
+    0), over the world size. Clamped before the division: a clamped share would give a term whose global sum
+    is below the world size (one instance pixel in the global batch) a larger normaliser on N processes than on
+    one, and the gradient would no longer be the big batch's."""
+    return global_sum.clamp(min=1.0) / world_size
+
+
 def global_denominators(local_sum: torch.Tensor) -> torch.Tensor:
-    """Per-rank share of the global denominators: sum over ranks / world size (one all_reduce)."""
+    """Per-rank share of the global denominators (:func:`rank_share`; one all_reduce)."""
     dens = local_sum.detach().clone()
+    world = 1
     if is_dist():
         all_reduce_(dens)
-        dens /= torch.distributed.get_world_size()
-    return dens.clamp(min=1.0)
+        world = torch.distributed.get_world_size()
+    return rank_share(dens, world)
 
 
 def compute_losses(

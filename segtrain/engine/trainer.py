@@ -27,7 +27,7 @@ from segtrain.checkpoint.state import load_weights, model_state
 from segtrain.device import autocast, to_device
 from segtrain.distributed import DistInfo, all_reduce_, is_dist, unwrap
 from segtrain.engine.ema import ModelEMA
-from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms
+from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms, rank_share
 from segtrain.engine.optim import scaler_step, scheduler_step
 from segtrain.engine.profiling import Nvtx
 from segtrain.engine.recorder import Recorder
@@ -317,7 +317,7 @@ class Trainer:
         packed = torch.cat([local, vote.to(local.dtype)])
         if is_dist():
             all_reduce_(packed)
-        denominators = (packed[:-1] / self.dist.world_size).clamp(min=1.0)
+        denominators = rank_share(packed[:-1], self.dist.world_size)
         # skip_step must drop the whole step: the forward pass also moves BatchNorm statistics
         saved_buffers = [b.clone() for b in self.buffers] if st.on_nonfinite == "skip_step" else None
         self.optimizer.zero_grad(set_to_none=True)

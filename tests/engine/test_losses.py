@@ -123,3 +123,47 @@ def test_compact_weight_planes_become_the_same_float32_on_the_device():
         assert torch.equal(
             loss_denominators(moved, loss_cfg(top_k), PANOPTIC), loss_denominators(batch, loss_cfg(top_k), PANOPTIC)
         )
+
+
+def _sparse_term_worker(rank: int, world: int, port: int, out: str) -> None:
+    """One rank of a 2-process group: its half of the batch, the losses with global denominators, summed over
+    ranks and divided by the world size (what DDP's gradient average makes of them)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        outputs, batch = _one_valid_pixel_batch()
+        mine = {k: v[rank::world] for k, v in batch.items()}
+        losses = compute_losses({k: v[rank::world] for k, v in outputs.items()}, mine, loss_cfg())
+        total = torch.stack([losses[k].detach() for k in ("semantic", "center", "offset")])
+        dist.all_reduce(total)
+        if rank == 0:
+            torch.save(total / world, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _one_valid_pixel_batch() -> tuple[dict, dict]:
+    """Two images whose only labelled pixel, only centre-weighted pixel and only instance pixel are in image 0:
+    global weight sums of 1 (2 for the offset's two channels), below or at the world size of 2."""
+    outputs, one = tiny_batch()
+    batch = {k: torch.cat([v, torch.zeros_like(v)]) for k, v in one.items()}
+    batch["semantic"][0] = torch.tensor([[0, 255], [255, 255]])
+    batch["semantic"][1] = 255
+    batch["center_weight"][0] = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    return {k: torch.cat([v, v]) for k, v in outputs.items()}, batch
+
+
+def test_a_term_with_fewer_weighted_pixels_than_ranks_is_normalised_as_on_one_process(tmp_path):
+    """A global weight sum below the world size (one labelled pixel in the global batch) is clamped as a whole,
+    then shared: 2 processes give the 1-process losses. Clamping each rank's share (0.5 -> 1) halved them."""
+    from tests.helpers.proc_utils import free_port
+
+    outputs, batch = _one_valid_pixel_batch()
+    one = compute_losses(outputs, batch, loss_cfg())
+    expected = torch.stack([one[k] for k in ("semantic", "center", "offset")])
+    assert bool((expected > 0).all()), expected
+    out = tmp_path / "losses.pt"
+    torch.multiprocessing.spawn(_sparse_term_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    got = torch.load(out, weights_only=True)
+    assert torch.allclose(got, expected, rtol=1e-6), (got, expected)
