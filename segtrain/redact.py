@@ -47,7 +47,10 @@ SECRET_PARAMS = frozenset(
 #: Environment variables whose values are secrets: a name holding one of these words.
 SECRET_ENV = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL|PRIVATE_KEY|AUTH", re.I)
 #: Shorter values are not searched for in text (``1``, ``true`` would mask unrelated words).
-MIN_SECRET_LEN = 6
+MIN_SECRET_LEN = 8
+#: Values that are no secret though their variable's name says so: a path (``XAUTHORITY``, ``SSH_AUTH_SOCK``),
+#: a plain lower-case word or a number (``AUTH_MODE=disabled``), which would mask ordinary words in the logs.
+_NOT_SECRET = re.compile(r"[/~.].*|[a-z_-]+|[0-9.]+")
 
 _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>\]\[,}{]+")
 
@@ -72,7 +75,11 @@ def uri(value: str) -> str:
 def environment_secrets() -> list[str]:
     """The values of this process's secret environment variables (longest first, so none masks a part of
     another)."""
-    values = {v for k, v in os.environ.items() if SECRET_ENV.search(k) and len(v) >= MIN_SECRET_LEN}
+    values = {
+        v
+        for k, v in os.environ.items()
+        if SECRET_ENV.search(k) and len(v) >= MIN_SECRET_LEN and not _NOT_SECRET.fullmatch(v)
+    }
     return sorted(values, key=len, reverse=True)
 
 

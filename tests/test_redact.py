@@ -25,10 +25,13 @@ def test_a_uris_userinfo_and_secret_query_values_are_masked():
 def test_text_masks_every_uri_in_it_and_secret_environment_values(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "env-secret-9876")
     monkeypatch.setenv("SOME_SETTING", "env-value-not-secret")
+    monkeypatch.setenv("XAUTHORITY", "/home/someone/.Xauthority")  # a path: no secret
+    monkeypatch.setenv("AUTH_MODE", "disabled")  # a plain word: masking it would hide ordinary words
     line = "segtrain.train trainer.tracking.mlflow_uri=http://alice:pw@h:5000 x=env-secret-9876 y=env-value-not-secret"
     out = redact.text(line)
     assert "alice" not in out and ":pw@" not in out and "env-secret-9876" not in out
     assert "trainer.tracking.mlflow_uri=http://***@h:5000" in out and "y=env-value-not-secret" in out
+    assert redact.text("auth disabled, see /home/someone/.Xauthority") == "auth disabled, see /home/someone/.Xauthority"
 
 
 def test_tree_masks_strings_at_any_depth_and_keeps_the_rest():
