@@ -40,6 +40,7 @@ from segtrain.engine.run_dir import RunDirLock, check_fresh
 from segtrain.engine.session import start_run_record
 from segtrain.engine.trackers import tracker_hook
 from segtrain.engine.trainer import StepSettings, Trainer
+from segtrain.engine.warmup import warm_kernels
 from segtrain.errors import UserError
 from segtrain.evaluation.evaluator import evaluate, evaluators_for
 from segtrain.evaluation.inference import native_forward
@@ -80,6 +81,8 @@ def _build(
     if data.batch_size != tr.batch_size:
         tr.batch_size = data.batch_size
     model = prepare_model(cfg, dist, init_weights, classes)
+    # a first run compiles numba's kernels here, said once, not in every loader worker inside the first epoch
+    warm_kernels([data.train_loader.dataset, data.val_set], _validates_panoptic(cfg, model), dist.is_main)
     apply_memory_format(model, tr.channels_last, dist, precision)  # before the EMA copies it
     check_metric_available(cfg, model)
     optimizer = build_optimizer(model, cfg.optim)
@@ -136,6 +139,11 @@ def _build(
             apply_optimizer_settings(optimizer, trainer.scheduler, fresh)
     trainer.model = wrap_model(model, dist, cfg, lambda: probe_batch(data.panels), precision)
     return trainer, found
+
+
+def _validates_panoptic(cfg: Config, model: nn.Module) -> bool:
+    """Whether validation runs Panoptic-DeepLab's post-processing (evaluators_for's rule)."""
+    return bool(cfg.trainer.val_panoptic and getattr(model, "instance_aware", False))
 
 
 def fit(
