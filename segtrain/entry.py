@@ -92,7 +92,8 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         err = failure[0]
         if isinstance(err, Preempted):
             word = "interrupted" if err.signal_name == "SIGINT" else "preempted"
-            print(f"{word}: {err}", file=sys.stderr, flush=True)
+            if env_rank() == 0:  # every rank stopped after the same step and saved together: one line per job
+                print(f"{word}: {err}", file=sys.stderr, flush=True)
             sys.exit(EXIT_PREEMPTED)
         if isinstance(err, KeyboardInterrupt):  # Ctrl-C before training started (or after it ended)
             print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)

@@ -7,6 +7,10 @@ launcher (``torch.distributed.run``, the same arguments and behaviour) and, when
 because of user errors (workers exiting with status 2, the others stopped by the launcher), exits
 with status 2 and leaves the worker's one line as the whole output. Any other failure keeps the
 launcher's full report.
+
+SIGTERM or Ctrl-C: torchrun's agent passes the signal on to the workers, waits up to 30 s while they finish
+their step and save last.pt, then ends with a ``SignalException`` traceback and status 1. Here the workers'
+one line is the whole output and the status is 75 (preempted), as without torchrun.
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ import argparse
 import contextlib
 import errno
 import logging
+import os
 import signal
 import socket
 import sys
 
-from segtrain.errors import EXIT_USER_ERROR, ConfigError
+from segtrain.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
 
 
 def user_error_only(exitcodes: list[int]) -> bool:
@@ -29,12 +34,42 @@ def user_error_only(exitcodes: list[int]) -> bool:
     return EXIT_USER_ERROR in exitcodes and all(c in (EXIT_USER_ERROR, *stopped) for c in exitcodes)
 
 
+class _QuietShutdown(logging.Filter):
+    """After the launcher received SIGTERM/SIGINT: drops the agent's lines about passing it on to the workers
+    (they say it themselves, once) and notes whether a worker had to be killed (it did not save in time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.killed = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        if text.startswith("Unable to shutdown process"):
+            self.killed = True
+            return True
+        return not text.startswith(("Received %s death signal", "Sending process %s closing signal"))
+
+
+def preempted_only(exitcodes: list[int]) -> bool:
+    """A signal that reached the workers and not the launcher (SIGTERM, SIGUSR1, e.g. from SLURM) stopped them
+    after the same step and last.pt is saved: some worker exited with status 75, and every other failed worker
+    also did, or was stopped by the launcher once the first had exited (a worker that already handled the signal
+    ignores the launcher's SIGTERM until its save is written, so only one past it dies of it)."""
+    return EXIT_PREEMPTED in exitcodes and all(c in (EXIT_PREEMPTED, -signal.SIGTERM) for c in exitcodes)
+
+
 class _QuietAfterUserError(logging.Filter):
-    """Drops the agent's lines about a worker that exited with status 2 and the workers it stops then."""
+    """Drops the agent's lines about a worker that exited with status 2 (a user error) or 75 (preempted, saved)
+    and the workers it stops then: the worker's one line said it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        quiet = (f"(exitcode: {EXIT_USER_ERROR})", "closing signal", "no error file defined for parent")
+        quiet = (
+            f"(exitcode: {EXIT_USER_ERROR})",
+            f"(exitcode: {EXIT_PREEMPTED})",
+            "closing signal",
+            "no error file defined for parent",
+        )
         return not any(q in text for q in quiet)
 
 
@@ -106,7 +141,21 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+def _wait_for_workers(shutdown: _QuietShutdown) -> None:
+    """A second signal while the agent waited for the workers to save ends the agent's wait early, leaving them
+    running on their own (each worker has its own session, so a terminal's Ctrl-C reaches only the launcher):
+    wait for them as the agent would have, 30 s, and kill what is left."""
+    import psutil
+
+    _, alive = psutil.wait_procs(psutil.Process().children(), timeout=30)
+    for w in alive:
+        shutdown.killed = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(w.pid, signal.SIGKILL)
+
+
 def main(argv: list[str] | None = None) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import main as torchrun_main
@@ -119,12 +168,31 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_USER_ERROR)
     for name in ("multiprocessing.api", "multiprocessing.errors.error_handler"):
         logging.getLogger(f"torch.distributed.elastic.{name}").addFilter(_QuietAfterUserError())
+    shutdown = _QuietShutdown()
+    for name in ("multiprocessing.api", "agent.server.api"):
+        logging.getLogger(f"torch.distributed.elastic.{name}").addFilter(shutdown)
     try:
         torchrun_main(args)
     except ChildFailedError as e:
-        if user_error_only([f.exitcode for f in e.failures.values()]):
+        codes = [f.exitcode for f in e.failures.values()]
+        if user_error_only(codes):
             sys.exit(EXIT_USER_ERROR)
+        if preempted_only(codes):
+            sys.exit(EXIT_PREEMPTED)
         raise
+    except SignalException as e:
+        # The agent passed the signal on to every worker and waited for them: they finished their step, saved
+        # last.pt and said so in one line (segtrain.preemption); torchrun itself would add its traceback, status 1.
+        _wait_for_workers(shutdown)
+        if shutdown.killed:
+            print(
+                f"error: a worker did not stop within torchrun's 30 s after {signal.Signals(e.sigval).name} and was "
+                "killed: resume=auto continues from the newest whole checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.exit(128 + int(e.sigval))
+        sys.exit(EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@
 (errors.EXIT_PREEMPTED). A second Ctrl-C exits at once, without saving (errors.EXIT_INTERRUPTED): the
 checkpoints on disk are whole either way (atomic writes), ``resume=auto`` continues from the newest.
 
-The handler only sets a flag. The trainer adds the flag to the all_reduce it does every step
-anyway, so every rank learns of a signal received by any rank at the same step, and all stop
-after that step together (torchrun forwards SIGTERM to each worker, not necessarily at the
-same instant). Loader worker processes ignore these signals (data.loaders.worker_init): a
-SLURM ``scancel --signal`` reaches every process of the job, and a killed worker would
-otherwise end the run with "DataLoader worker killed" before the checkpoint is written.
+The handler only sets a flag (and rank 0 says so, once for the job). One process stops after the step
+in progress. Under torchrun the trainer adds the flag to the all_reduce it does at the start of every
+step anyway, so every rank learns of a signal received by any rank at the same step, and all stop
+after that step together: the step in progress or the next (torchrun forwards SIGTERM to each worker,
+not necessarily at the same instant; an extra collective per step would cost a host sync). Loader
+worker processes ignore these signals (data.loaders.worker_init): a SLURM ``scancel --signal`` reaches
+every process of the job, and a killed worker would otherwise end the run with "DataLoader worker
+killed" before the checkpoint is written.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 from segtrain.errors import EXIT_INTERRUPTED
+from segtrain.launch_env import env_rank
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +69,24 @@ class StopSignals:
                 b"\nsecond Ctrl-C: exiting now without saving; resume=auto continues from the last checkpoint\n",
             )
             os._exit(EXIT_INTERRUPTED)
-        if self.received is None:
-            again = " (Ctrl-C again to exit at once, without saving)" if signum == signal.SIGINT else ""
-            log.warning("%s received: finishing this step, saving last.pt, then exiting%s", name, again)
+        if self.received is not None:
+            return  # the first signal names the stop (torchrun's agent may follow a Ctrl-C with SIGTERM)
         self.received = name
+        if env_rank() == 0:  # one line per job: torchrun sends it to every rank
+            # under torchrun a second Ctrl-C reaches the launcher, not this process (each worker has its session)
+            again = signum == signal.SIGINT and "TORCHELASTIC_RUN_ID" not in os.environ
+            hint = " (Ctrl-C again to exit at once, without saving)" if again else ""
+            log.warning("%s received: %s, saving last.pt, then exiting%s", name, stop_point(), hint)
+
+
+def stop_point() -> str:
+    """Where the run stops. One process: after the step in progress. Several: the ranks learn of the signal
+    through the all_reduce at the start of a step, so they stop together after the step whose all_reduce
+    follows it: the one in progress when the signal came while a batch was awaited or its all_reduce ran,
+    else the next one."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return "all ranks stop together after this step or the next"
+    return "finishing this step"
 
 
 def ignore_in_workers() -> None:

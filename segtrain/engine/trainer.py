@@ -449,6 +449,9 @@ class Trainer:
         """The inner loop: wait for a batch (timed: the data-wait meter), hooks, the step, hooks."""
         it = iter(batches)
         while self.state.step < self.total_steps and self.state.stop_reason is None:
+            if self.signals.pending and not is_dist():  # no rank to agree with: stop after the step it came in
+                self.request_stop("preempted")
+                break
             t0 = time.perf_counter()
             with self.nvtx("data"):
                 batch = next(it, None)

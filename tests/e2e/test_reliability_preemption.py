@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.fault_runs import FAULTS, LONG, SMOKE, load, wait_for
+from tests.helpers.fault_runs import FAULTS, LONG, SMOKE, load, run_script, wait_for
 from tests.helpers.proc_utils import child_env, run_module
 
 pytestmark = pytest.mark.slow
@@ -57,7 +57,9 @@ def test_sigterm_under_torchrun_then_resume_is_exact(base, uninterrupted):
     proc.send_signal(signal.SIGTERM)  # what SLURM / Kubernetes do; torchrun forwards it to every rank
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0
-    assert "SIGTERM received: finishing this step, saving last.pt" in out
+    # once for the job, and the stop as it happens: the ranks agree on it through the next step's all_reduce
+    assert out.count("SIGTERM received: all ranks stop together after this step or the next, saving last.pt") == 1
+    assert out.count("preempted: stopped by SIGTERM after step ") == 1, out[-3000:]
     assert "rerun with resume=auto" in out, out[-3000:]
     saved = load(run_dir / "checkpoints" / "last.pt")
     assert 5 <= saved["step"] < 12, saved["step"]
@@ -67,6 +69,63 @@ def test_sigterm_under_torchrun_then_resume_is_exact(base, uninterrupted):
     assert final["step"] == uninterrupted["step"] == 12
     for k, v in uninterrupted["model"].items():
         assert torch.equal(v, final["model"][k]), f"{k} differs after preemption at step {saved['step']}"
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+
+
+def test_sigterm_to_segtrain_launch_is_one_line_and_status_75(base):
+    """SIGTERM to the launcher (what Kubernetes sends to PID 1, or `kill` of the job): torchrun's agent passes it
+    on and waits; through `python -m segtrain.launch` the workers' one line is the whole output (no
+    SignalException traceback, no agent lines) and the status is 75, as without torchrun."""
+    run_dir = base / "launch_preempted"
+    cmd = [sys.executable, "-m", "segtrain.launch", "--standalone", "--nproc_per_node=2", FAULTS, *LONG]
+    cmd += ["trainer.log_every=1", f"hydra.run.dir={run_dir}"]
+    env = {**child_env(base / "cache"), "SEGTRAIN_TEST_SLEEP": "0.5"}
+    proc = subprocess.Popen(cmd, cwd=base, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(logged_steps(run_dir)) >= 3:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 75, out[-3000:]
+    for noise in ("Traceback", "SignalException", "closing signal", "death signal", "ChildFailedError"):
+        assert noise not in out, out[-3000:]
+    received = "SIGTERM received: all ranks stop together after this step or the next, saving last.pt, then exiting"
+    assert out.count(received) == 1 and out.count("preempted:") == 1, out[-3000:]
+    assert out.strip().splitlines()[-1].startswith("preempted: stopped by SIGTERM after step "), out[-3000:]
+    after = out[out.index(received) :]
+    assert len(re.findall(r"epoch \d+ step \d+ loss", after)) <= 2, after  # this step or the next
+    saved = load(run_dir / "checkpoints" / "last.pt")["step"]
+    assert logged_steps(run_dir) == list(range(1, saved + 1))
+
+
+def test_a_signal_in_the_middle_of_a_step_stops_after_that_step_or_the_next(base):
+    """The signal comes when a step's all_reduce is past (SIGTERM to each process, as SLURM sends it). One
+    process stops after that very step, as its line says; two processes after the next one, whose all_reduce
+    carries it to every rank, as theirs says; `segtrain.launch` reports the workers' status 75 as its own."""
+    one = base / "mid_step_one"
+    proc = run_script([*LONG, "trainer.log_every=1", f"hydra.run.dir={one}"], base, base / "cache",
+                      env={"SEGTRAIN_TEST_TERM_AFTER": "3"})  # fmt: skip
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert proc.stderr.count("SIGTERM received: finishing this step, saving last.pt, then exiting") == 1
+    assert load(one / "checkpoints" / "last.pt")["step"] == 3 and logged_steps(one) == [1, 2, 3]
+
+    two = base / "mid_step_two"
+    cmd = [sys.executable, "-m", "segtrain.launch", "--standalone", "--nproc_per_node=2", FAULTS, *LONG]
+    cmd += ["trainer.log_every=1", f"hydra.run.dir={two}"]
+    env = {**child_env(base / "cache"), "SEGTRAIN_TEST_TERM_AFTER": "3"}
+    proc = subprocess.run(cmd, cwd=base, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 75, out[-3000:]
+    assert "Traceback" not in out and "exitcode" not in out, out[-3000:]
+    assert out.count("SIGTERM received: all ranks stop together after this step or the next") == 1, out[-3000:]
+    assert out.strip().splitlines()[-1].startswith("preempted: stopped by SIGTERM after step 4;"), out[-3000:]
+    assert load(two / "checkpoints" / "last.pt")["step"] == 4 and logged_steps(two) == [1, 2, 3, 4]
 
 
 def test_ctrl_c_saves_and_a_second_ctrl_c_exits_at_once(base):

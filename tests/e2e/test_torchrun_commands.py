@@ -169,6 +169,16 @@ def test_launch_tells_user_errors_from_crashes():
     assert not user_error_only([1, -15]) and not user_error_only([2, 1]) and not user_error_only([-15])
 
 
+def test_launch_tells_a_preemption_from_a_crash():
+    """Workers that stopped on a signal and saved exit with 75; one the launcher stopped after the first exited
+    shows -15; anything else keeps torchrun's report."""
+    from segtrain.launch import preempted_only
+
+    assert preempted_only([75, 75]) and preempted_only([75, -15]) and preempted_only([75])
+    assert not preempted_only([-15]) and not preempted_only([75, 1]) and not preempted_only([75, -9])
+    assert not preempted_only([2, 75]) and not preempted_only([])
+
+
 def test_resume_auto_without_a_run_directory_is_refused(refused):
     base, results = refused
     proc, cwd = results["resume_auto"], base / "resume_auto"

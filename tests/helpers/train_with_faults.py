@@ -8,6 +8,8 @@
   the file NAME (e.g. best_weights.pt) is written: a kill between the files of one save;
 - SEGTRAIN_TEST_TERM_AT=N: before step N every rank receives SIGTERM (what torchrun forwards from SLURM or
   Kubernetes), at a known step however slow the machine;
+- SEGTRAIN_TEST_TERM_AFTER=N: when step N's computation has ended (its all_reduce long past), the rank sends
+  itself SIGTERM: a signal that arrives in the middle of a step;
 - SEGTRAIN_TEST_RECORD=DIR: each rank appends one JSON line per step to DIR/<pid>.jsonl: epoch, step, rank,
   world size and the record indices of its batch (what the data-order tests count);
 - SEGTRAIN_TEST_EXIT_STATE=DIR: when the entry point returns (or exits), each rank writes DIR/<pid>.json: whether
@@ -37,6 +39,7 @@ HOLD_AT = int(os.environ.get("SEGTRAIN_TEST_HOLD_AT", "0"))
 HOLD = os.environ.get("SEGTRAIN_TEST_HOLD", "")
 HOLD_SAVE = os.environ.get("SEGTRAIN_TEST_HOLD_SAVE", "")
 TERM_AT = int(os.environ.get("SEGTRAIN_TEST_TERM_AT", "0"))
+TERM_AFTER = int(os.environ.get("SEGTRAIN_TEST_TERM_AFTER", "0"))
 RECORD = os.environ.get("SEGTRAIN_TEST_RECORD", "")
 EXIT_STATE = os.environ.get("SEGTRAIN_TEST_EXIT_STATE", "")
 _real_save = io.atomic_save
@@ -74,7 +77,10 @@ def _faulty_step(self, batch):
         time.sleep(SLEEP)
     if NAN_AT and self.state.step + 1 == NAN_AT:
         batch = {**batch, "image": torch.full(batch["image"].shape, float("nan"))}
-    return _real(self, batch)
+    losses = _real(self, batch)
+    if TERM_AFTER and self.state.step == TERM_AFTER:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return losses
 
 
 # fault injection into every Trainer the real entry point builds
