@@ -54,8 +54,9 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         try:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 check_direction(HydraConfig.get().sweeper, cfg)
+            configure_storage(cfg)  # before finalize, which may read the data set (dataset.classes=auto)
             cfg = finalize(cfg)
-            storage.configure(OmegaConf.select(cfg, "storage.endpoint_url"))
+            configure_storage(cfg)
             return job(cfg, HydraConfig.get().runtime.output_dir)
         except Exception as e:
             if HydraConfig.get().mode == RunMode.MULTIRUN:  # one job of a sweep: Hydra marks it FAILED
@@ -63,7 +64,11 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
                     requeue_with_submitit(e.signal_name)
                 _report_job_failure(e)
                 raise
-            failure.append(unwritable_error(e, where_to_write(e, cfg) if isinstance(e, OSError) else "") or e)
+            failure.append(
+                storage.client_failure(e)
+                or unwritable_error(e, where_to_write(e, cfg) if isinstance(e, OSError) else "")
+                or e
+            )
         except BaseException as e:  # noqa: BLE001 - Ctrl-C and exits: reported below
             failure.append(e)
         return None
@@ -101,6 +106,18 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
         if isinstance(err, UserError):
             _user_error(err, debug)
         _report_crash(err)
+
+
+def configure_storage(cfg: DictConfig) -> None:
+    """Apply the ``storage`` group (endpoint, timeouts, retries) before anything reads a URL: the data paths are
+    checked, and ``dataset.classes=auto`` read, while the config is finalized."""
+    values = {}
+    for key in ("endpoint_url", "connect_timeout_s", "read_timeout_s", "retries"):
+        try:
+            values[key] = OmegaConf.select(cfg, f"storage.{key}")
+        except Exception:  # noqa: BLE001 - an interpolation that does not resolve: finalize names it
+            values[key] = None
+    storage.configure(**values)
 
 
 def where_to_write(err: BaseException, cfg: DictConfig) -> str:
