@@ -424,6 +424,9 @@ class TrackingConfig:
     # else MLflow's own default (sqlite:///mlflow.db in the working directory)
     mlflow_uri: str | None = None
     log_checkpoint: bool = False  # upload best.pt to each tracker when the run ends
+    # false: a tracker of trainer.loggers that cannot start its run stops the run before its first step, in one
+    # line naming the fix; true: it is warned about and dropped, and training goes on without it
+    optional: bool = False
 
 
 @dataclass

@@ -5,8 +5,10 @@ what TensorBoard receives, through one hook.
 id the checkpoint and ``<run>/trackers.json`` keep), logs the config as parameters and the command line, then
 takes every record the :class:`~segtrain.engine.recorder.Recorder` writes (scalars of each logging step and
 validation, per-class figures, the validation panels) and, with ``trainer.tracking.log_checkpoint``, uploads
-``best.pt`` at the end. A tracker that fails (server unreachable, no credentials) is warned about once and
-dropped; training goes on. Credentials come from the libraries' own environment, never from the config.
+``best.pt`` at the end. A tracker that cannot start its run (server unreachable, no credentials, MLflow 3
+refusing a file store) stops the run before its first step in one line naming the fix, unless
+``trainer.tracking.optional=true``; a tracker that fails later is warned about once and dropped, and training
+goes on. Credentials come from the libraries' own environment, never from the config.
 
 TensorBoard itself is written by the Recorder; its registry entry builds no tracker.
 """
@@ -30,8 +32,10 @@ import numpy as np
 import segtrain.redact
 from segtrain.checkpoint import io
 from segtrain.config import Config, TrackingConfig
+from segtrain.distributed import broadcast_object
 from segtrain.engine.hooks import HookBase
 from segtrain.engine.recorder import scalar_tags
+from segtrain.errors import UserError
 from segtrain.fileio import atomic_write_bytes
 from segtrain.launch_env import DEFERRAL
 from segtrain.registry import Registry
@@ -65,6 +69,10 @@ class Tracker(abc.ABC):
     def finish(self, status: str) -> None:
         """``status``: FINISHED, KILLED (preempted: resume=auto continues the run) or FAILED."""
         ...
+
+    def fix(self, error: Exception) -> str:
+        """What to change when :meth:`start` raised ``error`` (the end of the one-line refusal)."""
+        return f"check that {self.name} can be reached and has its credentials"
 
 
 class RunInfo:
@@ -183,6 +191,17 @@ class MLflowTracker(Tracker):
     def finish(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=status)
 
+    def fix(self, error: Exception) -> str:
+        if "MLFLOW_ALLOW_FILE_STORE" in str(error):  # MLflow 3 refuses a file store (file:./mlruns, a folder)
+            return "MLflow 3 refuses a file store: use trainer.tracking.mlflow_uri=sqlite:///mlflow.db"
+        where = redact(str(self.uri or os.environ.get("MLFLOW_TRACKING_URI", "")))
+        if where.startswith(("http://", "https://")):
+            return (
+                f"start the tracking server at {where} or correct trainer.tracking.mlflow_uri (credentials: "
+                "MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN)"
+            )
+        return "set trainer.tracking.mlflow_uri to a tracking server (http://HOST:5000) or sqlite:///mlflow.db"
+
 
 # --------------------------------------------------------------------------- Weights & Biases
 @LOGGERS.register("wandb")
@@ -193,19 +212,24 @@ class WandbTracker(Tracker):
     name = "wandb"
 
     def __init__(self, tracking: TrackingConfig) -> None:
+        self.tracking = tracking
         self.run: Any = None
 
     def start(self, run_id: str | None, run: RunInfo) -> str:
         import wandb
 
         config = {**run.params, "command": run.command}
+        # W&B's own variables (WANDB_DIR, WANDB_PROJECT, WANDB_NAME) win over segtrain's defaults; a value set in
+        # the config wins over them. None: W&B reads its variable.
+        env = os.environ
+        project_set = self.tracking.experiment != TrackingConfig.experiment
         with segtrain.redact.masked_argv():  # W&B's run metadata records sys.argv
             self.run = wandb.init(
-                project=run.experiment,
-                name=run.name,
+                project=run.experiment if project_set or "WANDB_PROJECT" not in env else None,
+                name=run.name if self.tracking.run_name or "WANDB_NAME" not in env else None,
                 id=run_id,  # None: W&B makes one
                 resume="allow",
-                dir=str(run.run_dir),
+                dir=None if env.get("WANDB_DIR") else str(run.run_dir),
                 config=config,
                 # train.log has the console (W&B would capture it twice); quiet: no run summary printed at the end
                 settings=wandb.Settings(console="off", quiet=True),
@@ -229,6 +253,12 @@ class WandbTracker(Tracker):
 
     def finish(self, status: str) -> None:
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+
+    def fix(self, error: Exception) -> str:
+        return (
+            "log in (wandb login, or WANDB_API_KEY) and check that W&B can be reached, or set WANDB_MODE=offline "
+            "to keep the run in files (wandb sync uploads them later)"
+        )
 
 
 # --------------------------------------------------------------------------- the hook
@@ -254,10 +284,20 @@ class TrackerHook(HookBase):
 
     # ------------------------------------------------------------------ hook points
     def before_train(self) -> None:
+        """Rank 0 starts each tracker's run. One that cannot start stops the run here, before its first step, on
+        every rank (one line naming the fix), unless ``trainer.tracking.optional``: then a warning, and training
+        goes on without it."""
         t = self.trainer
-        if not t.dist.is_main or not self.trackers:
+        refusal = self._start() if t.dist.is_main and self.trackers else None
+        if not t.dist.is_main:
             self.trackers = []
-            return
+        refusal = broadcast_object(refusal)  # every rank stops before the first step, or none does
+        if refusal is not None:
+            raise TrackerError(refusal)
+
+    def _start(self) -> str | None:
+        """Start every tracker's run on rank 0; the refusal's line when a required one could not start."""
+        t = self.trainer
         step = t.state.step
         known = self._known_ids() if step else {}
         run = RunInfo(
@@ -269,7 +309,18 @@ class TrackerHook(HookBase):
             step,
         )
         for tracker in list(self.trackers):
-            run_id = self._call(tracker, "start its run", tracker.start, known.get(tracker.name), run)
+            if not self.tracking.optional:
+                try:
+                    run_id = tracker.start(known.get(tracker.name), run)
+                except Exception as e:  # noqa: BLE001 - any failure to start is the same refusal
+                    self.trackers = []
+                    return (
+                        f"trainer.loggers: {tracker.name} could not start its run ({_first_line(e)}). "
+                        f"{tracker.fix(e)}; or set trainer.tracking.optional=true to train without a tracker "
+                        "that cannot start"
+                    )
+            else:
+                run_id = self._call(tracker, "start its run", tracker.start, known.get(tracker.name), run)
             if run_id is not None:
                 self.ids[tracker.name] = str(run_id)
                 how = f"continues run {run_id}" if known.get(tracker.name) else f"run {run_id}"
@@ -277,6 +328,7 @@ class TrackerHook(HookBase):
         if self.ids:
             atomic_write_bytes(self.run_dir / IDS_FILE, json.dumps(self.ids, indent=1).encode())
         t.recorder.sinks.append(self)
+        return None
 
     def after_train(self) -> None:
         if not self.trackers:
@@ -328,17 +380,24 @@ class TrackerHook(HookBase):
         try:
             return fn(*args)
         except Exception as e:  # noqa: BLE001 - a tracker must never stop training
-            message = str(e).splitlines()[0][:300] if str(e) else ""
-            log.warning(
-                "trainer.loggers: %s could not %s (%s: %s); training goes on without it",
-                tracker.name,
-                what,
-                type(e).__name__,
-                message,
-            )
+            log.warning("trainer.loggers: %s could not %s (%s); training goes on without it", tracker.name, what,
+                        _first_line(e, 300))  # fmt: skip
             if tracker in self.trackers:
                 self.trackers.remove(tracker)
             return None
+
+
+class TrackerError(UserError, RuntimeError):
+    """A tracker of ``trainer.loggers`` could not start its run; every rank meets it (rank 0 says it)."""
+
+    every_rank = True
+
+
+def _first_line(error: Exception, limit: int = 120) -> str:
+    """``Type: the message's first line``, shortened, without credentials a URL in it may hold."""
+    text = segtrain.redact.text(str(error).strip().splitlines()[0]) if str(error).strip() else ""
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def tracker_hook(cfg: Config, run_dir: Path) -> TrackerHook | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from segtrain.config import ConfigError, compose
 from segtrain.config import checks as config_checks
 from segtrain.engine.trackers import redact, tracked_scalars
+from tests.helpers.cases import Case, run_cases
 from tests.helpers.proc_utils import child_env, free_port, run_module
 
 mlflow = pytest.importorskip("mlflow", reason="mlflow not installed (pip install -e '.[trackers]')")
@@ -44,8 +47,7 @@ def test_without_the_optional_packages_segtrain_imports_and_names_the_extra(tmp_
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "error: trainer.loggers: mlflow needs the mlflow package, which is not installed: "
-        "pip install -e '.[trackers]'"
+        "error: trainer.loggers: mlflow needs the mlflow package, which is not installed: pip install -e '.[trackers]'"
     ]
 
 
@@ -173,7 +175,8 @@ def test_mlflow_and_wandb_get_tensorboards_scalars_and_resume_continues_them(tmp
 
 
 @pytest.mark.slow
-def test_unreachable_tracker_warns_once_and_training_goes_on(tmp_path):
+def test_unreachable_optional_tracker_warns_once_and_training_goes_on(tmp_path):
+    """trainer.tracking.optional=true: a tracker that cannot start is one warning, and the run trains without it."""
     port = free_port()  # nothing listens there
     run_dir = tmp_path / "run"
     env = child_env(tmp_path / "cache", MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="5")
@@ -185,6 +188,7 @@ def test_unreachable_tracker_warns_once_and_training_goes_on(tmp_path):
             "trainer.max_steps=2",
             "trainer.loggers=[mlflow]",
             f"trainer.tracking.mlflow_uri=http://127.0.0.1:{port}",
+            "trainer.tracking.optional=true",
         ],
         tmp_path,
         tmp_path / "cache",
@@ -195,3 +199,86 @@ def test_unreachable_tracker_warns_once_and_training_goes_on(tmp_path):
     assert "training goes on without it" in log
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     assert not (run_dir / "tb").exists(), "trainer.loggers without tensorboard writes no TensorBoard files"
+
+
+def untrained(run_dir: Path) -> bool:
+    """No step ran in ``run_dir``: no checkpoint, no training record."""
+    metrics = run_dir / "metrics.jsonl"
+    return not (run_dir / "checkpoints").exists() and (not metrics.exists() or '"train"' not in metrics.read_text())
+
+
+@pytest.mark.slow
+def test_a_tracker_that_cannot_start_stops_the_run_before_its_first_step(tmp_path):
+    """MLflow 3 refusing its file store, and a tracking server nobody listens to: one line naming the fix (and
+    trainer.tracking.optional=true), exit status 2, before any step; under torchrun once, for every rank."""
+    port = free_port()
+    common = ["experiment=cpu_smoke", "trainer.max_steps=2", "trainer.loggers=[mlflow]"]
+    file_store = f"trainer.tracking.mlflow_uri=file:{tmp_path / 'mlruns'}"
+    env: dict[str, str | None] = {
+        "MLFLOW_ALLOW_FILE_STORE": None,
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+    }
+    cases = [
+        Case("segtrain.train", [*common, file_store, f"hydra.run.dir={tmp_path / 'file'}"], str(tmp_path), env),
+        Case(
+            "segtrain.train",
+            [*common, f"trainer.tracking.mlflow_uri=http://127.0.0.1:{port}", f"hydra.run.dir={tmp_path / 'http'}"],
+            str(tmp_path),
+            env,
+        ),
+    ]
+    fixes = {
+        "file": "MLflow 3 refuses a file store: use trainer.tracking.mlflow_uri=sqlite:///mlflow.db",
+        "http": f"start the tracking server at http://127.0.0.1:{port}",
+    }
+    for (run, fix), result in zip(fixes.items(), run_cases(cases, tmp_path / "cache")):
+        assert result.returncode == 2, result.stderr
+        lines = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        assert lines[0].startswith("error: trainer.loggers: mlflow could not start its run ("), lines[0]
+        assert fix in lines[0] and lines[0].endswith("or set trainer.tracking.optional=true to train without a "
+                                                     "tracker that cannot start"), lines[0]  # fmt: skip
+        assert untrained(tmp_path / run)
+
+    two = tmp_path / "two"
+    launch = [sys.executable, "-m", "segtrain.launch", "--standalone", "--nproc_per_node=2", "-m", "segtrain.train"]
+    proc = subprocess.run(
+        [*launch, *common, file_store, f"hydra.run.dir={two}"],
+        cwd=tmp_path,
+        env={k: v for k, v in child_env(tmp_path / "cache").items() if k != "MLFLOW_ALLOW_FILE_STORE"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert out.count("error: trainer.loggers: mlflow could not start its run") == 1 and "Traceback" not in out, out
+    assert untrained(two)
+
+
+@pytest.mark.slow
+def test_wandb_variables_win_over_segtrains_defaults(tmp_path):
+    """WANDB_DIR takes W&B's files out of the run directory and WANDB_PROJECT names the project, where the config
+    leaves segtrain's defaults; a project set in the config still wins."""
+    wandb_dir = tmp_path / "wandb_files"
+    wandb_dir.mkdir()
+    env: dict[str, str | None] = {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_DIR": str(wandb_dir),
+        "WANDB_PROJECT": "project-from-env",
+    }
+    common = ["experiment=cpu_smoke", "trainer.max_steps=1", "trainer.loggers=[wandb]"]
+    runs = {"default": [], "configured": ["trainer.tracking.experiment=project-from-config"]}
+    cases = [
+        Case("segtrain.train", [*common, *extra, f"hydra.run.dir={tmp_path / name}"], str(tmp_path), env)
+        for name, extra in runs.items()
+    ]
+    for result in run_cases(cases, tmp_path / "cache"):
+        assert result.returncode == 0, result.stderr
+    for name, project in (("default", b"project-from-env"), ("configured", b"project-from-config")):
+        run_id = json.loads((tmp_path / name / "trackers.json").read_text())["wandb"]
+        assert not (tmp_path / name / "wandb").exists(), "W&B's files went to the run directory, not WANDB_DIR"
+        (folder,) = (wandb_dir / "wandb").glob(f"offline-run-*-{run_id}")
+        assert project in (folder / f"run-{run_id}.wandb").read_bytes(), name
