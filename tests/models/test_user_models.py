@@ -138,15 +138,23 @@ def test_user_network_trains_finetunes_frozen_and_evaluates_from_fresh_processes
     stored = torch.load(ckpt, weights_only=True)
     assert stored["config"]["model"]["name"] == "mynets:build" and stored["config"]["model"]["kwargs"] == {"depth": 3}
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in stored["model"])
-    # the builder is never named again: the checkpoint's config rebuilds it
+    # an import path in a checkpoint is code: it runs on the user's word only, the path typed again (its kwargs
+    # still come from the checkpoint) or trust_checkpoint=true
     run(
         "segtrain.finetune",
-        [f"ckpt={ckpt}", "freeze=backbone", "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'f'}"],
+        [
+            f"ckpt={ckpt}",
+            "model.name=mynets:build",
+            "freeze=backbone",
+            "trainer.max_steps=2",
+            f"hydra.run.dir={tmp_path / 'f'}",
+        ],
     )
     tuned = torch.load(tmp_path / "f" / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert all(torch.equal(tuned[k], stored["model"][k]) for k in tuned if k.startswith("backbone."))
     assert not torch.equal(tuned["semantic.weight"], stored["model"]["semantic.weight"])
-    run("segtrain.evaluate", [f"ckpt={tmp_path / 'f' / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={tmp_path / 'e'}"])
+    tuned_ckpt = tmp_path / "f" / "checkpoints" / "last.pt"
+    run("segtrain.evaluate", [f"ckpt={tuned_ckpt}", "trust_checkpoint=true", f"hydra.run.dir={tmp_path / 'e'}"])
     scores = json.loads((tmp_path / "e" / "eval.json").read_text())
     flat = json.dumps(scores)
     assert '"miou"' in flat and '"pq"' in flat, "semantic and panoptic scores of the user's instance-aware model"
