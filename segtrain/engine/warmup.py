@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -64,11 +65,12 @@ def warm_kernels(datasets: Sequence[Any], post_processing: bool, announce: bool)
     if not cold:
         return []
     if announce:
+        cold_kernels = [k for name in cold for k in families[name]]
         log.info(
-            "first run on this machine: compiling segtrain's numba kernels (%s) once, about 10-40 s; "
-            "cached in %s for later runs",
+            "first run with an empty kernel cache: compiling segtrain's numba kernels (%s), once, about 10-40 s; "
+            "the next runs load them from %s",
             ", ".join(cold),
-            cache_folder(families[cold[0]]),
+            cache_folder(cold_kernels),
         )
     if "rasteriser, targets" in cold:
         for ds in datasets:
@@ -83,14 +85,19 @@ def warm_kernels(datasets: Sequence[Any], post_processing: bool, announce: bool)
 
 
 def cache_folder(kernels: Sequence[Any]) -> str:
-    """Where numba keeps these kernels: NUMBA_CACHE_DIR, else the __pycache__ beside their source."""
+    """Where numba keeps the kernels: NUMBA_CACHE_DIR, else each module's __pycache__ (named by the folder that
+    holds them all)."""
     import numba
 
     configured = getattr(numba.config, "CACHE_DIR", "")  # NUMBA_CACHE_DIR, read by numba at import
     if configured:
         return str(configured)
-    folder = kernels[0].stats.cache_path if kernels else None
-    return str(folder) if folder else "memory only (set NUMBA_CACHE_DIR to a writable folder to keep them)"
+    folders = sorted({str(k.stats.cache_path) for k in kernels if k.stats.cache_path})
+    if not folders:
+        return "memory only (set NUMBA_CACHE_DIR to a writable folder to keep them)"
+    if len(folders) == 1:
+        return folders[0]
+    return f"the __pycache__ folders under {os.path.commonpath(folders)}"
 
 
 def _warm_post_processing() -> None:

@@ -10,7 +10,9 @@ import pytest
 
 from tests.helpers.proc_utils import child_env, run_module
 
-ANNOUNCED = "first run on this machine: compiling segtrain's numba kernels (rasteriser, targets, post-processing)"
+ANNOUNCED = (
+    "first run with an empty kernel cache: compiling segtrain's numba kernels (rasteriser, targets, post-processing)"
+)
 RUN = ["experiment=cpu_smoke", "trainer.num_workers=2", "trainer.epochs=1", "trainer.max_steps=2"]
 
 # The real build of the trainer (data, model, hooks) for RUN, in a fresh process, and nothing more: no step runs.
