@@ -41,7 +41,8 @@ SIGNALS = tuple(
 class StopSignals:
     """Installs handlers for :data:`SIGNALS` while the trainer runs (main thread only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: str = "finishing this step") -> None:
+        self.where = where  # where the run stops (:func:`stop_point`), said when the signal comes
         self.received: str | None = None
         self._previous: dict[int, Any] = {}
 
@@ -76,17 +77,20 @@ class StopSignals:
             # under torchrun a second Ctrl-C reaches the launcher, not this process (each worker has its session)
             again = signum == signal.SIGINT and "TORCHELASTIC_RUN_ID" not in os.environ
             hint = " (Ctrl-C again to exit at once, without saving)" if again else ""
-            log.warning("%s received: %s, saving last.pt, then exiting%s", name, stop_point(), hint)
+            log.warning("%s received: %s, saving last.pt, then exiting%s", name, self.where, hint)
 
 
-def stop_point() -> str:
+def stop_point(world_size: int, read_every: int = 1) -> str:
     """Where the run stops. One process: after the step in progress. Several: the ranks learn of the signal
     through the all_reduce at the start of a step, so they stop together after the step whose all_reduce
     follows it: the one in progress when the signal came while a batch was awaited or its all_reduce ran,
-    else the next one."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return "all ranks stop together after this step or the next"
-    return "finishing this step"
+    else the next one; on CUDA, where the step checks are read back every ``read_every`` steps
+    (engine/step_checks.py), at the next read-back after that."""
+    if world_size <= 1:
+        return "finishing this step"
+    if read_every > 1:
+        return f"all ranks stop together within the next {read_every} steps (where they read their step checks)"
+    return "all ranks stop together after this step or the next"
 
 
 def ignore_in_workers() -> None:

@@ -33,7 +33,7 @@ from segtrain.engine.profiling import Nvtx
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.step_checks import StepChecks, Verdict
 from segtrain.errors import NonFiniteError, Preempted, mark_running
-from segtrain.preemption import StopSignals
+from segtrain.preemption import StopSignals, stop_point
 
 if TYPE_CHECKING:
     from segtrain.config import LossConfig, TrainerConfig
@@ -220,11 +220,11 @@ class Trainer:
         self.params = [p for p in unwrap(model).parameters() if p.requires_grad]
         self.buffers = list(unwrap(model).buffers())
         self.nvtx = Nvtx(self.settings.nvtx)
-        self.signals = StopSignals()
         st = self.settings
         per_step = st.on_nonfinite == "skip_step" or self.scaler.is_enabled()  # must decide before the update
         deferred = st.deferred_checks if st.deferred_checks is not None else self.device.type == "cuda"
         self.checks = StepChecks(st.check_every, deferred and not per_step)
+        self.signals = StopSignals(stop_point(self.dist.world_size, self.checks.every if self.checks.deferred else 1))
         self._votes = torch.tensor([0.0, 1.0], device=self.device)  # this rank's vote, without a copy per step
         self.register_hooks(hooks)
 
