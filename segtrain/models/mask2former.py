@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from segtrain.config.checks import check_fixed_backbone
-from segtrain.config.schema import MODEL_BACKBONES
+from segtrain.config.schema import MODEL_BACKBONES, ModelConfig
 from segtrain.models.heads import IMAGENET_MEAN, IMAGENET_STD
 from segtrain.models.registry import ModelSpec, register_model
 
@@ -236,7 +236,8 @@ def build_mask2former(spec: ModelSpec) -> Mask2Former:
     """``model.name`` picks the preset; ``model.backbone`` must be the preset's (another is refused in one line,
     never silently replaced: the config check says so first, this for a spec built in Python)."""
     preset = PRESETS[spec.name]
-    check_fixed_backbone(spec.name, spec.backbone)
+    if spec.backbone != ModelConfig.backbone:  # the schema's default: a spec built in Python that names none
+        check_fixed_backbone(spec.name, spec.backbone)
     return Mask2Former(hf_config(preset, spec.num_classes))
 
 
