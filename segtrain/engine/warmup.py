@@ -75,13 +75,24 @@ def warm_kernels(datasets: Sequence[Any], post_processing: bool, announce: bool)
     if "rasteriser, targets" in cold:
         for ds in datasets:
             if len(ds):
-                try:
-                    ds[0]
-                except Exception:  # noqa: BLE001 - the loader meets this item again and reports it as it always does
-                    log.debug("kernel warm-up: item 0 of %s failed", getattr(ds, "name", "a data set"), exc_info=True)
+                _first_item(ds)
     if "post-processing" in cold:
         _warm_post_processing()
     return cold
+
+
+def _first_item(dataset: Any) -> None:
+    """``dataset[0]`` for what it compiles, silently: the loader reads the item again and reports what it meets
+    (an unreadable image skipped, an error) as it always does, once."""
+    quiet = logging.getLogger("segtrain.data")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        dataset[0]
+    except Exception:  # noqa: BLE001 - see above
+        log.debug("kernel warm-up: item 0 of %s failed", getattr(dataset, "name", "a data set"), exc_info=True)
+    finally:
+        quiet.setLevel(level)
 
 
 def cache_folder(kernels: Sequence[Any]) -> str:
