@@ -137,7 +137,7 @@ class PipelinePlan:
 
     def batch_step(self, seed: int | None = None, rank: int = 0) -> BatchStep:
         """What the training process applies to each collated batch on ``self.device`` (``seed``: default
-        ``trainer.seed``; ``rank``: this process's rank, so ranks augment differently)."""
+        ``trainer.seed``; ``rank``: this process's rank, for batches without sample indices)."""
         if not self.on_device:
             return identity
         import torch

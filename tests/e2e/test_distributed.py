@@ -14,31 +14,46 @@ import pytest
 import torch
 
 from tests.helpers.cases import Case, run_cases
+from tests.helpers.mixed_coco import mixed_coco_overrides
 from tests.helpers.proc_utils import REPO, child_env, free_port, run_module
 
 pytestmark = pytest.mark.slow
 
 # Deterministic settings under which 1 and 2 processes must train identically. Hard-pixel mining
-# (top_k) ranks pixels per process, so it is turned off for the comparison.
+# (top_k) ranks pixels per process, so it is turned off for the comparison. Augmentation runs on the batch in
+# the training process (augment.device=auto), the path whose randomness must not depend on the rank; validation
+# scores at the annotations' resolution, as segtrain.evaluate does (the images have several sizes).
+# SGD at a learning rate small enough that rounding (the global batch summed in another order) stays rounding:
+# a ReLU input within rounding of 0 passes its pixel's gradient in one run and not in the other, and at larger
+# rates training amplifies such a flip as it amplifies float32 against float64 (docs/training-and-distributed.md).
+# Any rank-local normalisation, padding or random stream changes the logged losses, SGD's momentum (the sum of
+# every step's gradient) and BatchNorm's statistics far beyond the tolerances at any rate.
 EXACT = [
     "experiment=cpu_smoke",
     "trainer.sync_bn=true",
     "trainer.deterministic=true",
     "trainer.loss.top_k_percent=1.0",
-    "dataset.synthetic.num_val=5",
+    "augment.device=auto",
+    "trainer.val_resolution=native",
+    "optim=sgd",
+    "optim.lr=1e-6",
 ]
+# The data set (tests/helpers/mixed_coco.py): 16 training images with every kind of item (no annotation, crowd
+# only, crowd beside instances, one, many), at five sizes; 5 validation images (an odd count for the shards).
+MIXED = (16, 5)
 
 
-# two epochs of 4 steps: the data order must match in every epoch, not only the first
-EPOCHS = ["trainer.max_steps=null", "trainer.epochs=2"]
+# three epochs of 4 steps: the data order must match in every epoch, not only the first
+EPOCHS = ["trainer.max_steps=null", "trainer.epochs=3"]
+STEPS = 12
 FAULTS = str(REPO / "tests" / "helpers" / "train_with_faults.py")
 
 
 # 1 process x accumulate 2 against 2 processes (test_accumulation_equals_more_processes)
 ACCUMULATE = ["experiment=cpu_smoke", "trainer.deterministic=true", "trainer.max_steps=3"]
-# the data set the distributed evaluation scores (given on the command line: a checkpoint never decides what
-# data is generated)
-EVAL_DATA = ["experiment=cpu_smoke", "dataset.synthetic.num_val=5", "evaluate.export=coco_instances"]
+# the distributed evaluation scores the mixed set's 5 validation images (its data set is given on the command
+# line: a checkpoint never decides what data is read)
+EVAL_DATA = ["experiment=cpu_smoke", "evaluate.export=coco_instances"]
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +65,20 @@ def runs(tmp_path_factory):
     cache = base / "cache"
     single = base / "single"
     ckpt = single / "checkpoints" / "last.pt"
+    mixed = mixed_coco_overrides(base / "mixed", *MIXED)
+    exact = [*EXACT, *mixed]
     ones = run_cases(
         [
-            Case("segtrain.train", [*EXACT, *EPOCHS, f"hydra.run.dir={single}"], str(base), {}),
+            Case("segtrain.train", [*exact, *EPOCHS, f"hydra.run.dir={single}"], str(base), {}),
             Case(
                 "segtrain.train", [*ACCUMULATE, "trainer.accumulate=2", f"hydra.run.dir={base / 'acc2'}"], str(base), {}
             ),
-            Case("segtrain.evaluate", [*EVAL_DATA, f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval1'}"], str(base), {}),
+            Case(
+                "segtrain.evaluate",
+                [*EVAL_DATA, *mixed, f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval1'}"],
+                str(base),
+                {},
+            ),
         ],
         cache,
     )
@@ -65,10 +87,12 @@ def runs(tmp_path_factory):
     cwd2 = base / "two"  # default hydra.run.dir: outputs/${now:...}, resolved per process by Hydra
     cwd2.mkdir()
     t0 = time.perf_counter()
-    proc = run_module("segtrain.train", [*EXACT, *EPOCHS], cwd2, cache, nproc=2)
+    proc = run_module("segtrain.train", [*exact, *EPOCHS], cwd2, cache, nproc=2)
     seconds = time.perf_counter() - t0
     dirs = [p.parent for p in cwd2.glob("outputs/*/*/.hydra")]
     return {
+        "exact": exact,
+        "mixed": mixed,
         "base": base,
         "cache": cache,
         "single": single,
@@ -88,22 +112,23 @@ def test_one_run_directory_written_once(runs):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = [(r["split"], r["step"]) for r in rows]
     assert len(keys) == len(set(keys)), f"duplicated metrics lines: {keys}"
-    assert [s for sp, s in keys if sp == "train"] == list(range(1, 9))
+    assert [s for sp, s in keys if sp == "train"] == list(range(1, STEPS + 1))
     log = (run_dir / "train.log").read_text()
     assert "world size 2, backend gloo" in log
     assert "2 per rank" in log
 
 
 def test_two_processes_train_like_one(runs):
-    """Over two epochs (the second in another order than the first): the same weights, and the same global loss
-    and learning rate logged at every step."""
+    """Over three epochs (each in another order) of a data set with every kind of item and several image sizes:
+    the same weights, and the same global loss and learning rate logged at every step."""
     one = torch.load(runs["single"] / "checkpoints" / "last.pt", weights_only=True)
     two = torch.load(runs["dirs"][0] / "checkpoints" / "last.pt", weights_only=True)
-    assert one["step"] == two["step"] == 8 and one["epoch"] == two["epoch"] == 2
+    assert one["step"] == two["step"] == STEPS and one["epoch"] == two["epoch"] == 3
     assert two["world_size"] == 2 and one["world_size"] == 1
     assert_same_weights(one["model"], two["model"], "single - two-process")
+    assert_same_momentum(one["optimizer"], two["optimizer"], "single - two-process")
     rows1, rows2 = train_rows(runs["single"]), train_rows(runs["dirs"][0])
-    assert [r["step"] for r in rows1] == [r["step"] for r in rows2] == list(range(1, 9))
+    assert [r["step"] for r in rows1] == [r["step"] for r in rows2] == list(range(1, STEPS + 1))
     for a, b in zip(rows1, rows2, strict=True):
         assert a["lr"] == pytest.approx(b["lr"], rel=1e-9), a["step"]
         assert a["loss/total"] == pytest.approx(b["loss/total"], rel=1e-5), f"logged loss differs at step {a['step']}"
@@ -131,6 +156,20 @@ def assert_same_weights(one: dict, two: dict, what: str) -> None:
     print(f"max |{what}| weight difference: {worst:.2e}")
 
 
+def assert_same_momentum(one: dict, two: dict, what: str) -> None:
+    """SGD's momentum buffers (every step's gradient, summed with decay), all parameters together, equal to
+    rounding: their difference within 1e-3 of their L2 norm. Rounding leaves about 1e-7; a ReLU input within
+    rounding of 0 can drop one pixel's gradient in one run, which moves a small tensor (a BatchNorm scale) by
+    ~1e-2 of itself but the whole by little; a rank-dependent input, normalisation or gradient average moves
+    the whole by far more. Prints the difference."""
+    ids = sorted(one["state"])
+    a = torch.cat([one["state"][i]["momentum_buffer"].flatten() for i in ids])
+    b = torch.cat([two["state"][i]["momentum_buffer"].flatten() for i in ids])
+    rel = float((a - b).norm() / a.norm())
+    print(f"|{what}| momentum difference: {rel:.2e} of its norm")
+    assert rel <= 1e-3, f"{what}: the summed gradients differ by {rel:.2e} of their norm"
+
+
 def assert_left_nothing_running(folder: Path, how: str) -> None:
     """Each rank's state when its entry point returned (tests/helpers/train_with_faults.py): the process group
     destroyed and the DDP model freed while Python was whole, no non-daemon thread left for the exit to join.
@@ -151,11 +190,11 @@ def train_with_faults(args: list[str], cwd: Path, cache: Path, env: dict[str, st
 def test_resume_on_other_world_sizes_visits_every_sample_once(runs):
     """2 processes stopped by SIGTERM inside epoch 0, resumed on 1 process and stopped inside epoch 1, resumed on
     2: every image of each epoch trained on exactly once, in the uninterrupted run's steps, with its learning
-    rates, ending with its weights to float rounding."""
+    rates and its augmentation, ending with its weights to float rounding."""
     base, cache = runs["base"], runs["cache"]
     run_dir, record = base / "chain", base / "chain_samples"
     record.mkdir()
-    args = [*EXACT, *EPOCHS, f"hydra.run.dir={run_dir}"]
+    args = [*runs["exact"], *EPOCHS, f"hydra.run.dir={run_dir}"]
     env = {"SEGTRAIN_TEST_RECORD": str(record)}
     exits = {"preempted": base / "chain_exit_preempted", "finished": base / "chain_exit_finished"}
     for folder in exits.values():
@@ -185,19 +224,19 @@ def test_resume_on_other_world_sizes_visits_every_sample_once(runs):
     by_step: dict[int, list[dict]] = {}
     for r in rows:
         by_step.setdefault(r["step"], []).append(r)
-    assert sorted(by_step) == list(range(1, 9)), "every step trained once"
+    assert sorted(by_step) == list(range(1, STEPS + 1)), "every step trained once"
     worlds = {step: sorted(r["rank"] for r in rs) for step, rs in by_step.items()}
-    assert worlds == {1: [0, 1], 2: [0, 1], 3: [0], 4: [0], 5: [0], 6: [0], 7: [0, 1], 8: [0, 1]}
-    for epoch in (0, 1):
+    assert worlds == {s: [0] if 3 <= s <= 6 else [0, 1] for s in range(1, STEPS + 1)}
+    for epoch in (0, 1, 2):
         seen = sorted(i for r in rows if r["epoch"] == epoch for i in r["indices"])
         assert seen == list(range(16)), f"epoch {epoch}: every image exactly once, got {seen}"
 
     final = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     single = torch.load(runs["single"] / "checkpoints" / "last.pt", weights_only=True)
-    assert final["step"] == single["step"] == 8 and final["data_order"]["world_size"] == 2
+    assert final["step"] == single["step"] == STEPS and final["data_order"]["world_size"] == 2
     assert_same_weights(single["model"], final["model"], "uninterrupted 1 process - 2/1/2 processes resumed")
     ref, got = train_rows(runs["single"]), train_rows(run_dir)
-    assert [r["step"] for r in got] == list(range(1, 9))
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     for a, b in zip(ref, got, strict=True):
         assert a["lr"] == pytest.approx(b["lr"], rel=1e-9), f"schedule differs at step {a['step']}"
         assert a["loss/total"] == pytest.approx(b["loss/total"], rel=1e-5), f"loss differs at step {a['step']}"
@@ -208,7 +247,7 @@ def test_distributed_evaluation_is_exact_on_odd_sized_val(runs):
     base = runs["base"]  # eval1: the 1-process evaluation, in the ``runs`` fixture
     run_module(
         "segtrain.evaluate",
-        [*EVAL_DATA, f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval2'}"],
+        [*EVAL_DATA, *runs["mixed"], f"ckpt={ckpt}", f"hydra.run.dir={base / 'eval2'}"],
         base,
         runs["cache"],
         nproc=2,

@@ -24,11 +24,11 @@ SIZES = ((64, 64), (48, 80), (80, 56), (96, 96), (40, 48))
 KINDS = ("instances", "empty", "many", "crowd_only", "instances_and_crowd", "one")
 
 
-def write_mixed_coco(root: Path, count: int, seed: int = 0) -> dict[str, Path]:
-    """``root/images/*.jpg`` and ``root/train.json``: ``count`` images cycling through :data:`KINDS` and
+def write_mixed_coco(root: Path, count: int, seed: int = 0, split: str = "train") -> dict[str, Path]:
+    """``root/<split>/*.jpg`` and ``root/<split>.json``: ``count`` images cycling through :data:`KINDS` and
     :data:`SIZES`. Returns ``{"images": ..., "annotations": ...}``."""
     rng = np.random.default_rng(seed)
-    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / split).mkdir(parents=True, exist_ok=True)
     images: list[dict] = []
     anns: list[dict] = []
     for i in range(count):
@@ -38,10 +38,10 @@ def write_mixed_coco(root: Path, count: int, seed: int = 0) -> dict[str, Path]:
         image, shapes = _draw_image(rng, h, w, most)
         if kind in ("empty", "crowd_only"):
             shapes = []  # the shapes stay painted: pixels of an object nobody annotated, as in real data
-        name = f"mixed_{i:04d}.jpg"
+        name = f"{split}_{i:04d}.jpg"
         ok, buf = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 95])
         assert ok
-        (root / "images" / name).write_bytes(buf.tobytes())
+        (root / split / name).write_bytes(buf.tobytes())
         images.append({"id": i + 1, "file_name": name, "height": h, "width": w})
         for cls, poly in shapes:
             anns.append(_annotation(len(anns) + 1, i + 1, CLASSES.index(cls) + 1, poly.reshape(-1).tolist()))
@@ -52,8 +52,23 @@ def write_mixed_coco(root: Path, count: int, seed: int = 0) -> dict[str, Path]:
         "annotations": anns,
         "categories": [{"id": k + 1, "name": n} for k, n in enumerate(CLASSES)],
     }
-    (root / "train.json").write_text(json.dumps(doc))
-    return {"images": root / "images", "annotations": root / "train.json"}
+    (root / f"{split}.json").write_text(json.dumps(doc))
+    return {"images": root / split, "annotations": root / f"{split}.json"}
+
+
+def mixed_coco_overrides(root: Path, train: int, val: int) -> list[str]:
+    """Write a mixed set of ``train`` and ``val`` images under ``root``; the overrides that train on it."""
+    tr, va = write_mixed_coco(root, train), write_mixed_coco(root, val, seed=1, split="val")
+    return [
+        "dataset=coco",
+        "dataset.name=mixed",
+        f"dataset.root={root}",
+        f"dataset.train.images={tr['images']}",
+        f"dataset.train.annotations={tr['annotations']}",
+        f"dataset.val.images={va['images']}",
+        f"dataset.val.annotations={va['annotations']}",
+        "dataset.classes=[background,circle,square,triangle]",
+    ]
 
 
 def _annotation(aid: int, image_id: int, category: int, polygon: list[float], crowd: int = 0) -> dict:

@@ -626,19 +626,12 @@ def test_a_sample_is_augmented_alike_in_any_batch_split(tmp_path):
     from segtrain.data.dataset import build_dataset, collate
     from segtrain.data.pipeline import plan_pipeline
     from segtrain.device import to_device
-    from tests.helpers.mixed_coco import write_mixed_coco
+    from tests.helpers.mixed_coco import mixed_coco_overrides
 
-    data = write_mixed_coco(tmp_path / "data", 8)
     cfg = compose(
         [
             "experiment=cpu_smoke",
-            "dataset=coco",
-            f"dataset.root={tmp_path / 'data'}",
-            f"dataset.train.images={data['images']}",
-            f"dataset.train.annotations={data['annotations']}",
-            f"dataset.val.images={data['images']}",
-            f"dataset.val.annotations={data['annotations']}",
-            "dataset.classes=[background,circle,square,triangle]",
+            *mixed_coco_overrides(tmp_path / "data", 8, 1),
             f"dataset.cache_dir={tmp_path / 'cache'}",
             "augment.device=auto",
             *(f"augment.{p}=1.0" for p in ("rotate_p", "color_p", "noise_p", "shadow_p")),
