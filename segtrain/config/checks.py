@@ -127,9 +127,7 @@ def check_plugin(key: str, value: str) -> None:
             except ModuleNotFoundError:  # hydra_plugins itself absent
                 found = False
             if not found:
-                raise ConfigError(
-                    f"{key}={value} needs {module}, which is not installed: pip install -e '.[{extra}]'"
-                )
+                raise ConfigError(f"{key}={value} needs {module}, which is not installed: pip install -e '.[{extra}]'")
 
 
 def check_override_type(schema: DictConfig, override: str) -> None:
