@@ -617,7 +617,8 @@ def test_end_to_end_statistics_match_the_cpu_pipeline():
     compare_pipelines(AugmentConfig(), items, stats, names, targets=True)
 
 
-def test_a_sample_is_augmented_alike_in_any_batch_split(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_sample_is_augmented_alike_in_any_batch_split(tmp_path, device):
     """Device augmentation draws each sample's randomness from (seed, epoch, its data set index): one process's
     global batch and two ranks' strided halves (what EpochSampler deals them, and what trainer.accumulate
     splits) give every sample the same image, ids and targets. Drawn per (step, rank) before, every sample of
@@ -637,15 +638,15 @@ def test_a_sample_is_augmented_alike_in_any_batch_split(tmp_path):
             *(f"augment.{p}=1.0" for p in ("rotate_p", "color_p", "noise_p", "shadow_p")),
         ]
     )
-    cpu = torch.device("cpu")
-    dataset = build_dataset(cfg, "train", device=cpu)
-    plan = plan_pipeline(cfg, "cpu")
+    dev = torch.device(device)
+    dataset = build_dataset(cfg, "train", device=dev)  # on CUDA the JPEGs are decoded there too
+    plan = plan_pipeline(cfg, device)
     epoch, step = 1, 3
     order = [5, 0, 3, 6, 1, 4]  # sizes and kinds mixed, so each split pads its batch to another size
 
     def augmented(indices: list[int], rank: int) -> dict[str, torch.Tensor]:
         batch = collate([dataset[(epoch, i)] for i in indices])  # collate takes the items apart: fresh ones
-        return plan.batch_step(rank=rank)(to_device(batch, cpu), epoch, step)
+        return plan.batch_step(rank=rank)(to_device(batch, dev), epoch, step)
 
     whole = augmented(order, 0)
     for rank in (0, 1):
