@@ -189,8 +189,8 @@ def _atomic_path(path: Path) -> Iterator[Path]:
         fd, tmp_name = temp_beside(path)
     except OSError as e:  # a folder no file can be made in (/proc, a missing device): one line, not a traceback
         raise ConfigError(
-            f"output={path}: no file can be written in {path.parent} ({e.strerror or e}); choose another output "
-            "(a file in a writable folder)"
+            f"output={path}: cannot write {path}: no file can be made in {path.parent} ({e.strerror or e}); "
+            "choose another output (a file in a writable folder)"
         ) from None
     os.close(fd)
     tmp = Path(tmp_name)
