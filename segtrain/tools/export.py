@@ -263,11 +263,6 @@ def _export_onnx(
     program.save(str(tmp), external_data=False)
 
 
-def _dynamic_axes(side: int) -> dict[int, Any]:
-    d = torch.export.Dim
-    return {0: d("batch", min=1), 2: d("height", min=side), 3: d("width", min=side)}
-
-
 def _export_program(model: nn.Module, example: Tensor, tmp: Path, dynamic: bool, metadata: str) -> None:
     """``torch.export.export`` -> ``torch.export.save`` (.pt2). Height and width are ``Dim.AUTO``: the built-in
     networks compare sizes at each stride in Python (guards the solver cannot prove for every size, though
