@@ -16,6 +16,9 @@ import pytest
 from tests.helpers.proc_utils import REFERENCE_RUN_ARGS, SMOKE_RUN_ARGS
 from tests.helpers.slow_guard import GuardedPopen, unmarked_training_fixtures
 
+# The object-store tests' ``client`` fixture (obstore and s3fs), shared by tests/test_storage_*.py.
+pytest_plugins = ["tests.helpers.storage_clients"]
+
 TEST_DATA = Path(__file__).resolve().parent / "data"
 # Samples that may not be copied into the repository (GPL-3.0 / unclear provenance) live beside it.
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -17,18 +17,6 @@ import pytest
 from segtrain import object_reads, storage
 from tests.helpers.s3_server import S3Proxy, client_of
 
-#: SEGTRAIN_S3_READER's values, and the client each makes read the images (``obstore``: also in this process,
-#: which is not a loader worker)
-CLIENTS = {"obstore": "obstore", "fsspec": "s3fs"}
-
-
-@pytest.fixture(params=list(CLIENTS))
-def client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "obstore":
-        pytest.importorskip("obstore", reason="obstore is not installed (pip install -e '.[storage]')")
-    monkeypatch.setenv(object_reads.READER_VARIABLE, request.param)
-    return CLIENTS[request.param]
-
 
 @pytest.fixture
 def proxy(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Proxy]:

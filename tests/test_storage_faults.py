@@ -15,11 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from segtrain import object_reads, storage, storage_limits
+from segtrain import storage, storage_limits
 from segtrain.checkpoint import io as ckpt_io
 from tests.helpers.s3_server import DUMMY_CREDENTIALS, S3Proxy, SilentStore, client_of, closed_port_endpoint
 
-CLIENTS = {"obstore": "obstore", "fsspec": "s3fs"}
 #: How long an operation may take here before the test calls it hung (small timeouts make it seconds).
 HUNG_S = 120
 
@@ -28,14 +27,6 @@ HUNG_S = 120
 def _store_answers_again() -> Iterator[None]:
     yield
     storage_limits.answered("")  # a store that failed here is not the next test's
-
-
-@pytest.fixture(params=list(CLIENTS))
-def client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "obstore":
-        pytest.importorskip("obstore", reason="obstore is not installed (pip install -e '.[storage]')")
-    monkeypatch.setenv(object_reads.READER_VARIABLE, request.param)
-    return CLIENTS[request.param]
 
 
 def limits(monkeypatch: pytest.MonkeyPatch, connect: float, read: float, retries: int) -> None:
