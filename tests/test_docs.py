@@ -181,3 +181,46 @@ def test_test_files_are_named_after_what_they_check():
     files = (REPO / "tests").rglob("test_*.py")
     named = [p.relative_to(REPO).as_posix() for p in files if re.search(r"round\d", p.name)]
     assert named == []
+
+
+def layout_sections() -> dict[str, str]:
+    """docs/architecture.md's layout list (the fenced block under "## Layout" that starts with ``segtrain/``), as
+    the text of each package's entry (its subpackages' entries included), keyed by the package's path
+    (``""`` for the top level, whose text leaves the packages' entries out)."""
+    text = (DOCS / "architecture.md").read_text().split("\n## Layout\n", 1)[1]
+    block = next(b for b in re.findall(r"^```\n(.*?)^```", text, re.M | re.S) if b.startswith("segtrain/\n"))
+    lines = block.splitlines()
+    # an entry starts on a line indented less than its description's continuation lines
+    entries = [(i, len(line) - len(line.lstrip())) for i, line in enumerate(lines) if re.match(r" {0,7}\S", line)]
+    heads: list[tuple[int, str, int]] = []  # (line, package path, indentation)
+    for i, depth in entries[1:]:
+        m = re.match(r" *(\w+)/(?:\s|$)", lines[i])
+        if m:
+            parents = [path for _, path, d in heads if d < depth]
+            heads.append((i, f"{parents[-1]}/{m.group(1)}" if parents and depth > 2 else m.group(1), depth))
+    sections, top = {}, set(range(1, len(lines)))
+    for start, path, depth in heads:
+        end = next((i for i, d in entries if i > start and d <= depth), len(lines))
+        sections[path] = "\n".join(lines[start:end])
+        top -= set(range(start, end))
+    sections[""] = "\n".join(lines[i] for i in sorted(top))
+    return sections
+
+
+def test_architecture_layout_names_every_module():
+    """Every package and module under segtrain/ appears in docs/architecture.md's layout list, in its package's
+    entry (a package as ``name/``, a module as ``name.py``), so the map cannot drift from the code."""
+    sections = layout_sections()
+    root = REPO / "segtrain"
+    missing = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        package = rel.parent.as_posix() if rel.parent.parts else ""
+        if path.name == "__init__.py":
+            if package and package not in sections:
+                missing.append(f"{package}/")
+            continue
+        text = sections.get(package, "")
+        if not re.search(rf"(?<![\w.]){re.escape(path.name)}(?!\w)", text):
+            missing.append(rel.as_posix())
+    assert missing == [], f"docs/architecture.md's layout list does not name {missing}"
