@@ -15,6 +15,7 @@ import contextlib
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -149,7 +150,9 @@ def _grad_norm(params: Sequence[torch.Tensor], clip: float) -> torch.Tensor:
 
 
 class HookBase:
-    """Override the call points you need; ``self.trainer`` is set when the hook is registered. A hook whose
+    """Override the call points you need; ``self.trainer`` is set when the hook is registered, as a weak proxy
+    (detectron2's HookBase): hooks reach the Trainer while it lives and never keep it, its model and its
+    optimiser state alive after the last reference to it goes (no hook-trainer cycle). A hook whose
     state must survive a resume returns it from ``state_dict`` (tensors and plain containers) and takes it
     back in ``load_state_dict``; :meth:`Trainer.state_dict` holds it under ``hooks``, by class name."""
 
@@ -247,7 +250,7 @@ class Trainer:
     def register_hooks(self, hooks: Iterable[HookBase]) -> None:
         """Append hooks (they run after the ones already registered)."""
         for hook in hooks:
-            hook.trainer = self
+            hook.trainer = weakref.proxy(self)
             self.hooks.append(hook)
 
     def call_hooks(self, point: str) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
+import weakref
 from collections.abc import Sequence
 
 import pytest
@@ -115,6 +117,49 @@ def test_trainer_from_plain_objects_runs_steps_and_a_hook(tmp_path):
     assert all(loss > 0 for _, loss, _ in hook.seen)
     assert (t.state.epoch, t.state.step, t.state.step_in_epoch) == (1, 5, 2)
     assert not torch.equal(before, model.head.weight)
+
+
+def test_hooks_reach_the_trainer_without_keeping_it_alive(tmp_path):
+    """``hook.trainer`` is a weak proxy (detectron2's HookBase): while the Trainer lives every hook reaches it;
+    once the last reference to it goes, the Trainer (its model, optimiser state, batches) is freed at once by
+    reference counting, without a hook-trainer cycle left for the garbage collector, here switched off."""
+
+    class Steps(HookBase):
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def after_step(self) -> None:
+            self.steps.append(self.trainer.state.step)
+
+    class Net(torch.nn.Module):
+        instance_aware = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = torch.nn.Conv2d(3, 2, 1)
+
+        def forward(self, x):
+            return {"semantic": self.backbone(x)}
+
+    torch.manual_seed(0)
+    batch = {"image": torch.rand(2, 3, 8, 8), "semantic": torch.randint(0, 2, (2, 8, 8))}
+    batches = [{**batch, "semantic_weight": torch.ones(2, 8, 8)}] * 2
+    steps, calls = Steps(), Calls()
+    net = Net()
+    trainer = Trainer(net, torch.optim.SGD(net.parameters(), lr=0.1), None, None, batches, hooks=[steps, calls])
+    trainer.train()
+    assert steps.steps == [1, 2] and calls.seen[0] == "before_train" and calls.seen[-1] == "after_train"
+    assert steps.trainer.state.step == 2 and isinstance(steps.trainer, Trainer)
+    alive = weakref.ref(trainer)
+    gc.collect()
+    gc.disable()
+    try:
+        del trainer
+        assert alive() is None, "a hook (or something it holds) keeps the Trainer alive"
+    finally:
+        gc.enable()
+    with pytest.raises(ReferenceError):
+        steps.trainer.state  # noqa: B018 - the proxy says its Trainer is gone instead of keeping it
 
 
 def test_call_points_in_loop_order(smoke_batches, tmp_path):
