@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +109,14 @@ def _build(
         on_preempt=lambda t: checkpointer.save(t, [io.LAST]),
     )
 
+    # the Validation hook holds validate(): it reaches the trainer through a weak proxy, as every hook does, so
+    # the finished trainer is freed with its last reference (no hook -> closure -> trainer cycle)
+    this = weakref.proxy(trainer)
+
     def validate() -> dict[str, Any]:
         """Metrics on the whole validation split (every rank's shard, reduced once)."""
         t0 = time.perf_counter()
-        net = trainer.eval_model()
+        net = this.eval_model()
         metrics = evaluate(
             net,
             data.val_loader,
@@ -123,7 +128,7 @@ def _build(
         )
         metrics["val_time_s"] = round(time.perf_counter() - t0, 3)
         check_scored(metrics, "validation")
-        if trainer.ema is not None:
+        if this.ema is not None:
             metrics["weights"] = "ema"
         return metrics
 

@@ -162,6 +162,26 @@ def test_hooks_reach_the_trainer_without_keeping_it_alive(tmp_path):
         steps.trainer.state  # noqa: B018 - the proxy says its Trainer is gone instead of keeping it
 
 
+def test_the_built_trainer_is_freed_with_its_last_reference(tmp_path):
+    """The trainer build_trainer assembles (default hooks, the Validation hook's ``validate`` included) is freed
+    by reference counting once its last reference goes, while its validation still runs through the hook."""
+    from segtrain.engine.build import build_trainer
+
+    trainer, lock, _ = build_trainer(compose(["experiment=cpu_smoke", "trainer.num_workers=0"]), tmp_path, DIST)
+    if lock is not None:
+        lock.release()
+    validation = next(h for h in trainer.hooks if isinstance(h, Validation))
+    assert 0.0 <= validation.validate()["miou"] <= 1.0
+    alive = weakref.ref(trainer)
+    gc.collect()
+    gc.disable()
+    try:
+        del trainer
+        assert alive() is None, "something the built trainer's hooks hold keeps the Trainer alive"
+    finally:
+        gc.enable()
+
+
 def test_call_points_in_loop_order(smoke_batches, tmp_path):
     cfg, batches = smoke_batches
     calls = Calls()
