@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from segtrain.errors import ConfigError
 
-if TYPE_CHECKING:
-    from segtrain.config import Config
+if TYPE_CHECKING:  # the schema module, not the package: config/checks.py asks this module
+    from segtrain.config.schema import Config
 
 WORKER = "worker"
 DEVICE = "device"
