@@ -208,3 +208,11 @@ def test_no_module_restates_a_declared_rule() -> None:
     sources = {p.relative_to(ROOT).as_posix(): p.read_text() for p in ROOT.rglob("*.py")}
     assert [name for name, text in sources.items() if ">= 8" in text or "H, W >=" in text] == ["config/rules.py"]
     assert [name for name, text in sources.items() if "sigma must be" in text] == ["data/targets/spec.py"]
+
+
+def test_the_target_builders_have_short_public_names():
+    from segtrain.data import make_targets, make_targets_torch
+    from segtrain.data.targets.builders import make_targets as long_name
+    from segtrain.data.targets.device_targets import make_targets_torch as long_torch
+
+    assert make_targets is long_name and make_targets_torch is long_torch

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from segtrain.data.pipeline import plan_pipeline as plan_pipeline
     from segtrain.data.records import ImageRecord as ImageRecord
     from segtrain.data.records import Instance as Instance
+    from segtrain.data.targets.builders import make_targets as make_targets
+    from segtrain.data.targets.device_targets import make_targets_torch as make_targets_torch
     from segtrain.data.targets.mask_targets import mask_targets as mask_targets
     from segtrain.data.targets.panoptic_gt import known_background as known_background
     from segtrain.data.targets.panoptic_gt import panoptic_categories as panoptic_categories
@@ -71,6 +73,8 @@ _HOMES = {
     "prepare_input": "segtrain.data.mappers",
     "BatchStep": "segtrain.data.pipeline",
     "mask_targets": "segtrain.data.targets.mask_targets",
+    "make_targets": "segtrain.data.targets.builders",
+    "make_targets_torch": "segtrain.data.targets.device_targets",
     "build_mapper": "segtrain.data.pipeline",
     "plan_pipeline": "segtrain.data.pipeline",
     "ImageRecord": "segtrain.data.records",
