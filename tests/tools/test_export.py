@@ -2,7 +2,7 @@
 weights) on input sizes other than the export size, carry their metadata, and their outputs feed
 ``panoptic_segmentation``.
 
-Parity figures: ``pytest -s tests/test_export.py`` prints the max |exported - PyTorch| per output."""
+Parity figures: ``pytest -s tests/tools/test_export.py`` prints the max |exported - PyTorch| per output."""
 
 from __future__ import annotations
 
