@@ -61,6 +61,9 @@ def resolve(name: str, reqs: list[str], fresh: bool) -> dict[str, object]:
         cmd.insert(4, "--ignore-installed")
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if proc.returncode != 0 and not BACKTRACK.search(proc.stdout + proc.stderr):
+        # a failed request to the index is not a resolution problem: one more try before calling it one
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     seconds = round(time.perf_counter() - start, 1)
     log = proc.stdout + proc.stderr
     backtracked = sorted({line.strip() for line in log.splitlines() if BACKTRACK.search(line)})
