@@ -57,6 +57,12 @@ def step_tag(step: int) -> str:
     return f"step_{int(step):08d}"
 
 
+def is_training_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is a file name the run's checkpoints use (``last.pt``, ``best.pt``, ``best_weights.pt``,
+    ``step_<8 digits>.pt``): what an export must never replace."""
+    return name in (f"{LAST}.pt", f"{BEST}.pt", BEST_WEIGHTS) or bool(_STEP.match(name))
+
+
 def periodic_checkpoints(folder: Path) -> list[Path]:
     """``step_<8 digits>.pt`` in ``folder``, oldest first; files of other names (an export such as
     ``step_00000006.torchscript.pt``) are never among them."""

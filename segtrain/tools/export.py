@@ -38,7 +38,6 @@ import importlib
 import json
 import logging
 import os
-import re
 import tempfile
 import time
 import warnings
@@ -128,15 +127,13 @@ def default_output(ckpt: str | os.PathLike, fmt: str) -> Any:
     return path.with_name(path.stem + SUFFIXES[fmt])
 
 
-#: The names of a run's training checkpoints in a store: never replaced by an export.
-_TRAINING_NAMES = ("last.pt", "best.pt", "best_weights.pt")
-
-
 def check_remote_output(output: str, ckpt: str | os.PathLike, overwrite: bool) -> None:
     """:func:`check_output` for an object in a store: never the checkpoint or a training checkpoint; an existing
     object only with ``overwrite=true``."""
+    from segtrain.checkpoint.io import is_training_checkpoint_name
+
     name = output.rstrip("/").rsplit("/", 1)[-1]
-    if output == os.fspath(ckpt) or name in _TRAINING_NAMES or re.fullmatch(r"step_\d{8}\.pt", name):
+    if output == os.fspath(ckpt) or is_training_checkpoint_name(name):
         raise ConfigError(
             f"output={output} is the checkpoint being exported or a training checkpoint; it is never replaced. "
             "Choose another output, or leave it out (default: beside the checkpoint, with the format's suffix)"

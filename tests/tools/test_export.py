@@ -316,3 +316,20 @@ def test_config_and_aliases():
     assert default_output(Path("/r/checkpoints/best.pt"), "torchscript") == Path("/r/checkpoints/best.torchscript.pt")
     assert default_output(Path("/r/checkpoints/best.pt"), "torch_export") == Path("/r/checkpoints/best.pt2")
     assert compose(["export.format=torch_export"], config_name="export").export.format == "torch_export"
+
+
+@pytest.mark.parametrize("name", ["last.pt", "best.pt", "best_weights.pt", "step_00000006.pt"])
+def test_an_export_to_a_store_never_replaces_a_training_checkpoint(name):
+    from segtrain.tools.export import check_remote_output
+
+    with pytest.raises(ConfigError, match="a training checkpoint; it is never replaced"):
+        check_remote_output(f"s3://b/run/checkpoints/{name}", "s3://b/run/checkpoints/best.pt", overwrite=True)
+
+
+def test_training_checkpoint_names_are_the_checkpoint_layouts():
+    from segtrain.checkpoint.io import BEST, BEST_WEIGHTS, LAST, is_training_checkpoint_name, step_tag
+
+    for name in (f"{LAST}.pt", f"{BEST}.pt", BEST_WEIGHTS, f"{step_tag(6)}.pt"):
+        assert is_training_checkpoint_name(name), name
+    for name in ("best.pt2", "best.onnx", "step_00000006.torchscript.pt", "step_6.pt", "mine.pt"):
+        assert not is_training_checkpoint_name(name), name
