@@ -25,7 +25,6 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
@@ -38,6 +37,7 @@ from segtrain.engine.recorder import scalar_tags
 from segtrain.errors import UserError
 from segtrain.fileio import atomic_write_bytes
 from segtrain.launch_env import DEFERRAL
+from segtrain.redact import uri as redact  # a tracking URI is logged, its credentials never
 from segtrain.registry import Registry
 
 log = logging.getLogger("segtrain.trackers")
@@ -122,14 +122,6 @@ def tracked_scalars(split: str, values: Mapping[str, Any], class_names: Sequence
             if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(float(x)):
                 out[f"{split}/{key}/{name}"] = float(x)
     return out
-
-
-def redact(uri: str) -> str:
-    """A URI without the user:password it may hold (a tracking URI is logged, its credentials never)."""
-    parts = urlsplit(uri)
-    if "@" not in parts.netloc:
-        return uri
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 
 # --------------------------------------------------------------------------- MLflow
