@@ -48,7 +48,7 @@ def main() -> None:
 
     from segtrain.data.formats.coco import load_coco
     from segtrain.data.formats.confine import confine_paths
-    from segtrain.data.formats.index_cache import file_fingerprint
+    from segtrain.data.index.cache import file_fingerprint
     from segtrain.data.records import ClassMap
 
     out: dict = {}

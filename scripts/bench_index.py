@@ -265,9 +265,9 @@ def _time_parts() -> dict[str, float]:
     ``columns`` (the rest of the build: checks and arrays), ``write_map`` (save and map the cache file,
     checksums included)."""
     import segtrain.data.formats.coco as coco
-    import segtrain.data.formats.index_cache as cache
-    import segtrain.data.formats.polygon_text as polygon_text
-    from segtrain.data.formats.index import RecordIndex
+    import segtrain.data.index.cache as cache
+    import segtrain.data.index.polygon_text as polygon_text
+    from segtrain.data.index.record_index import RecordIndex
 
     parts: dict[str, float] = {}
     depth = [0]  # nested timed calls count in the outer part's CPU time only

@@ -157,7 +157,7 @@ def test_public_aliases_are_not_imported_inside(alias):
 # segtrain.data by stage: the stage subpackages are read by the pipeline at the top of the package, never
 # the other way round. records (the data model every format produces and every stage reads) and seeding
 # (per-item seeds) are the two top-level modules a stage may use; they import no other data module.
-DATA_STAGES = ("formats", "images", "targets", "transforms")
+DATA_STAGES = ("formats", "index", "images", "targets", "transforms")
 DATA_MODEL = {"segtrain.data.records", "segtrain.data.seeding"}
 
 

@@ -73,7 +73,7 @@ def test_schema_choices_are_the_modules_tuples():
     from segtrain import device
     from segtrain.config.checks import CHOICES as choices
     from segtrain.data import mappers, records
-    from segtrain.data.formats import reading as loading
+    from segtrain.data.index import reading as loading
     from segtrain.data.targets import panoptic_gt
     from segtrain.tools import export
 

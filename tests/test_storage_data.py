@@ -113,7 +113,7 @@ def test_the_index_of_a_changed_remote_annotation_file_is_rebuilt(s3_server, coc
 
     url, cache = f"{coco_bucket}/test_coco.json", tmp_path / "cache"
     classes = ClassMap(["background", "person"], {})
-    with caplog.at_level(logging.INFO, logger="segtrain.data.formats.index_cache"):
+    with caplog.at_level(logging.INFO, logger="segtrain.data.index.cache"):
         first, _ = load_coco(url, coco_bucket, classes, cache_dir=cache, check_files=False)
         assert sum("cached the index" in r.getMessage() for r in caplog.records) == 1
         again, _ = load_coco(url, coco_bucket, classes, cache_dir=cache, check_files=False)

@@ -111,7 +111,7 @@ def test_a_labelme_folder_on_s3_gives_the_items_it_gives_from_disk_and_its_index
         return ["dataset=labelme", f"dataset.root={root}", f"dataset.cache_dir={tmp_path / 'cache'}",
                 "dataset.input_size=[120,160]"]  # fmt: skip
 
-    with caplog.at_level(logging.INFO, logger="segtrain.data.formats.index_cache"):
+    with caplog.at_level(logging.INFO, logger="segtrain.data.index.cache"):
         remote = build(config(url))
         assert [str(r.path) for r in remote.records] == [f"{url}/train/0.jpg"] * 2
         assert [len(r.instances) for r in remote.records] == [12, 3]

@@ -55,7 +55,7 @@ QUERY_METHODS = ("transformers", "paper")
 # Fixed sets of values. Sets that grow (models, data formats, augmentation pipelines, optimisers,
 # schedules, hooks) are registries (segtrain.registry): their allowed values come from there.
 # The lists the code branches on are defined here once and imported by it (config imports no package).
-ON_ERROR = ("raise", "skip")  # segtrain.data.records.Collector, data.formats.reading
+ON_ERROR = ("raise", "skip")  # segtrain.data.records.Collector, data.index.reading
 
 
 UNLISTED = ("error", "drop", "ignore")  # segtrain.data.records.ClassMap

@@ -22,10 +22,10 @@ if TYPE_CHECKING:
     from segtrain.data.formats.cityscapes import label_of as label_of
     from segtrain.data.formats.coco import coco_ids as coco_ids
     from segtrain.data.formats.coco_panoptic import read_segment_ids as read_segment_ids
-    from segtrain.data.formats.reading import is_utf8 as is_utf8
     from segtrain.data.formats.registry import FORMATS as FORMATS
     from segtrain.data.formats.registry import check_paths as check_paths
     from segtrain.data.images.image_io import read_image_file as read_image_file
+    from segtrain.data.index.reading import is_utf8 as is_utf8
     from segtrain.data.loaders import Loader as Loader
     from segtrain.data.loaders import build_loader as build_loader
     from segtrain.data.loaders import epoch_sample_keys as epoch_sample_keys
@@ -79,7 +79,7 @@ _HOMES = {
     "plan_pipeline": "segtrain.data.pipeline",
     "ImageRecord": "segtrain.data.records",
     "Instance": "segtrain.data.records",
-    "is_utf8": "segtrain.data.formats.reading",
+    "is_utf8": "segtrain.data.index.reading",
     "FORMATS": "segtrain.data.formats.registry",
     "check_paths": "segtrain.data.formats.registry",
     "coco_ids": "segtrain.data.formats.coco",

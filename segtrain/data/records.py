@@ -1,7 +1,7 @@
 """The data model every annotation format loads into, the class map, and load-time limits.
 
 :class:`ImageRecord` / :class:`Instance` are what the rest of segtrain sees (rasterisation, the
-data set). Loaders keep them in a :class:`segtrain.data.formats.index.RecordIndex` (flat arrays) and build
+data set). Loaders keep them in a :class:`segtrain.data.index.record_index.RecordIndex` (flat arrays) and build
 each record on access, so a loader worker never holds millions of Python objects.
 """
 

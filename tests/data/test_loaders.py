@@ -119,7 +119,7 @@ def test_position_records_what_resume_checks():
 
 
 def test_records_fingerprint_names_the_images_not_their_folder(tmp_path):
-    from segtrain.data.formats.index import RecordIndex
+    from segtrain.data.index.record_index import RecordIndex
     from segtrain.data.loaders import records_fingerprint
     from segtrain.data.records import ImageRecord
 

@@ -96,6 +96,6 @@ def _crowds(first_id: int, image_id: int, h: int, w: int) -> list[dict]:
 
 def _uncompressed(compressed: bytes) -> list[int]:
     """pycocotools' compressed counts as the plain list of run lengths (the other RLE form COCO files use)."""
-    from segtrain.data.formats.rle import decode_compressed
+    from segtrain.data.index.rle import decode_compressed
 
     return [int(c) for c in decode_compressed(compressed)]

@@ -63,7 +63,7 @@ import numpy as np
 
 from segtrain import storage
 from segtrain.config import IGNORE_LABEL
-from segtrain.data.formats.reading import read_sized_file
+from segtrain.data.index.reading import read_sized_file
 from segtrain.data.records import (
     AnnotationError,
     ClassMap,

@@ -42,12 +42,11 @@ from typing import Any
 
 import numpy as np
 
-import segtrain.data.formats.polygon_text as polygon_text
+import segtrain.data.index.polygon_text as polygon_text
 from segtrain import storage
-from segtrain.data.formats.index import RecordIndex, blob_arrays, encode_column
-from segtrain.data.formats.index_cache import cached_file_index, cached_index, file_fingerprint
-from segtrain.data.formats.json_chunks import NotSplittable, Structure, chunk_cuts, iter_chunks, parse_piece, skeleton
-from segtrain.data.formats.reading import (
+from segtrain.data.index.cache import cached_file_index, cached_index, file_fingerprint
+from segtrain.data.index.json_chunks import NotSplittable, Structure, chunk_cuts, iter_chunks, parse_piece, skeleton
+from segtrain.data.index.reading import (
     Problems,
     bounded_list,
     finish,
@@ -57,7 +56,8 @@ from segtrain.data.formats.reading import (
     shown,
     warn_shared_names,
 )
-from segtrain.data.formats.rle import coco_rle
+from segtrain.data.index.record_index import RecordIndex, blob_arrays, encode_column
+from segtrain.data.index.rle import coco_rle
 from segtrain.data.records import (
     MAX_ANNOTATION_BYTES,
     MAX_POLYGON_VERTICES,
@@ -238,7 +238,7 @@ def _loads_annotations(text: bytes) -> Any:
 def _kernels() -> ModuleType | None:
     """The compiled text passes (coco_text_kernels.py), loaded on first use (only large files need them); None,
     with one warning, without numba: the parser alone gives the same index."""
-    return optional_kernels("segtrain.data.formats.coco_text_kernels", __name__, "large COCO files are indexed", "2x")
+    return optional_kernels("segtrain.data.index.coco_text_kernels", __name__, "large COCO files are indexed", "2x")
 
 
 @dataclass

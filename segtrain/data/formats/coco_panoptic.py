@@ -52,9 +52,9 @@ import numpy as np
 
 from segtrain import storage
 from segtrain.config import IGNORE_LABEL
-from segtrain.data.formats.index_cache import cache_file, file_fingerprint, glob_escape
-from segtrain.data.formats.reading import parse_json, read_annotation_file, warn_shared_names
 from segtrain.data.images.image_io import ImageReadError, decode_image, max_encoded_bytes
+from segtrain.data.index.cache import cache_file, file_fingerprint, glob_escape
+from segtrain.data.index.reading import parse_json, read_annotation_file, warn_shared_names
 from segtrain.data.records import (
     MAX_ANNOTATION_BYTES,
     AnnotationError,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from segtrain import storage
-from segtrain.data.formats.index import RecordIndex
+from segtrain.data.index.record_index import RecordIndex
 from segtrain.data.records import AnnotationError, ImageRecord, SkipReport
 
 OPTION = "dataset.allow_outside_paths"

@@ -30,9 +30,8 @@ from pycocotools import mask as mask_utils
 
 from segtrain import storage
 from segtrain.data.formats.confine import display
-from segtrain.data.formats.index import RecordIndex
-from segtrain.data.formats.index_cache import cached_index, content_hash
-from segtrain.data.formats.reading import (
+from segtrain.data.index.cache import cached_index, content_hash
+from segtrain.data.index.reading import (
     Problems,
     finish,
     is_utf8,
@@ -41,7 +40,8 @@ from segtrain.data.formats.reading import (
     read_sized_file,
     shown,
 )
-from segtrain.data.formats.rle import box_mask_counts, encode_counts
+from segtrain.data.index.record_index import RecordIndex
+from segtrain.data.index.rle import box_mask_counts, encode_counts
 from segtrain.data.records import (
     IGNORE,
     MAX_LABELME_BYTES,
@@ -130,7 +130,7 @@ def _index(root: Any, cache_dir: Any, max_image_pixels: int) -> RecordIndex:
 
 
 def _folder_fingerprint(files: list[Path]) -> dict[str, Any]:
-    """Name, size and content hash of every JSON of the folder (content, never mtime: see index_cache.py)."""
+    """Name, size and content hash of every JSON of the folder (content, never mtime: see index/cache.py)."""
     h = hashlib.blake2b(digest_size=32)
     for js in files:
         try:

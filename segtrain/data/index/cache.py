@@ -4,8 +4,8 @@ A cache file ``<cache_dir>/index/<kind>-<name>-<where>-<key>.idx`` is keyed by e
 content depends on: the annotation file's size and a hash of all its bytes (XXH3-128 with xxhash, a
 dependency; BLAKE2b without it; for a LabelMe folder: the name and hash of every JSON in it), the loader
 options that change the result (``max_image_pixels``), the index format and the record fields. Class
-lists, ``class_map``, ``unlisted`` and ``on_error`` are applied after loading (see loading.py), so they
-never force a rebuild. A file that is truncated, damaged (checksum of every array, index.py), built for
+lists, ``class_map``, ``unlisted`` and ``on_error`` are applied after loading (see reading.py), so they
+never force a rebuild. A file that is truncated, damaged (checksum of every array, record_index.py), built for
 other inputs or structurally inconsistent is rebuilt with a warning, never used. Processes that start
 together (DDP ranks) build once: the others wait on a lock and map the result.
 
@@ -39,7 +39,7 @@ from typing import Any, BinaryIO
 
 from segtrain import storage
 from segtrain.config import expand_path
-from segtrain.data.formats.index import RecordIndex, schema_fingerprint
+from segtrain.data.index.record_index import RecordIndex, schema_fingerprint
 from segtrain.fileio import open_regular
 
 try:  # a dependency; without it the cache keys on BLAKE2b (same safety, slower second start)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import segtrain.data.formats.coco as coco_mod
-import segtrain.data.formats.index_cache as cache_mod
+import segtrain.data.index.cache as cache_mod
 from segtrain.data.formats.coco import load_coco
 from segtrain.data.records import ClassMap
 

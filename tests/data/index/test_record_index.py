@@ -22,10 +22,10 @@ from pycocotools import mask as mask_utils
 
 from segtrain.data.formats import coco as coco_mod
 from segtrain.data.formats.coco import discover_classes_coco, load_coco
-from segtrain.data.formats.index import RecordIndex, records_equal
 from segtrain.data.formats.labelme import discover_classes_labelme, load_labelme
-from segtrain.data.formats.rle import box_mask_counts, check_counts, decode_compressed, encode_counts
 from segtrain.data.images.image_io import ImageReadError, read_encoded
+from segtrain.data.index.record_index import RecordIndex, records_equal
+from segtrain.data.index.rle import box_mask_counts, check_counts, decode_compressed, encode_counts
 from segtrain.data.records import (
     IGNORE,
     MAX_POLYGON_VERTICES,

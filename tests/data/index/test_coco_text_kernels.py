@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import segtrain.data.formats.coco as coco_mod
-from segtrain.data.formats import polygon_text
-from segtrain.data.formats.coco_text_kernels import brackets, scan_annotations
-from segtrain.data.formats.index import RecordIndex
-from segtrain.data.formats.json_chunks import Structure
+from segtrain.data.index import polygon_text
+from segtrain.data.index.coco_text_kernels import brackets, scan_annotations
+from segtrain.data.index.json_chunks import Structure
+from segtrain.data.index.record_index import RecordIndex
 
 PLAIN = (
     '{"id":7,"image_id":1,"category_id":1,"iscrowd":0,"area":12.5,"bbox":[1,2,3e1,4],'
@@ -191,7 +191,7 @@ def test_chunks_scanned_in_threads_give_the_parsers_index_in_file_order(
     order, problems in order) whether one thread scans or several, and no scan runs on the caller's thread."""
     import threading
 
-    from segtrain.data.formats import coco_text_kernels
+    from segtrain.data.index import coco_text_kernels
 
     rng = np.random.default_rng(threads)
     odd = [a for a in _odd_annotations() if '"area":-01' not in a]

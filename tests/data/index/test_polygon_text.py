@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from segtrain.data.formats import polygon_text
 from segtrain.data.formats.coco import build_coco
-from segtrain.data.formats.polygon_text import extract_polygons, restore
+from segtrain.data.index import polygon_text
+from segtrain.data.index.polygon_text import extract_polygons, restore
 
 
 def parsed(text: bytes) -> list:

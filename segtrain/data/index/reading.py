@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from segtrain.data.formats.index import RecordIndex
+from segtrain.data.index.record_index import RecordIndex
 from segtrain.data.records import ON_ERROR, AnnotationError, ClassMap, SkipReport, positive_int
 from segtrain.fileio import UnsafeFileError
 from segtrain.storage import StorageError, read_bytes  # files, and URLs
