@@ -1,16 +1,20 @@
 """COCO instances JSON -> validated :class:`RecordIndex`, fast enough for train2017 at every start.
 
-Building costs less than ``json.load`` of the file, at well under its peak memory: a structural
-scan (json_chunks.py) finds the elements of the ``images`` and ``annotations`` arrays, and about
-:data:`CHUNK_BYTES` of JSON text at a time is parsed with orjson, converted with C-level loops
-(``map`` over the chunk; the polygon coordinates of a whole chunk go into one float64 buffer with
-``array.fromlist`` and are checked vectorised) and freed before the next. Anything unusual (RLE,
-nested ``[[x, y], ...]`` points, wrong types) takes a per-annotation path that names the problem;
-a document the scan cannot split (or a syntax error) is parsed whole, for the exact error. In files of
-``polygon_text.MIN_FILE_BYTES`` and more, compiled passes (coco_text_kernels.py, numba) find the document's
-structure and read every chunk of annotations written the plain way straight from the text into arrays (the
-parser's exact values; no Python object per annotation or number); a chunk holding anything else is parsed,
-its plain polygon lists read from the text (polygon_text.py), with the same checks and messages.
+Two ways through a file, one fast path and one checked fallback, giving the same records:
+
+* the fast path, for files of ``polygon_text.MIN_FILE_BYTES`` and more: compiled passes (numba,
+  index/coco_text_kernels.py) find the document's structure and read every chunk of annotations written the
+  plain way straight from the text into arrays (the parser's exact values; no Python object per annotation or
+  number), converted and checked vectorised; the images, all valid, are checked with C-level loops. It builds
+  COCO train2017 in less time than ``json.load`` of the file, at well under its peak memory.
+* the checked fallback, for everything else: each element on its own, parsed with orjson about
+  :data:`CHUNK_BYTES` of text at a time (index/json_chunks.py; a document that scan cannot split, or a
+  syntax error, is parsed whole for the exact error), every problem named with its file, id and fix. In
+  large files a chunk the compiled pass refuses takes it, its plain polygon lists read from the text
+  (index/polygon_text.py); a smaller file takes it throughout (numba is not worth loading for it).
+
+The fallback may be several times slower, and that is the trade: the index is cached after the first build
+(index/cache.py), so only a first start ever parses, and usual files at train2017 scale take the fast path.
 
 What is checked, before training starts: JSON syntax; ``images`` / ``annotations`` /
 ``categories`` structure; id types (integers or strings; booleans, floats, lists and objects are
@@ -34,8 +38,8 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import chain, islice, repeat
-from operator import itemgetter, methodcaller
+from itertools import islice, repeat
+from operator import methodcaller
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -190,7 +194,7 @@ def build_coco(
     path: Path, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, holder: list[bytes] | None = None
 ) -> RecordIndex:
     """The class-independent index of a COCO file, with every problem recorded in
-    ``meta["errors"]`` (see loading.finish). Raises AnnotationError only for a file that is
+    ``meta["errors"]`` (see index/reading.finish). Raises AnnotationError only for a file that is
     not a COCO instances file at all (or not JSON). ``holder``: ``[the file's bytes]`` when already
     read (handed over in a list, so _build can drop them once converted); None: read here."""
     if holder is None:
@@ -423,10 +427,10 @@ class _Images:
         self.heights: list[int] = []
         self.widths: list[int] = []
         if not self._fast(images, max_pixels):
-            self._slow(images, src, max_pixels, problems)
+            self._checked(images, src, max_pixels, problems)
 
     def _fast(self, images: list, max_pixels: int) -> bool:
-        """All images valid (the usual case), checked with C-level loops; False: check one by one."""
+        """All images valid (the usual case), checked with C-level loops; False: :meth:`_checked` takes them."""
         try:
             ids, names = list(map(_get_id, images)), list(map(_get_file, images))
             hs, ws = list(map(_get_height, images)), list(map(_get_width, images))
@@ -435,7 +439,7 @@ class _Images:
         if not (set(map(type, ids)) <= _ID_TYPES and set(map(type, names)) <= {str}):
             return False
         if not is_utf8("".join(names)) or (str in set(map(type, ids)) and not is_utf8("".join(map(str, ids)))):
-            return False  # a lone surrogate escape ("\udcff") somewhere: the slow path names it
+            return False  # a lone surrogate escape ("\udcff") somewhere: the checked path names it
         if not (set(map(type, hs)) <= {int} and set(map(type, ws)) <= {int}) or not images:
             return False
         h, w = np.asarray(hs, np.int64), np.asarray(ws, np.int64)
@@ -447,7 +451,8 @@ class _Images:
         self.index, self.ids, self.names, self.heights, self.widths = index, ids, names, hs, ws
         return True
 
-    def _slow(self, images: list, src: str, max_pixels: int, problems: Problems) -> None:
+    def _checked(self, images: list, src: str, max_pixels: int, problems: Problems) -> None:
+        """Each image on its own: the valid ones kept, every other one a named problem."""
         for i, im in enumerate(images):
             problem = _element_problem(src, "images", i, im, "every COCO image needs a unique integer id")
             if problem:
@@ -568,17 +573,10 @@ def _segments_any(mask: np.ndarray, lens: np.ndarray) -> np.ndarray:
 
 
 _ID_TYPES = frozenset({int, str})
-_SEG_KIND: dict[type, int] = {list: 1, dict: 2, np.ndarray: 1}  # arrays: parts read from the text
-_get_seg = methodcaller("get", "segmentation")
-_get_image = methodcaller("get", "image_id")
-_get_cat = methodcaller("get", "category_id")
 _get_id = methodcaller("get", "id")
-_get_crowd = methodcaller("get", "iscrowd", 0)
-_get_area = methodcaller("get", "area")
 _get_file = methodcaller("get", "file_name")
 _get_height = methodcaller("get", "height")
 _get_width = methodcaller("get", "width")
-_first = itemgetter(0)
 
 
 class _Pending:
@@ -609,24 +607,41 @@ class _Pending:
         return tuple(np.concatenate(x) for x in (self.fidx, self.img, self.code, self.crowd, self.nparts, self.area))
 
 
+class _Rows:
+    """Annotations that passed the checked path, one at a time, gathered as lists: a chunk becomes arrays once,
+    not six small arrays per annotation."""
+
+    def __init__(self) -> None:
+        self.fidx: list[int] = []
+        self.img: list[int] = []
+        self.code: list[int] = []
+        self.crowd: list[bool] = []
+        self.nparts: list[int] = []
+        self.ids: list[Any] = []
+        self.area: list[float] = []
+        self.parts: list = []
+
+    def add(self, i: int, j: int, code: int, crowd: bool, parts: list, aid: Any, area: float) -> None:
+        self.fidx.append(i)
+        self.img.append(j)
+        self.code.append(code)
+        self.crowd.append(crowd)
+        self.nparts.append(len(parts))
+        self.ids.append(aid)
+        self.area.append(area)
+        self.parts.extend(parts)
+
+    def into(self, pend: _Pending) -> None:
+        if self.fidx:
+            ids = _int_ids(self.ids)
+            pend.add(self.fidx, self.img, self.code, self.crowd, self.nparts, ids, self.parts, self.area)
+
+
 def _area(v: Any) -> float:
     """An annotation's ``area`` field as a float; NaN when absent or not a finite number (kept as null)."""
     if type(v) in (int, float) and math.isfinite(v):
         return float(v)
     return math.nan
-
-
-def _areas(values: list) -> np.ndarray:
-    """:func:`_area` of each value, vectorised when all are numbers."""
-    if set(map(type, values)) <= {int, float}:
-        try:
-            out = np.array(values, np.float64)
-        except OverflowError:  # an integer beyond float range
-            pass
-        else:
-            out[~np.isfinite(out)] = math.nan
-            return out
-    return np.fromiter(map(_area, values), np.float64, len(values))
 
 
 def _cat_ids(parts: list[np.ndarray | list]) -> np.ndarray | list:
@@ -656,18 +671,20 @@ class _Annotations:
         self.part_lens: list[np.ndarray] = []
 
     def add(self, chunk: list, base: int) -> None:
-        """Check and convert one chunk of parsed annotations (file positions base, base + 1, ...)."""
+        """The checked path: each annotation of a parsed chunk (file positions base, base + 1, ...) on its own."""
+        rows = _Rows()
+        for k, a in enumerate(chunk):
+            self._checked(base + k, a, rows)
+        chunk.clear()  # the parsed JSON of this chunk is no longer needed (parts are held by rows)
         pend = _Pending()
-        fast = self._fast(chunk, base, pend)
-        for k in range(len(chunk)) if fast is None else np.flatnonzero(~fast).tolist():
-            self._slow(base + k, chunk[k], pend)
-        chunk.clear()  # the parsed JSON of this chunk is no longer needed (parts are held by pend)
+        rows.into(pend)
         if pend.fidx:
             self._finish(pend)
 
     def add_scanned(self, chunk: _Scanned, base: int) -> None:
-        """:meth:`add` for a chunk read by the compiled pass: the same checks, in the same order (what
-        :meth:`_fast` would take is taken here; the rest goes through :meth:`_slow` as the parsed dict)."""
+        """The fast path: a chunk read by the compiled pass, converted vectorised. What it cannot take (an RLE, an
+        unknown image or category) goes through :meth:`_checked` as the parsed dict, so the records and problems
+        are those of the checked path."""
         n = len(chunk)
         aid, ims, cats, crowd = (chunk.ints[:, k] for k in range(4))
         img = np.fromiter(map(self.imgs.index.get, ims.tolist(), repeat(-1)), np.int64, n)
@@ -682,6 +699,7 @@ class _Annotations:
             pend.flat = (chunk.vals, chunk.lens)
         else:
             pend.flat = (chunk.vals[np.repeat(part_take, chunk.lens)], chunk.lens[part_take])
+        rows = _Rows()  # none holds polygon parts: those not taken have none, or an unknown image or category
         for k in np.flatnonzero(~take).tolist():
             a: dict[str, Any] = {"id": int(aid[k]), "image_id": int(ims[k]), "category_id": int(cats[k])}
             a["iscrowd"] = int(crowd[k])
@@ -689,56 +707,15 @@ class _Annotations:
                 a["area"] = float(chunk.area[k])
             if k in chunk.rles:
                 a["segmentation"] = chunk.rles[k]
-            self._slow(base + k, a, pend)
+            self._checked(base + k, a, rows)
+        rows.into(pend)
         self._finish(pend)
-
-    def _fast(self, chunk: list, base: int, pend: _Pending) -> np.ndarray | None:
-        """The common case for a whole chunk with C-level loops; returns which annotations it took
-        (None: none, e.g. an element that is not an object)."""
-        n = len(chunk)
-        try:
-            segs, ims, cats = list(map(_get_seg, chunk)), list(map(_get_image, chunk)), list(map(_get_cat, chunk))
-            aids, crowds = list(map(_get_id, chunk)), list(map(_get_crowd, chunk))
-            areas = _areas(list(map(_get_area, chunk)))
-        except AttributeError:
-            return None
-        if not (set(map(type, ims)) <= _ID_TYPES and set(map(type, cats)) <= _ID_TYPES):
-            return None
-        if not (set(map(type, aids)) <= _ID_TYPES and set(map(type, crowds)) <= {int, bool}):
-            return None
-        if not set(crowds) <= {0, 1}:
-            return None
-        img = np.fromiter(map(self.imgs.index.get, ims, repeat(-1)), np.int64, n)
-        code = np.fromiter(map(self.cat_code.get, cats, repeat(-1)), np.int64, n)
-        kind = np.fromiter(map(_SEG_KIND.get, map(type, segs), repeat(0)), np.int8, n)
-        take = (img >= 0) & (code >= 0) & (kind == 1)
-        sel = np.flatnonzero(take)
-        nparts = np.fromiter(map(len, [segs[k] for k in sel.tolist()]), np.int64, len(sel))
-        take[sel[nparts == 0]] = False
-        sel = np.flatnonzero(take)
-        firsts = map(_first, [segs[k] for k in sel.tolist()])
-        first = np.fromiter(map(_SEG_KIND.get, map(type, firsts), repeat(0)), np.int8)
-        take[sel[first != 1]] = False
-        sel = np.flatnonzero(take)
-        chosen = [segs[k] for k in sel.tolist()]
-        ids = [aids[k] for k in sel.tolist()]
-        pend.add(
-            base + sel,
-            img[sel],
-            code[sel],
-            np.array(crowds, bool)[sel],
-            np.fromiter(map(len, chosen), np.int64, len(chosen)),
-            _int_ids(ids),
-            list(chain.from_iterable(chosen)),
-            areas[sel],
-        )
-        return take
 
     def _where(self, aid: Any, j: int) -> str:
         return f"{self.src}: annotation id {aid} (image id {self.imgs.ids[j]}, {self.imgs.names[j]})"
 
-    def _slow(self, i: int, a: Any, pend: _Pending) -> None:
-        """Check one annotation the fast path did not take; record it in ``pend`` or a problem."""
+    def _checked(self, i: int, a: Any, rows: _Rows) -> None:
+        """Check one annotation (file position ``i``); keep it in ``rows`` or record a problem that names it."""
         src, pr = self.src, self.problems
         problem = _element_problem(src, "annotations", i, a, "annotation ids must be integers")
         if problem:
@@ -778,11 +755,11 @@ class _Annotations:
                     raise ValueError("empty 'segmentation' list (no polygon)")
                 if set(map(type, seg)) <= {int, float}:
                     seg = [seg]  # a single flat polygon without the outer list
-                pend.add([i], [j], [code], [bool(crowd)], [len(seg)], _int_ids([aid]), seg, [_area(a.get("area"))])
+                rows.add(i, j, code, bool(crowd), seg, aid, _area(a.get("area")))
                 return
             if isinstance(seg, dict):
                 self.rles[i] = coco_rle(seg, self.imgs.heights[j], self.imgs.widths[j])
-                pend.add([i], [j], [code], [bool(crowd)], [0], _int_ids([aid]), [], [_area(a.get("area"))])
+                rows.add(i, j, code, bool(crowd), [], aid, _area(a.get("area")))
                 return
             raise ValueError(
                 "no 'segmentation' (polygon list or RLE); bounding-box-only annotations cannot train segmentation"
