@@ -4,7 +4,7 @@
 Prints one JSON object. Goals (issue 12): the full CPU pipeline (read, decode, rasterise, augment,
 targets, tensors) costs at most 1.8x decoding alone, and the device-augmentation worker part
 (``augment.device=cuda|auto``: read, decode, rasterise, fit) at most 1.3x, on the real samples
-(tests/data or ../shared/data) at input 512x512 and on synthetic 1024x2048 images.
+(tests/assets or ../shared/data) at input 512x512 and on synthetic 1024x2048 images.
 
 How it measures, on one core (1 torch thread, cv2 serial): after warming up, each image is decoded
 alone and run through the pipeline back to back (alternating which goes first), for ``--rounds``
@@ -78,10 +78,10 @@ OVERRIDES: tuple[str, ...] = ()  # --set: config overrides for every row
 
 
 def real_records() -> list[ImageRecord]:
-    """COCO and LabelMe samples with images (../shared/data when present, else tests/data)."""
+    """COCO and LabelMe samples with images (../shared/data when present, else tests/assets)."""
     shared = REPO.parent / "shared" / "data"
     out: list[ImageRecord] = []
-    for root in (shared, REPO / "tests" / "data"):
+    for root in (shared, REPO / "tests" / "assets"):
         coco = root / "mmpose_coco_person" / "test_coco.json"
         if coco.is_file():
             recs, _ = load_coco(coco, coco.parent, ClassMap(["background", "person"]))
@@ -92,7 +92,7 @@ def real_records() -> list[ImageRecord]:
             out += recs
         if out:
             return out
-    raise SystemExit("no sample data found in ../shared/data or tests/data")
+    raise SystemExit("no sample data found in ../shared/data or tests/assets")
 
 
 def make_dataset(

@@ -26,7 +26,7 @@ Prints one JSON object:
 * ``cv2_fillpoly_reference``: mean IoU of plain ``cv2.fillPoly`` (sub-pixel shift, best of a few
   offsets), to show why it is not used.
 
-Default data root: ../shared/data beside the repository when present, else the repository's tests/data.
+Default data root: ../shared/data beside the repository when present, else the repository's tests/assets.
 """
 
 from __future__ import annotations
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         action="append",
         help="data root to scan for COCO JSON and LabelMe folders (repeatable); default: "
-        "../shared/data beside the repository, else tests/data",
+        "../shared/data beside the repository, else tests/assets",
     )
     ap.add_argument("--repeat", type=int, default=7, help="timing repetitions (best of), default 7")
     ap.add_argument("--scale", type=int, default=3, help="also time the polygon images scaled up this much (default 3)")
@@ -365,9 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.data:
         roots = [Path(r).resolve() for r in args.data]
-    else:  # the shared samples are a superset of the ones copied into tests/data
+    else:  # the shared samples are a superset of the ones copied into tests/assets
         shared = REPO.parent / "shared" / "data"
-        roots = [shared if shared.is_dir() else REPO / "tests" / "data"]
+        roots = [shared if shared.is_dir() else REPO / "tests" / "assets"]
     with tempfile.TemporaryDirectory(prefix="bench_rasterise_") as scratch:
         datasets = find_datasets(roots, Path(scratch))
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -19,7 +19,7 @@ from tests.helpers.slow_guard import GuardedPopen, unmarked_training_fixtures
 # The object-store tests' ``client`` fixture (obstore and s3fs), shared by tests/test_storage_*.py.
 pytest_plugins = ["tests.helpers.storage_clients"]
 
-TEST_DATA = Path(__file__).resolve().parent / "data"
+TEST_ASSETS = Path(__file__).resolve().parent / "assets"
 # Samples that may not be copied into the repository (GPL-3.0 / unclear provenance) live beside it.
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -92,8 +92,8 @@ def _segtrain_logs_reach_caplog() -> None:
 
 @pytest.fixture(scope="session")
 def test_data() -> Path:
-    """tests/data: samples copied into the repository (see tests/data/README.md)."""
-    return TEST_DATA
+    """tests/assets: samples copied into the repository (see tests/assets/README.md)."""
+    return TEST_ASSETS
 
 
 @pytest.fixture(scope="session")

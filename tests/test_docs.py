@@ -109,6 +109,31 @@ def test_relative_links_and_anchors_resolve(doc: Path):
     assert broken == [], f"{doc.name}: " + "; ".join(broken)
 
 
+#: A repository path in `code` (a test, a script, a module, a sample); globs and placeholders are not checked.
+REPO_PATH = re.compile(r"`((?:tests|scripts|segtrain|configs|docker|docs)/[^`\s*<>{}\[\]]*)`")
+#: Files a user creates, which the repository does not hold.
+USER_FILES = {"docker/.env"}
+
+
+@pytest.mark.parametrize("doc", [README, *pages()], ids=lambda p: p.relative_to(REPO).as_posix())
+def test_repository_paths_the_docs_name_exist(doc: Path):
+    """A file that moves takes its mentions with it: a path the docs name in `code` (``tests/assets/...``,
+    ``tests/data/test_loaders.py``, ``scripts/bench_loader.py``) exists in the repository."""
+    named = {m.group(1).split("::")[0] for m in REPO_PATH.finditer(doc.read_text())}
+    missing = sorted(p for p in named - USER_FILES if not (REPO / p).exists())
+    assert missing == [], f"{doc.relative_to(REPO)} names paths that do not exist: {missing}"
+
+
+def test_samples_sit_in_tests_assets():
+    """tests/<package>/ mirrors segtrain/ and holds Python only; the sample files sit in tests/assets/, which
+    holds no Python."""
+    tests = REPO / "tests"
+    files = [p.relative_to(tests) for p in tests.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    stray = [p.as_posix() for p in files if p.suffix != ".py" and p.parts[0] != "assets"]
+    code = [p.as_posix() for p in files if p.suffix == ".py" and p.parts[0] == "assets"]
+    assert stray == [] and code == [], (stray, code)
+
+
 def test_every_name_the_api_page_documents_exists():
     names = re.findall(r"^::: ([\w.]+)\s*$", (DOCS / "api.md").read_text(), re.M)
     assert {"build_model", "register_model", "make_targets", "panoptic_segmentation", "PanopticQuality"} <= {

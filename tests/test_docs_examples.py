@@ -211,8 +211,8 @@ def test_every_command_composes_as_typed(tmp_path):
 
 
 # --------------------------------------------------------------------------- python blocks
-COCO_SAMPLE = REPO / "tests" / "data" / "mmpose_coco_person" / "test_coco.json"
-PHOTO = REPO / "tests" / "data" / "mmpose_coco_person" / "000000000785.jpg"
+COCO_SAMPLE = REPO / "tests" / "assets" / "mmpose_coco_person" / "test_coco.json"
+PHOTO = REPO / "tests" / "assets" / "mmpose_coco_person" / "000000000785.jpg"
 
 
 def coco_results(gt_file: Path, out: Path) -> None:

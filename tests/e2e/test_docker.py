@@ -585,7 +585,7 @@ def dockerignored(path: str) -> bool:
         ".cache/segtrain/synthetic-v1/a.json",
         ".pytest_cache/v",
         "segtrain/__pycache__/x.pyc",
-        "tests/data/x.json",
+        "tests/assets/x.json",
         "runs/ckpt.pt",
         "docker/.env",
         ".env",

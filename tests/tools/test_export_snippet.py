@@ -18,7 +18,7 @@ from tests.helpers.proc_utils import REPO, run_module
 
 pytestmark = pytest.mark.slow
 
-PHOTO = REPO / "tests" / "data" / "mmpose_coco_person" / "000000000785.jpg"
+PHOTO = REPO / "tests" / "assets" / "mmpose_coco_person" / "000000000785.jpg"
 
 
 def _snippet() -> str:

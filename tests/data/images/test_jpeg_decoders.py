@@ -18,7 +18,7 @@ from segtrain.data.images.jpeg_decoders import NvImageCodecJpeg, TorchvisionJpeg
 from tests.helpers.proc_utils import REPO
 
 CPU = torch.device("cpu")
-PHOTOS = sorted((REPO / "tests" / "data").rglob("*.jpg"))
+PHOTOS = sorted((REPO / "tests" / "assets").rglob("*.jpg"))
 
 
 def _fake_nvimgcodec(calls: list) -> types.ModuleType:
@@ -60,7 +60,7 @@ def installed(monkeypatch):
 
 def _encoded() -> list[torch.Tensor]:
     if not PHOTOS:
-        pytest.skip("no JPEG under tests/data")
+        pytest.skip("no JPEG under tests/assets")
     return [torch.from_numpy(np.fromfile(p, np.uint8)) for p in PHOTOS]
 
 

@@ -65,7 +65,7 @@ def _labelme_labels(folder: Path) -> list[str]:
 
 
 def _all_samples(test_data: Path) -> list[tuple[str, Path]]:
-    """(format, path) of every annotated sample in tests/data and ../shared/data (when present)."""
+    """(format, path) of every annotated sample in tests/assets and ../shared/data (when present)."""
     from tests.conftest import SHARED_DATA
 
     out = []
@@ -118,7 +118,7 @@ def test_index_gives_the_legacy_records_on_every_sample(test_data, tmp_path):
         assert len(new_rep.skipped_images) == len(old_rep.skipped_images), path
         assert len(new_rep.skipped_annotations) == len(old_rep.skipped_annotations), path
         n_records += len(new)
-    assert n_records >= 9  # tests/data alone holds 9 records (more with ../shared/data)
+    assert n_records >= 9  # tests/assets alone holds 9 records (more with ../shared/data)
 
 
 def _coco_areas(js) -> dict:
