@@ -1,4 +1,4 @@
-"""Hostile data (issue 19, data side): every case is built from real files, run as a user would.
+"""Untrusted data: every case is built from real files, run as a user would.
 
 * files outside the data set: annotations cannot make segtrain open a file outside the split's folders
   or ``dataset.root`` (``..``, absolute paths, symlinks), whatever the format, cached index or not;
