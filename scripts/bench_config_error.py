@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""How long a config mistake takes to be reported, against importing torch (issue 17: a mistake is reported
+"""How long a config mistake takes to be reported, against importing torch (a mistake is reported
 without importing torch, so in about the time Python and Hydra take to start).
 
 Runs, alternately and ``--repeat`` times each, in fresh processes from an empty folder:
 
 * ``python -m segtrain.train experiment=cpu_smok`` (a mistyped preset: one line, exit 2), timed until it exits;
 * ``python -c "import torch"``;
-* ``python -c "import torch, torchvision"`` (what a config mistake cost before issue 17).
+* ``python -c "import torch, torchvision"`` (the floor of a check that imports both before it reports).
 
 Prints ONE JSON object: the median and best seconds of each, the ratio of the medians, the error line and
 whether torch was imported by the failing run (``python -X importtime``).

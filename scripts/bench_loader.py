@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Decode-only vs the loader worker's whole per-image pipeline, per core.
 
-Prints one JSON object. Goals (issue 12): the full CPU pipeline (read, decode, rasterise, augment,
+Prints one JSON object. Goals: the full CPU pipeline (read, decode, rasterise, augment,
 targets, tensors) costs at most 1.8x decoding alone, and the device-augmentation worker part
 (``augment.device=cuda|auto``: read, decode, rasterise, fit) at most 1.3x, on the real samples
 (tests/assets or ../shared/data) at input 512x512 and on synthetic 1024x2048 images.
@@ -72,7 +72,7 @@ from segtrain.data.records import ClassMap, ImageRecord  # noqa: E402
 
 FULL_GOAL = 1.8
 DEVICE_GOAL = 1.3
-DECODE_GOAL = 0.3  # issue 20: with dataset.decode=device the worker costs under a third of decoding
+DECODE_GOAL = 0.3  # with dataset.decode=device the worker costs under a third of decoding
 REAL_CLASSES = ["background", "person", "date", "fig", "hazelnut"]
 OVERRIDES: tuple[str, ...] = ()  # --set: config overrides for every row
 
@@ -363,7 +363,7 @@ def main() -> None:
             goals[k] = {c: bool(results[k][c]["full_over_decode"] <= limit) for c in ("cpu", "wall")}
     results["goal_met"] = goals
     # The CPU training path (targets in the worker), panoptic model beside a semantic-only one; its goal
-    # (issue 32) is judged on the per-core (cpu) figure of every row
+    # is judged on the per-core (cpu) figure of every row
     path: dict = {
         key: {
             "panoptic": {c: results[f"{key}_targets_in_worker"][c]["full_over_decode"] for c in ("cpu", "wall")},

@@ -1,4 +1,4 @@
-"""Peak RSS of ``python -m segtrain.predict`` on one large synthetic PNG (issue 19: predict memory).
+"""Peak RSS of ``python -m segtrain.predict`` on one large synthetic PNG.
 
 Prints JSON: image size, peak RSS of the predict process (getrusage of the child), the same for a 64x64
 image, and the difference per image pixel.  ``--repo`` runs another checkout (e.g. the code before bands).

@@ -4,7 +4,7 @@
 Prints one JSON object: images/s of segtrain's training loader (``build_loader``: the real dataset, mapper and
 collate) over a COCO folder read from local disk, from an S3 API server on loopback (moto's), and from the
 same server behind a proxy adding ``--latency-ms`` (default 30) to every request, at 0 and 2 loader workers.
-Goal (issue 30): with the latency, 2 workers reach at least half the local-disk throughput at 2 workers
+Goal: with the latency, 2 workers reach at least half the local-disk throughput at 2 workers
 (``goal_met``). Those two runs are made back to back ``--rounds`` times and the goal judged on the median of the
 rounds' ratios, so that other work on a shared machine weighs on both sides of each ratio alike. The store is
 moto on the same machine, and the proxy runs in this process: their CPU time (``cpu_ms_per_image_at_2_workers``,

@@ -65,7 +65,7 @@ class TargetOptions(TypedDict):
     small_instance_weight: float
 
 
-SPEEDUP_GOAL = 40.0  # issue 20: make_targets at 1024x2048 with 20 instances vs the reference
+SPEEDUP_GOAL = 40.0  # make_targets at 1024x2048 with 20 instances vs the reference
 RATIO_GOAL = 2.0  # ... and at most this multiple of the time to write its outputs
 
 

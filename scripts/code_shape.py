@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The shape of the code a newcomer reads (issue 17): the longest files and functions of ``segtrain/``, and
+"""The shape of the code a newcomer reads: the longest files and functions of ``segtrain/``, and
 how many files there are per package. Counts lines as they stand in the file (docstrings and comments
 included), functions from their ``def`` to their last line (nested ones counted in their own right too).
 
