@@ -158,7 +158,7 @@ def main() -> None:
 
         # The bare loop in PyTorch's canonical order (zero_grad first, as in pytorch/examples), which is also
         # run_step's: the previous step's gradients are freed before the forward pass in both loops, so both
-        # place their tensors alike. Freed after the forward pass instead, the forward ran 2x slower in one
+        # place their tensors alike. Freed after the forward pass instead, the forward ran slower in one
         # process and the backward faster (torch.profiler, same ops): memory placement, not code.
         def bare_loop() -> Callable[[], tuple[float, float]]:
             def bare_block() -> tuple[float, float]:

@@ -165,7 +165,7 @@ def train_overrides(s: Setup) -> list[str]:
     per_gpu = 48 // PRESET_GPUS
     batch = per_gpu * s.nproc
     total = s.first_total[1]
-    # Two epochs per first run on 1 GPU: writing big JPEGs is serial (0.2-0.4 s each), and every epoch end writes
+    # Two epochs per first run on 1 GPU: writing big JPEGs is serial and slow, and every epoch end writes
     # last.pt and restarts the loader's prefetching (more GPUs: shorter epochs, at most 240 images to write).
     num_train = min(max(batch * s.steps // 2, 48), 240)
     workers = max(1, min(8, s.cores // s.nproc - 1))  # the preset's 8 per rank, where the cores allow

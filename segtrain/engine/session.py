@@ -38,9 +38,9 @@ def session(
     :func:`start_run_record`, which the job calls once the directory is its own and the run will start. A
     refused run leaves the directory byte for byte as it was. Otherwise both are written at once."""
     tr = cfg.trainer
-    # OpenCV's thread pool and torch's OpenMP threads spin against each other on the same cores
-    # (torch ops after cv2 calls became 10-50x slower with num_workers=0); OpenCV stays serial here,
-    # parallelism comes from loader workers and torch.
+    # OpenCV's thread pool and torch's OpenMP threads spin against each other on the same cores (torch ops
+    # right after cv2 calls slow down, worst with num_workers=0); OpenCV stays serial here, parallelism comes
+    # from loader workers and torch.
     cv2.setNumThreads(0)
     dist = setup(tr.device, tr.ddp.backend, tr.ddp.timeout_s, tr.ddp.rendezvous_timeout_s)
     if dist.device.type == "cpu":

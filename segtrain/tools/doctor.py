@@ -45,8 +45,8 @@ log = logging.getLogger("segtrain.doctor")
 
 INPUT_BOUND_MARGIN = 1.1  # loader must be 10% faster than the model to call the run compute-bound
 # Untimed images before the stage timers start. The first item pays what a training run pays once per
-# process (the rasteriser's numba compile or cache load: ~0.4 s against ~0.1 ms per image; lazy imports,
-# first allocations); a few more cover the random augmentation branches' first calls.
+# process (the rasteriser's numba compile or cache load, the time of many images; lazy imports, first
+# allocations); a few more cover the random augmentation branches' first calls.
 WARMUP_ITEMS = 3
 
 

@@ -52,7 +52,7 @@ class _Resolver:
         """Position -> real location of every path that resolves outside the roots."""
         groups: dict[str, list[tuple[str, int]]] = {}  # folder as written -> (name, position)
         sep = os.sep
-        for i, p in enumerate(paths):  # plain string operations: ~0.3 us per path
+        for i, p in enumerate(paths):  # plain string operations: no system call per path
             if p is not None:
                 k = p.rfind(sep)
                 folder = p[:k] if k > 0 else (sep if k == 0 else "")

@@ -130,7 +130,7 @@ def _scan(buf: np.ndarray, key: np.ndarray, pow10: np.ndarray) -> tuple[np.ndarr
     return spans[:nm].copy(), nparts[:nm].copy(), lens[:npt].copy(), vals[:nv].copy()
 
 
-#: Files smaller than this are parsed by the JSON parser alone (break-even of numba's load time: ~30 MB).
+#: Files smaller than this are parsed by the JSON parser alone (loading numba would cost more than it saves).
 MIN_FILE_BYTES = 32 << 20
 
 

@@ -25,7 +25,7 @@ from segtrain.storage import StorageError, read_bytes  # files, and URLs
 log = logging.getLogger(__name__)
 
 orjson: ModuleType | None
-try:  # ~3x faster than json and lighter on memory; json is the fallback (and reads NaN / Infinity)
+try:  # faster than json and lighter on memory; json is the fallback (and reads NaN / Infinity)
     import orjson
 except ImportError:  # pragma: no cover - orjson is a dependency, but never a hard one
     orjson = None

@@ -704,7 +704,7 @@ def load_arrays(
     check = _Checksum("xxh3_64" if "xxh3_64" in header else "crc32")
     if verify and check.name == "xxh3_64" and xxhash is None:
         raise IndexFormatError(f"{path}: checksummed with xxhash, which is not installed")
-    # plain ndarray views of the map: np.memmap's Python-level __getitem__ would cost ~1 us per slice
+    # plain ndarray views of the map: np.memmap's Python-level __getitem__ would cost many times a view's slice
     mm = np.memmap(path, np.uint8, "r").view(np.ndarray) if size > start else None
     for name, t in table.items():
         dtype, shape = np.dtype(t["dtype"]), tuple(int(v) for v in t["shape"])

@@ -211,7 +211,7 @@ def build_targets_torch(
     n_ids = instance_classes.shape[1]
 
     # ---------------------------------------------------------------- labels: id, or pseudo-id n_ids if invalid
-    # int32 indices throughout: index_add_/index_select are 2-4x faster with them than with int64 on CPU, and every
+    # int32 indices throughout: index_add_/index_select are faster with them than with int64 on CPU, and every
     # index here is < B * max(H, W) * (K+2), far below 2**31.
     n_lut = n_ids + 1
     inv = n_ids

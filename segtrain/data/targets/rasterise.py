@@ -236,7 +236,7 @@ class _Boxes:
         # Column-major boxes in one flat buffer: +1 where each run starts, -1 (255 in uint8) where it
         # ends (all positions distinct after _union_runs). Every column sums to zero, so one running
         # sum over the buffer serves all boxes: cv2.integral of a 1 x N image is that running sum
-        # (~4x faster than np.cumsum); its low byte is the coverage (0/1), the 255s adding only
+        # (faster than np.cumsum); its low byte is the coverage (0/1), the 255s adding only
         # multiples of 256.
         buf = np.zeros(int(size.sum()), np.uint8)
         buf[base + y0] = 1
@@ -399,7 +399,7 @@ def _rasterise_numpy(
                 masks = boxes.fill(next(pending))
             m = masks.pop(j)
         dst = out[r : r + m.shape[0], c : c + m.shape[1]]
-        # masked fill of the view, in place (cv2 is ~3x faster than numpy boolean assignment here)
+        # masked fill of the view, in place (cv2 is faster than numpy boolean assignment here)
         res = cv2.copyTo(np.full(m.shape, k, out.dtype), m, dst)
         if res is not dst:  # never seen; guards against cv2 reallocating instead of writing in place
             np.copyto(dst, res)

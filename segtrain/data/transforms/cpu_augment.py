@@ -183,8 +183,8 @@ def _warp_rotated(img: np.ndarray, g: Geometry, interp: int, border: int) -> np.
         return np.full((h, w, *img.shape[2:]), border, img.dtype)
     src = img[y_lo:y_hi, x_lo:x_hi]
     inv[:, 2] -= (x_lo, y_lo)  # source coordinates relative to the box
-    # RGB is warped as it is: converting to RGBA and back around the warp gives the same pixels and costs more
-    # (measured with OpenCV 4.10 and 5.1), most where a zoom-out reads a large box.
+    # RGB is warped as it is: converting to RGBA and back around the warp gives the same pixels and costs more,
+    # most where a zoom-out reads a large box.
     flags = interp | cv2.WARP_INVERSE_MAP
     return cv2.warpAffine(src, inv, (w, h), flags=flags, borderMode=cv2.BORDER_CONSTANT, borderValue=border)
 
@@ -494,7 +494,7 @@ class Augmented:
         if not self.outside or self.covered:
             return ids
         if self.box is None:
-            np.copyto(ids, 0, where=ids == self.outside)  # 4x faster than np.putmask at 1024x2048
+            np.copyto(ids, 0, where=ids == self.outside)  # faster than np.putmask
             return ids
         y0, y1, x0, x1 = self.box
         ids[:y0] = 0
