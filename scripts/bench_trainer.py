@@ -61,7 +61,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from segtrain.checkpoint.state import Checkpointer  # noqa: E402
+from segtrain.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from segtrain.config import compose, to_container  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
 from segtrain.data.dataset import collate  # noqa: E402

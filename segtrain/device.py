@@ -66,7 +66,8 @@ def use_channels_last(setting: str, device: torch.device, precision: str, convol
 def to_channels_last(model: nn.Module) -> nn.Module:
     """``model``'s 4-D parameters and buffers in ``torch.channels_last``, and every 4-D input converted on the way
     in (a forward pre-hook: training, validation and the EMA's copy all see NHWC batches). Values are unchanged,
-    only strides: checkpoints are written contiguous (``checkpoint.state.model_state``) and load into any model."""
+    only strides: checkpoints are written contiguous (``checkpoint.checkpointer.model_state``) and load into any
+    model."""
     model.to(memory_format=torch.channels_last)
     model.register_forward_pre_hook(_channels_last_input)
     return model

@@ -39,7 +39,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     Engine code reaches the model only through this, so ``model.freeze_part()`` or
     ``model.backbone`` mean the same wrapped or not, and state dicts carry no
     ``module.`` / ``_orig_mod.`` prefixes. DDP / DataParallel hold the model as ``.module``, torch.compile
-    as ``._orig_mod``; the key prefixes they leave in state dicts are ``checkpoint.state.WRAPPER_PREFIXES``.
+    as ``._orig_mod``; the key prefixes they leave in state dicts are ``checkpoint.keys.WRAPPER_PREFIXES``.
     """
     while True:
         if isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):

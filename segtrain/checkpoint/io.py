@@ -3,7 +3,7 @@
 A run's checkpoints are ``<run>/checkpoints/``: ``last.pt`` (every epoch end, every
 ``trainer.checkpoint.every_steps``, on preemption), ``best.pt`` + ``best_weights.pt`` (the best
 validation), ``step_<8 digits>.pt`` (periodic, the newest ``keep_last`` kept). Each file is a plain dict
-that ``torch.load(path, weights_only=True)`` loads (executing nothing); :mod:`segtrain.checkpoint.state`
+that ``torch.load(path, weights_only=True)`` loads (executing nothing); :mod:`segtrain.checkpoint.checkpointer`
 says what it holds. Writes go to a temporary file, fsync, rename: a kill leaves the old file or the new
 one, never a torn one.
 

@@ -18,8 +18,8 @@ from torch import nn
 
 from segtrain import redact, storage
 from segtrain.checkpoint import io
-from segtrain.checkpoint.resume import find_resume_checkpoint, restore_training_state
-from segtrain.checkpoint.state import Checkpointer
+from segtrain.checkpoint.checkpointer import Checkpointer
+from segtrain.checkpoint.resume import find_resume_checkpoint
 from segtrain.config import Config, ConfigError, to_container
 from segtrain.console import progress_bar
 from segtrain.data import BatchStep, build_training_data, check_paths, per_rank_batch
@@ -37,6 +37,7 @@ from segtrain.engine.model_setup import (
 from segtrain.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler, optimizer_settings
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.remote_logs import copy_logs, restore_logs
+from segtrain.engine.resume_policy import restore_training_state
 from segtrain.engine.run_dir import RunDirLock, check_fresh
 from segtrain.engine.session import start_run_record
 from segtrain.engine.trackers import tracker_hook

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from segtrain.checkpoint.state import canonical_key
+from segtrain.checkpoint.keys import canonical_key
 from segtrain.config import ConfigError
 from segtrain.distributed import unwrap
 

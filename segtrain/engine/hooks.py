@@ -40,7 +40,7 @@ from segtrain.evaluation.visualize import PANEL_TITLES, overlay_heatmap, overlay
 from segtrain.registry import Registry
 
 if TYPE_CHECKING:
-    from segtrain.checkpoint.state import Checkpointer
+    from segtrain.checkpoint.checkpointer import Checkpointer
 
 log = logging.getLogger("segtrain.trainer")
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from segtrain.checkpoint.state import load_checkpoint_weights
+from segtrain.checkpoint.loader import load_checkpoint_weights
 from segtrain.config import Config, ConfigError, LossConfig
 from segtrain.data import PolygonDataset, collate
 from segtrain.device import autocast, to_channels_last, to_device, use_channels_last

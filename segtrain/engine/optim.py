@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from segtrain.checkpoint.state import unwrap
 from segtrain.config import ConfigError, OptimConfig, ScheduleConfig
+from segtrain.distributed import unwrap
 from segtrain.registry import Registry
 
 OptimizerBuilder = Callable[[list[dict[str, Any]], OptimConfig], torch.optim.Optimizer]

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from segtrain.checkpoint.state import load_weights, model_state
+from segtrain.checkpoint.checkpointer import model_state
+from segtrain.checkpoint.loader import load_weights
 from segtrain.device import autocast, to_device
 from segtrain.distributed import DistInfo, all_reduce_, is_dist, unwrap
 from segtrain.engine.ema import ModelEMA
@@ -261,7 +262,8 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """The whole training state, as tensors and plain containers (``torch.load(weights_only=True)`` reads it):
         the unwrapped model on the CPU, EMA, optimiser, scheduler, scaler, each hook's own state (by class
-        name, when it has one) and the :class:`TrainState`'s fields at the top level (checkpoint.state's layout)."""
+        name, when it has one) and the :class:`TrainState`'s fields at the top level (the layout
+        ``checkpoint.checkpointer`` documents)."""
         self._deferred_verdicts(self.checks.flush())  # a non-finite step waiting to be read never reaches a file
         ema, s = self.ema, self.state
         return {

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from segtrain.checkpoint.state import load_checkpoint_weights
+from segtrain.checkpoint.loader import load_checkpoint_weights
 from segtrain.config import MAX_SLIDING_WINDOWS, Config, ConfigError
 from segtrain.data import inference_size, prepare_input
 from segtrain.device import autocast

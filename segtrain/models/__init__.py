@@ -5,10 +5,12 @@ mask2former_tiny, mask2former_r50, mask2former_swin_t (these need the ``mask2for
 """
 
 from segtrain.checkpoint.io import CheckpointError
-from segtrain.checkpoint.state import LoadReport, load_pretrained, load_weights
+from segtrain.checkpoint.load_report import LoadReport
+from segtrain.checkpoint.loader import load_weights
 from segtrain.models import mask2former, panoptic_deeplab, tiny, torchvision_models  # noqa: F401 - register the models
 from segtrain.models.backbones import SUPPORTED_BACKBONES
 from segtrain.models.heads import SegmentationModel
+from segtrain.models.pretrained import load_pretrained, register_scheme
 from segtrain.models.registry import MODELS, ModelSpec, build_model, list_models, model_spec, register_model
 
 __all__ = [
@@ -24,4 +26,5 @@ __all__ = [
     "load_weights",
     "model_spec",
     "register_model",
+    "register_scheme",
 ]

@@ -111,8 +111,8 @@ def list_models() -> list[str]:
 
 def build_model(cfg: Any, trust: bool = False) -> nn.Module:
     """Build ``cfg.name`` (a registered name or an import path) with ``cfg.kwargs`` and, if ``cfg.pretrained`` is
-    set, load those weights through the one checkpoint loader (``trust``: ``trust_checkpoint``; nothing is ever
-    downloaded unless ``pretrained`` names torchvision weights or is ``timm``)."""
+    set, load those weights from the source it names (:mod:`segtrain.models.pretrained`; ``trust``:
+    ``trust_checkpoint``; nothing is ever downloaded unless ``pretrained`` names torchvision weights or is ``timm``)."""
     spec = model_spec(cfg)
     builder = MODELS.get(spec.name)
     check_builder(builder, spec.name, spec.kwargs)
@@ -128,10 +128,8 @@ def build_model(cfg: Any, trust: bool = False) -> nn.Module:
             f"model.kwargs={spec.kwargs}; check the arguments and their types (docs/models.md)"
         ) from None
     check_contract(model, spec, user=user)
-    if spec.pretrained == "timm":
-        load_timm_pretrained(model, spec)
-    elif spec.pretrained is not None:
-        from segtrain.checkpoint.state import load_pretrained
+    if spec.pretrained is not None:
+        from segtrain.models.pretrained import load_pretrained
 
         load_pretrained(model, spec.pretrained, trust=trust)
     return model
@@ -222,20 +220,3 @@ def _check_output_dict(out: Any, spec: ModelSpec, wanted: dict[str, int], mode: 
                 f"{_PROBE}x{_PROBE} image{why}, got {seen}; subclass segtrain.models.SegmentationModel to get the "
                 "input resolution"
             )
-
-
-def load_timm_pretrained(model: nn.Module, spec: ModelSpec) -> None:
-    """``model.pretrained=timm``: timm's published weights for ``model.backbone=timm:<name>`` (downloads)."""
-    import logging
-
-    from segtrain.checkpoint.state import load_weights
-
-    backbone = getattr(model, "backbone", None)
-    fetch = getattr(backbone, "hub_state_dict", None)
-    if fetch is None:
-        raise ConfigError(
-            f"model.pretrained=timm needs a timm backbone (model.backbone=timm:<name>), not {spec.backbone!r}; "
-            "for others pass a local weights file"
-        )
-    report = load_weights(model, fetch(), "model.pretrained=timm", strict=False, target="backbone", weights="timm hub")
-    logging.getLogger(__name__).info("model.pretrained=timm: loaded %d tensors into the backbone", len(report.loaded))

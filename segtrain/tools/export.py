@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 import segtrain
 from segtrain import storage
-from segtrain.checkpoint.state import load_checkpoint_weights
+from segtrain.checkpoint.loader import load_checkpoint_weights
 from segtrain.config import EXPORT_FORMATS, Config, ConfigError, check_value, to_container
 from segtrain.fileio import temp_beside
 from segtrain.models import build_model

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from segtrain.checkpoint.io import CheckpointError, atomic_save, read_checkpoint
-from segtrain.checkpoint.state import load_checkpoint_weights, load_weights
+from segtrain.checkpoint.loader import load_checkpoint_weights, load_weights
 from segtrain.config import compose
 from segtrain.engine.freeze import apply_freeze, freeze_report
 from segtrain.models import build_model

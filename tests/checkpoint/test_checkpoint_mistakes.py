@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from segtrain.checkpoint.io import CheckpointError, read_checkpoint
-from segtrain.checkpoint.state import load_checkpoint_weights
+from segtrain.checkpoint.loader import load_checkpoint_weights
 from segtrain.config import compose, to_container
 from segtrain.errors import EXIT_USER_ERROR, UserError
 from segtrain.models import build_model
@@ -203,7 +203,7 @@ def test_no_line_without_a_stored_config_or_when_it_matches(tmp_path, caplog):
         load_checkpoint_weights(build_model(cfg.model), blob, "same.pt", asked=cfg)
     assert str(e.value).startswith("same.pt does not fit the model:")
     ck = training_checkpoint(tmp_path / "best.pt")
-    with caplog.at_level(logging.WARNING, logger="segtrain.checkpoint.state"):
+    with caplog.at_level(logging.WARNING, logger="segtrain.checkpoint.loader"):
         load_checkpoint_weights(
             build_model(tiny_cfg(THREE).model), read_checkpoint(ck), str(ck), strict=False, asked=tiny_cfg(THREE)
         )

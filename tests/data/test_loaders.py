@@ -161,8 +161,8 @@ def saved_at(position: dict, world: int = 2, step: int = 6, epoch: int = 1) -> d
 
 
 def test_resume_onto_another_training_set_is_refused_unless_reshuffled():
-    from segtrain.checkpoint.resume import check_data_order
     from segtrain.config import ConfigError, compose
+    from segtrain.engine.resume_policy import check_data_order
 
     cfg = compose(["experiment=cpu_smoke"])
     with pytest.raises(ConfigError, match=r"^trainer.resume_reshuffle=maybe: must be true or false$"):
@@ -196,7 +196,7 @@ def test_resume_onto_another_training_set_is_refused_unless_reshuffled():
 
 
 def test_resume_on_another_world_size_is_one_line():
-    from segtrain.checkpoint.resume import describe_resume
+    from segtrain.engine.resume_policy import describe_resume
 
     then = EpochSampler(16, 0, 2, seed=0, global_batch=4).position(1, 8)
     now = EpochSampler(16, 0, 1, seed=0, global_batch=4).position(0, 0)

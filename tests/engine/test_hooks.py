@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from segtrain.checkpoint.state import Checkpointer, Stateful
+from segtrain.checkpoint.checkpointer import Checkpointer, Stateful
 from segtrain.config import ConfigError, compose, to_container
 from segtrain.distributed import DistInfo
 from segtrain.engine.ema import ModelEMA
@@ -337,7 +337,7 @@ def test_trainer_evaluates_and_saves_the_ema(smoke_batches, tmp_path):
 
 def test_train_state_is_saved_and_restored_whole(smoke_batches, tmp_path):
     """best_at, the non-finite counters and the position go into every checkpoint and come back on resume."""
-    from segtrain.checkpoint.resume import restore_training_state
+    from segtrain.engine.resume_policy import restore_training_state
     from segtrain.engine.trainer import TrainState
 
     cfg, batches = smoke_batches
@@ -423,7 +423,7 @@ def test_trainer_state_dict_round_trips_through_a_file_and_resumes_bit_exactly(s
 def test_resume_with_another_checkpoint_metric_forgets_the_best_and_early_stopping_patience(smoke_batches, tmp_path):
     """The best so far lives in TrainState alone: resume forgets it when trainer.checkpoint.metric changed, and
     EarlyStopping's patience, which only exists relative to a best, starts afresh with it (no hook named)."""
-    from segtrain.checkpoint.resume import restore_training_state
+    from segtrain.engine.resume_policy import restore_training_state
 
     cfg, batches = smoke_batches
     cfg = cfg.copy()

@@ -16,7 +16,7 @@ from torch import nn
 from torchvision.models._api import WeightsEnum
 
 from segtrain.checkpoint.io import CheckpointError
-from segtrain.checkpoint.state import load_weights
+from segtrain.checkpoint.loader import load_weights
 from segtrain.config import compose
 from segtrain.models import (
     SUPPORTED_BACKBONES,
@@ -221,7 +221,7 @@ def test_backbone_checkpoint_loads_into_backbone(tmp_path, caplog):
     reference = torchvision.models.resnet18(weights=None).state_dict()
     path = tmp_path / "resnet18.pth"
     torch.save(reference, path)
-    with caplog.at_level(logging.INFO, logger="segtrain.checkpoint.state"):
+    with caplog.at_level(logging.INFO, logger="segtrain.models.pretrained"):
         model = build_model(model_cfg("model=panoptic_r18", f"model.pretrained={path}"))
     loaded = model.get_submodule("backbone").state_dict()
     for key, value in loaded.items():
@@ -290,7 +290,7 @@ def fake_download(monkeypatch):
 
 
 def test_torchvision_weights_names_resolve_for_the_backbone(fake_download, caplog):
-    with caplog.at_level(logging.INFO, logger="segtrain.checkpoint.state"):
+    with caplog.at_level(logging.INFO, logger="segtrain.models.pretrained"):
         build_model(spec(pretrained="IMAGENET1K_V1"))
         build_model(spec(pretrained="ResNet18_Weights.DEFAULT"))
     assert fake_download == ["ResNet18_Weights.IMAGENET1K_V1"] * 2

@@ -79,7 +79,7 @@ def test_torchvision_resnet_weights_load_into_timm_resnet():
     import torchvision
 
     tv = torchvision.models.resnet18(weights=None).state_dict()
-    from segtrain.checkpoint.state import load_weights
+    from segtrain.checkpoint.loader import load_weights
 
     model = build_model(spec(backbone="timm:resnet18"))
     report = load_weights(model, tv, "torchvision resnet18", strict=False, target="auto")

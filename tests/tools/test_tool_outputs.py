@@ -147,7 +147,7 @@ def test_predict_overwrites_nothing_and_names_every_input_apart(ckpt, tmp_path, 
 @pytest.mark.slow
 def test_non_finite_weights_are_refused_by_every_tool(ckpt, tmp_path, cache):
     from segtrain.checkpoint.io import read_checkpoint
-    from segtrain.checkpoint.state import load_checkpoint_weights
+    from segtrain.checkpoint.loader import load_checkpoint_weights
     from segtrain.tools.export import export_checkpoint
     from segtrain.tools.predict import predict
 
@@ -181,7 +181,8 @@ def test_non_finite_weights_are_refused_by_every_tool(ckpt, tmp_path, cache):
 
 
 def test_a_hand_edited_position_is_one_line(ckpt, tmp_path):
-    from segtrain.checkpoint.resume import check_resumable, find_resume_checkpoint
+    from segtrain.checkpoint.resume import find_resume_checkpoint
+    from segtrain.engine.resume_policy import check_resumable
 
     blob = torch.load(ckpt, weights_only=True)
     blob["step"] = "eight"

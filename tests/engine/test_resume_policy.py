@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from segtrain.checkpoint.resume import check_resumable, restore_training_state
-from segtrain.checkpoint.state import Checkpointer
+from segtrain.checkpoint.checkpointer import Checkpointer
 from segtrain.config import Config, ConfigError, to_container
 from segtrain.engine.optim import apply_optimizer_settings, build_optimizer, build_scheduler, optimizer_settings
+from segtrain.engine.resume_policy import check_resumable, restore_training_state
 from segtrain.engine.trainer import StepSettings, Trainer
 from segtrain.models import build_model
 
