@@ -282,6 +282,28 @@ def _user_hook(block: Block, tmp_path: Path, monkeypatch) -> None:
     assert printed == [(50, trainer.optimizer.param_groups[0]["lr"])]
 
 
+def _weights_source(block: Block, tmp_path: Path, monkeypatch) -> None:
+    """docs/checkpoints-and-fine-tuning.md's team_weights.py: imported, its source loads a file into a model."""
+    import torch
+
+    from segtrain.config import compose
+    from segtrain.models import build_model
+    from segtrain.models import pretrained as pretrained_module
+
+    monkeypatch.setattr(pretrained_module, "SCHEMES", list(pretrained_module.SCHEMES))  # the scheme stays here
+    module_snippet(block, tmp_path, monkeypatch)
+    monkeypatch.setenv("TEAM_WEIGHTS", str(tmp_path))
+    cfg = compose(["model=tiny"]).model
+    torch.manual_seed(0)
+    torch.save(build_model(cfg).state_dict(), tmp_path / "tiny-v1.pt")
+    __import__("team_weights")
+    cfg.pretrained = "team:tiny-v1"
+    torch.manual_seed(1)
+    loaded = build_model(cfg).state_dict()
+    saved = torch.load(tmp_path / "tiny-v1.pt", weights_only=True)
+    assert all(torch.equal(v, saved[k]) for k, v in loaded.items())
+
+
 def _trainer_state(block: Block, tmp_path: Path, monkeypatch) -> None:
     """docs/trainer-state.md: given ``trainer`` and ``fresh``, two Trainers of the same config (cpu_smoke)."""
     import torch
@@ -393,6 +415,7 @@ def _exported_pt2(block: Block, folder: Path, monkeypatch) -> None:
 SNIPPETS: dict[tuple[str, str], tuple[Callable[[Block, Path, pytest.MonkeyPatch], None], bool]] = {
     ("docs/models.md", "# mynets.py"): (_user_model, False),
     ("docs/training-and-distributed.md", "# my_hooks.py"): (_user_hook, False),
+    ("docs/checkpoints-and-fine-tuning.md", "# team_weights.py"): (_weights_source, False),
     ("docs/trainer-state.md", "trainer.state_dict()"): (_trainer_state, False),
     ("docs/evaluation-and-metrics.md", "COCOeval("): (_coco_eval, False),
     ("docs/export.md", "onnxruntime"): (_exported_onnx, True),
