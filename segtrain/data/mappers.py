@@ -446,8 +446,8 @@ def planar(image: np.ndarray) -> torch.Tensor:
     """(3,H,W) uint8 contiguous tensor of an (H,W,3) uint8 image (any row stride, e.g. an augmented window).
 
     Items are stacked into a batch by ``collate``, in the loader worker: stacking channel-last views as
-    (3,H,W) makes torch gather every byte with a stride of 3 (about 10 ms per 1024x2048 image, single-threaded),
-    while ``cv2.split`` writes the three planes in one pass (about 0.3 ms) and the stack is then a plain copy."""
+    (3,H,W) makes torch gather every byte with a stride of 3, single-threaded, while ``cv2.split`` writes the
+    three planes in one pass and the stack is then a plain copy (timings: docs/performance.md)."""
     h, w, c = image.shape
     out = torch.empty((c, h, w), dtype=torch.uint8)
     planes = [out[i].numpy() for i in range(c)]

@@ -5,7 +5,7 @@ A ``DataLoader`` hands batch k to worker ``k % num_workers`` (in order, from wor
 process that maps the key at position p of an epoch's order maps, one batch later, the key at
 ``p + batch_size * max(num_workers, 1)``. Each key carries that index as ``ahead``;
 :meth:`segtrain.data.dataset.PolygonDataset.__getitems__` starts reading the images of its own next batch while it
-decodes the current one, so a store's 20-50 ms per request overlaps with the CPU work instead of adding to it.
+decodes the current one, so a store's round trip per request overlaps with the CPU work instead of adding to it.
 A hint only: a wrong one costs an unused read, never a wrong item.
 """
 

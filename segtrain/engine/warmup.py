@@ -3,10 +3,10 @@
 numba compiles a kernel on its first call and caches it on disk (segtrain/jit.py). On a machine whose cache
 is empty, leaving that first call to the loader workers made every worker compile the rasteriser and the
 target builders at once, inside the first epoch's data wait, and the first validation compile the panoptic
-post-processing: the default run's first epoch took about 4x a later one. Here one item of each split goes
-through its mapper, and the post-processing runs on a small made-up prediction, in this process: forked
-workers inherit the compiled kernels (spawned ones load them from the cache just written), and the one-off
-cost is said in one line instead of hiding in the first epoch.
+post-processing: the default run's first epoch took several times as long as a later one. Here one item of
+each split goes through its mapper, and the post-processing runs on a small made-up prediction, in this
+process: forked workers inherit the compiled kernels (spawned ones load them from the cache just written),
+and the one-off cost is said in one line instead of hiding in the first epoch.
 """
 
 from __future__ import annotations

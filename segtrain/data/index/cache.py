@@ -13,10 +13,10 @@ The key is the content, never file-system metadata: ``cp -p``, ``rsync -t`` and 
 edited file's size and mtime, and a key built from those served the old index. The change time and inode
 (which no user tool restores) were considered and left out: an edit within the file system's timestamp
 granularity keeps the change time, network and FUSE file systems report them loosely, and a copied data
-set would rebuild for nothing. XXH3 reads ~10 GB/s, so hashing every byte at every start costs about
-0.01-0.05 s per 100 MB: a second start stays within 0.2 s at a quarter of COCO train2017
-(``scripts/bench_index.py``) and stays safe against any edit. XXH3 is not a cryptographic hash: it
-guards against accidents, which is all a cache needs (whoever can forge a collision can write the cache).
+set would rebuild for nothing. XXH3 is fast enough that hashing every byte at every start keeps a second
+start within its 0.2 s goal at a quarter of COCO train2017 (``scripts/bench_index.py``, docs/performance.md)
+and safe against any edit. XXH3 is not a cryptographic hash: it guards against accidents, which is all a
+cache needs (whoever can forge a collision can write the cache).
 
 A single annotation file (:func:`cached_file_index`) is read once: the cache file is named by what
 needs no read (the file's size and the options) and holds the content key in its header. When a cache
@@ -53,7 +53,7 @@ _CHUNK = 1 << 20
 
 
 def _new_hash() -> Any:
-    """XXH3 (128 bit) when xxhash is installed (a dependency: ~15x faster than BLAKE2b), else BLAKE2b."""
+    """XXH3 (128 bit) when xxhash is installed (a dependency, much faster than BLAKE2b), else BLAKE2b."""
     if xxhash is not None:
         return xxhash.xxh3_128()
     return hashlib.blake2b(digest_size=32)

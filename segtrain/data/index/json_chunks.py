@@ -1,7 +1,7 @@
 """Parse the big arrays of a JSON document a chunk at a time.
 
 ``orjson.loads`` of COCO train2017 holds the file, yyjson's document and the whole Python tree at
-once (~1.5x the memory of ``json.load``). A structural scan (NumPy, block by block: string
+once (more memory than ``json.load``). A structural scan (NumPy, block by block: string
 boundaries from unescaped quotes, bracket depth outside strings) finds the elements of the
 top-level arrays; each chunk of elements is then parsed on its own and can be converted and freed
 before the next, so the peak is the file plus one chunk's objects plus the output arrays.
@@ -131,7 +131,7 @@ def iter_chunks(
     raw: bytes, span: tuple[int, int], starts: np.ndarray, chunk_bytes: int, loads: Callable[[bytes], Any]
 ) -> Iterator[list]:
     """The elements of the array at ``span`` as lists, each parsed from about ``chunk_bytes`` of
-    text (a parser's scratch memory grows with its input: yyjson's is ~15x the text)."""
+    text (a parser's scratch memory grows with its input, yyjson's to many times the text)."""
     for a, b in chunk_cuts(span, starts, chunk_bytes):
         yield parse_piece(raw, a, b, loads)
 

@@ -18,11 +18,11 @@ into vertical runs, fill each instance's bounding box from its runs (one ``cv2.i
 sum for all boxes) and paint the boxes into the id mask (``cv2.copyTo`` with the box as mask).
 That NumPy path (``_runs``, ``_Boxes``, :func:`polygon_masks`, ``_rasterise_numpy``) is the reference;
 :func:`rasterise` itself runs the same computation in compiled numba kernels (rasterise_kernels.py,
-bit-identical, ~4x faster per image: NumPy call overhead dominated).
+bit-identical and faster per image, since NumPy call overhead dominated; docs/performance.md).
 
 (``cv2.fillPoly`` was measured too: its fill rule includes every pixel the outline touches, so
-its masks are about half a pixel fatter on every side. No coordinate offset fixes that; the best
-offset reached a mean IoU of only 0.954 vs pycocotools on the sample data (0.59 on a 20 px object).)
+its masks are about half a pixel fatter on every side. No coordinate offset fixes that: even the
+best one leaves small objects far from pycocotools' masks (``scripts/bench_rasterise.py``).)
 
 Vertices outside the image are fine: everything is clipped to the image, exactly as pycocotools
 does. Coordinates must be finite (the loaders reject NaN/inf).

@@ -1,7 +1,7 @@
 """Compiled (numba) kernels behind :func:`segtrain.data.targets.rasterise.rasterise`.
 
 Why: the NumPy path (``_runs`` / ``_Boxes`` in rasterise.py) is vectorised but pays ~60 small NumPy
-calls plus per-box cv2 calls per image, which dominates a loader worker's rasterisation (~0.5-2 ms).
+calls plus per-box cv2 calls per image, which dominates a loader worker's rasterisation.
 These kernels do the same work in one pass each, with no per-call overhead beyond the dispatch.
 
 They compute exactly what ``_runs`` computes (pycocotools' rleFrPoly, bit for bit): every float
@@ -192,7 +192,7 @@ def paint(out, order, ptr, col, y0, y1):
     """Paint instance ``k`` (0-based) of ``order`` with id ``k + 1`` into ``out`` (H, W), in that order
     (a later one on top), from the runs of :func:`instance_runs`.
 
-    Writing the column runs directly strides through the row-major mask (~5 ns a pixel); instead each
+    Writing the column runs directly strides through the row-major mask (slow per pixel); instead each
     instance's box is swept row by row: a coverage row flips at the runs' starts and ends (bucketed by
     row), and each box row is blended in one contiguous, vectorisable pass.
     """

@@ -11,19 +11,17 @@ centres of mass are exact integer sums divided once in float64 (by the caller, w
 are float64 differences rounded once to float32, the heatmap is the max of the same float32 kernel.
 tests/data/targets/test_builders.py checks both paths against a pixel-by-pixel reference bit for bit.
 
-Measured on this project's machine (AMD EPYC, one core, 1024x2048 with 20 instances), with the
-alternatives that lost: a fused loop writing all six planes of a run is 2x faster than one loop per
-plane; a loop over a 0-based slice view is 7x faster than the same loop over ``range(a, b)`` on the
-row (numba's negative-index wraparound check then stays in the loop and blocks vectorisation); the
-heatmap is built row by row in the same pass (pasting windows into ``np.zeros`` afterwards cost
-~0.1 ms more, every window row missing the cache); writing the weight planes during the run scan,
-pre-zeroed (calloc) offset planes written on thing runs only, and finding runs by testing 16- or
-64-pixel blocks first were each 10-100% slower; so were non-temporal stores (numba emits them one scalar at a
-time: 1.8x slower than plain stores), a float64 x-coordinate row read instead of converting ``a + i``, writing
-the byte planes and the float planes of a run in two loops (within noise), and two threads over the two halves
-of the rows (2.3x slower on a shared, loaded 2-core machine, where loader workers are processes already).
-The write pass runs at about the speed of ``ndarray.fill`` of the same bytes; what remains above that is the
-run scan (~0.3 ms, one read of the mask).
+Each choice below beat the alternative named with it (the timings are in docs/performance.md): one
+fused loop writing all six planes of a run, not one loop per plane; a loop over a 0-based slice view of
+the row, not over ``range(a, b)`` (numba's negative-index wraparound check then stays in the loop and
+blocks vectorisation); the heatmap built row by row in the same pass, not windows pasted into
+``np.zeros`` afterwards (every window row missing the cache). Slower too, or no better: writing the
+weight planes during the run scan, pre-zeroed (calloc) offset planes written on thing runs only, finding
+runs by testing 16- or 64-pixel blocks first, non-temporal stores (numba emits them one scalar at a
+time), a float64 x-coordinate row read instead of converting ``a + i``, the byte planes and the float
+planes of a run written in two loops, and two threads over the two halves of the rows (loader workers
+are processes already). The write pass runs at about the speed of ``ndarray.fill`` of the same bytes;
+what remains above that is the run scan, one read of the mask.
 
 Compiled lazily on first call and cached on disk, as the rasteriser's kernels (``_jit``).
 """

@@ -18,7 +18,7 @@ times as possible (see scripts/bench_loader.py):
   matrix (``cv2.transform``, in place); hue rotates chroma in YIQ space, which tracks an HSV hue
   shift closely for moderate angles without converting to HSV and back.
 * :class:`FastGaussNoise` and :class:`FastShadow` replace albumentations' GaussNoise / RandomShadow
-  (47 ms and 24 ms per 1024x2048 image here, more than decoding it): noise is one saturating
+  (each cost more than decoding the image, docs/performance.md): noise is one saturating
   ``cv2.addWeighted`` of a per-worker bank of unit normals, the shadow touches only its box.
 
 Randomness: :func:`seed_pipeline` seeds an item. The plan (:func:`draw_plan`) draws every parameter
