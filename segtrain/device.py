@@ -18,9 +18,18 @@ from segtrain.config import (
     PRECISIONS,  # noqa: F401 - the choices; auto resolves here
     TrainerConfig,
 )
-from segtrain.placement import HOST_KEYS, WEIGHT_KEYS
 
 log = logging.getLogger(__name__)
+
+#: Batch entries that stay on the host when the batch moves to the device (:func:`to_device`): the encoded JPEG
+#: bytes (``dataset.decode=device``), which the GPU decoder reads from host memory, and the samples' data set
+#: indices, which seed each sample's device augmentation and name records without a device sync.
+HOST_KEYS = ("jpeg", "jpeg_length", "orientation", "index")
+
+#: The loss-weight planes of an item: float32, or uint8 when the loader workers build them compact
+#: (``make_targets(compact_weights=True)``: the same small integers in a quarter of the bytes); moving a batch
+#: to the device (:func:`to_device`) makes them float32 there, so the loss reads the same values.
+WEIGHT_KEYS = ("semantic_weight", "center_weight", "offset_weight")
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:

@@ -26,8 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from segtrain.config import ConfigError
-from segtrain.errors import RendezvousError, debug_requested
+from segtrain.errors import ConfigError, RendezvousError, debug_requested
 from segtrain.launch_env import env_rank  # noqa: F401 - re-exported: engine code asks distributed
 
 log = logging.getLogger(__name__)

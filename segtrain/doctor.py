@@ -11,12 +11,12 @@ from segtrain.entry import run_entry
 from segtrain.fileio import atomic_write_bytes
 
 
-def job(cfg: DictConfig, output_dir: str) -> None:
+def job(cfg: DictConfig, output_dir: str, notes: list[str]) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.session import session
     from segtrain.tools.doctor import diagnose, format_report
 
-    with session(cfg, output_dir, "doctor.log") as (dist, run_dir):
+    with session(cfg, output_dir, "doctor.log", notes=notes) as (dist, run_dir):
         if not dist.is_main:
             return
         report = diagnose(cfg, dist)

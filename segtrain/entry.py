@@ -38,9 +38,14 @@ from segtrain.launch_env import adopt_cluster_env, defer_hydra_record, env_rank,
 from segtrain.preemption import prefer_submitit_signal, requeue_with_submitit
 from segtrain.sweep import check_direction, check_repeated_keys
 
+#: ``job(cfg, output_dir, notes)``: an entry point's work; ``notes`` (what ``classes=auto`` found) go to its log.
+Job = Callable[[DictConfig, str, list[str]], Any]
 
-def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
-    """Compose ``configs/<config_name>.yaml`` with the command line and call ``job(cfg, output_dir)``.
+
+def run_entry(config_name: str, job: Job) -> None:
+    """Compose ``configs/<config_name>.yaml`` with the command line and call ``job(cfg, output_dir, notes)``:
+    ``dataset.classes=auto`` is read by the data layer while the config is finalized, and what it found
+    (``notes``) is the job's to log once its log exists.
 
     A :class:`~segtrain.errors.UserError` ends the process with one line on stderr and exit status 2
     (printed once under torchrun, see segtrain/errors.py); a preemption (SIGTERM/SIGUSR1 handled, last.pt
@@ -55,9 +60,12 @@ def run_entry(config_name: str, job: Callable[[DictConfig, str], Any]) -> None:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 check_direction(HydraConfig.get().sweeper, cfg)
             configure_storage(cfg)  # before finalize, which may read the data set (dataset.classes=auto)
-            cfg = finalize(cfg)
+            from segtrain.data import resolve_auto_classes
+
+            notes: list[str] = []
+            cfg = finalize(cfg, resolve_auto_classes, notes)
             configure_storage(cfg)
-            return job(cfg, HydraConfig.get().runtime.output_dir)
+            return job(cfg, HydraConfig.get().runtime.output_dir, notes)
         except Exception as e:
             if HydraConfig.get().mode == RunMode.MULTIRUN:  # one job of a sweep: Hydra marks it FAILED
                 if isinstance(e, Preempted):  # last.pt is saved: submitit requeues the job (when it sent the signal)
@@ -314,8 +322,9 @@ def check_run_dir(overrides: list[str], flags: Sequence[str] = ()) -> None:
         raise ConfigError(f"{key}={value}: {problem}; name a writable folder (created when missing): {key}=DIR")
 
 
-def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
-    """``cfg`` with model/dataset taken from the checkpoint named by ``ckpt=``, and the loaded file."""
+def checkpoint_config(cfg: DictConfig, tool: str, notes: list[str]) -> tuple[DictConfig, Any]:
+    """``cfg`` with model/dataset taken from the checkpoint named by ``ckpt=``, and the loaded file; what
+    ``classes=auto`` found, if the data set asks for it, is appended to ``notes``."""
     if not cfg.ckpt:
         raise ConfigError(f"segtrain.{tool} needs ckpt=PATH (a checkpoint or a state dict file)")
     from segtrain.checkpoint.io import read_checkpoint
@@ -328,4 +337,5 @@ def checkpoint_config(cfg: DictConfig, tool: str) -> tuple[DictConfig, Any]:
             "the model and data set it was trained with are unknown. Restore it, or save the weights alone (a state "
             "dict) and give model and dataset on the command line"
         )
-    return config_from_checkpoint(cfg, stored, list(HydraConfig.get().overrides.task), f"ckpt={cfg.ckpt}"), blob
+    overrides = list(HydraConfig.get().overrides.task)
+    return config_from_checkpoint(cfg, stored, overrides, f"ckpt={cfg.ckpt}", notes), blob

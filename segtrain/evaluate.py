@@ -10,13 +10,13 @@ from omegaconf import DictConfig
 from segtrain.entry import checkpoint_config, run_entry
 
 
-def job(cfg: DictConfig, output_dir: str) -> None:
+def job(cfg: DictConfig, output_dir: str, notes: list[str]) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.session import session
     from segtrain.tools.evaluate import evaluate_checkpoint
 
-    cfg, blob = checkpoint_config(cfg, "evaluate")
-    with session(cfg, output_dir, "evaluate.log") as (dist, run_dir):
+    cfg, blob = checkpoint_config(cfg, "evaluate", notes)
+    with session(cfg, output_dir, "evaluate.log", notes=notes) as (dist, run_dir):
         evaluate_checkpoint(cfg, blob, dist, run_dir)
 
 

@@ -27,13 +27,13 @@ def expand_aliases(argv: list[str]) -> list[str]:
     return out
 
 
-def job(cfg: DictConfig, output_dir: str) -> None:
+def job(cfg: DictConfig, output_dir: str, notes: list[str]) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.session import session
     from segtrain.tools.export import export_checkpoint
 
-    cfg, blob = checkpoint_config(cfg, "export")
-    with session(cfg, output_dir, "export.log") as (dist, _run_dir):
+    cfg, blob = checkpoint_config(cfg, "export", notes)
+    with session(cfg, output_dir, "export.log", notes=notes) as (dist, _run_dir):
         if dist.is_main:
             result = export_checkpoint(cfg, blob)
             print(result.path, flush=True)

@@ -22,14 +22,14 @@ from segtrain.entry import checkpoint_config, run_entry
 log = logging.getLogger("segtrain.finetune")
 
 
-def job(cfg: DictConfig, output_dir: str) -> None:
+def job(cfg: DictConfig, output_dir: str, notes: list[str]) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.build import fit
     from segtrain.engine.session import session
 
-    cfg, blob = checkpoint_config(cfg, "finetune")
+    cfg, blob = checkpoint_config(cfg, "finetune", notes)
     stored = blob.get("config") if isinstance(blob, dict) else None
-    with session(cfg, output_dir, "train.log", owned=True) as (dist, run_dir):
+    with session(cfg, output_dir, "train.log", owned=True, notes=notes) as (dist, run_dir):
         if dist.is_main:
             overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith(("hydra.", "ckpt="))]
             log.info("fine-tuning %s", checkpoint_sources(cfg, stored, overrides))

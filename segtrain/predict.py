@@ -8,13 +8,13 @@ from omegaconf import DictConfig
 from segtrain.entry import checkpoint_config, run_entry
 
 
-def job(cfg: DictConfig, output_dir: str) -> None:
+def job(cfg: DictConfig, output_dir: str, notes: list[str]) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.session import session
     from segtrain.tools.predict import predict
 
-    cfg, blob = checkpoint_config(cfg, "predict")
-    with session(cfg, output_dir, "predict.log") as (dist, _run_dir):
+    cfg, blob = checkpoint_config(cfg, "predict", notes)
+    with session(cfg, output_dir, "predict.log", notes=notes) as (dist, _run_dir):
         if dist.is_main:
             predict(cfg, blob, dist.device)
 

@@ -1,9 +1,9 @@
 """Named choices (optimisers, schedules, data formats, augmentation pipelines, hooks, models).
 
-Each set of choices lives in ONE :class:`Registry`, next to the code it selects. The config
-schema takes its allowed values from the registry (``segtrain.config.validate``), so adding a
-choice is one ``@REGISTRY.register("name")`` and an unknown name is an error listing the known
-ones, before any work starts.
+Each set of choices lives in ONE :class:`Registry`, next to the code it selects; :data:`DECLARED` lists the
+built-in names here, so the config check (``segtrain.config.validate``) knows them without importing the code
+(torch) that registers them. Adding a choice is one ``@REGISTRY.register("name")`` (and its name in
+:data:`DECLARED` for a built-in); an unknown name is an error listing the known ones, before any work starts.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import difflib
 import importlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar, overload
+from typing import Generic, TypeVar, cast, overload
 
 from segtrain.errors import UserError
 
@@ -23,10 +23,9 @@ _ALL: dict[str, Registry] = {}
 
 @dataclass(frozen=True)
 class Declared:
-    """What the config check knows of a registry without importing it: its module, what it holds, the
-    built-in names (importing the implementations imports torch, and a mistyped name would wait for it)."""
+    """What the config check knows of a registry without importing it: what it holds and the built-in names
+    (importing the implementations imports torch, and a mistyped name would wait for it)."""
 
-    module: str  # defines the registry and registers the built-ins
     what: str
     names: tuple[str, ...]
     import_paths: bool = False
@@ -34,10 +33,10 @@ class Declared:
 
 
 #: Every registry by config key; tests keep the declared names equal to what the modules register. A user's
-#: own entries register on import of the user's module, which imports the registry's module first.
+#: own entries register on import of the user's module, which imports the registry's module first: the config
+#: check then finds them in the registry itself (:func:`registered`).
 DECLARED: dict[str, Declared] = {
     "model.name": Declared(
-        "segtrain.models",
         "model",
         ("deeplabv3", "fcn", "lraspp", "panoptic_deeplab", "tiny_panoptic")
         + ("mask2former_r50", "mask2former_swin_t", "mask2former_tiny"),
@@ -47,18 +46,12 @@ DECLARED: dict[str, Declared] = {
             "in a module on PYTHONPATH (docs/models.md)"
         ),
     ),
-    "dataset.format": Declared(
-        "segtrain.data.formats.registry", "data format", ("cityscapes", "coco", "coco_panoptic", "labelme", "synthetic")
-    ),
-    "augment.name": Declared(
-        "segtrain.data.transforms.augmentations", "augmentation pipeline", ("default", "none", "strong")
-    ),
-    "optim.name": Declared("segtrain.engine.optim", "optimiser", ("adam", "adamw", "sgd")),
-    "schedule.name": Declared(
-        "segtrain.engine.optim", "LR schedule", ("constant", "cosine", "multistep", "poly", "step")
-    ),
-    "trainer.hooks": Declared("segtrain.engine.hooks", "hook", (), import_paths=True),
-    "trainer.loggers": Declared("segtrain.engine.trackers", "logger", ("mlflow", "tensorboard", "wandb")),
+    "dataset.format": Declared("data format", ("cityscapes", "coco", "coco_panoptic", "labelme", "synthetic")),
+    "augment.name": Declared("augmentation pipeline", ("default", "none", "strong")),
+    "optim.name": Declared("optimiser", ("adam", "adamw", "sgd")),
+    "schedule.name": Declared("LR schedule", ("constant", "cosine", "multistep", "poly", "step")),
+    "trainer.hooks": Declared("hook", (), import_paths=True),
+    "trainer.loggers": Declared("logger", ("mlflow", "tensorboard", "wandb")),
 }
 
 
@@ -126,25 +119,7 @@ class Registry(Generic[T]):
         raise UnknownChoiceError(self.unknown(name))
 
     def _import(self, path: str) -> T:
-        module_name, attr = _split_import_path(path)
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise UnknownChoiceError(
-                f"{self.key}={path!r}: cannot import {module_name!r} ({e}); the module must be importable from "
-                "the working directory or PYTHONPATH"
-            ) from None
-        except Exception as e:  # noqa: BLE001 - the user's module failed while importing: its error, in one line
-            where = raised_at(e)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise UnknownChoiceError(
-                f"{self.key}={path!r}: importing {module_name!r} raised {type(e).__name__}: {first}{where}; fix the "
-                "module (python -c 'import " + module_name + "' shows the traceback)"
-            ) from None
-        try:
-            return getattr(module, attr)
-        except AttributeError:
-            raise UnknownChoiceError(f"{self.key}={path!r}: module {module_name!r} has no {attr!r}") from None
+        return cast(T, import_object(self.key, path))  # the user's entry: what this registry holds
 
     def unknown(self, name: object) -> str:
         return _unknown(self.key, self.what, self.names(), self.import_paths, name)
@@ -157,6 +132,30 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def import_object(key: str, path: str) -> object:
+    """What the import path ``path`` (``pkg.module:Name``), given as ``key``'s value, names: a user's own entry,
+    imported without the registry's module. Any failure is one :class:`UnknownChoiceError` line."""
+    module_name, attr = _split_import_path(path)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UnknownChoiceError(
+            f"{key}={path!r}: cannot import {module_name!r} ({e}); the module must be importable from "
+            "the working directory or PYTHONPATH"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - the user's module failed while importing: its error, in one line
+        where = raised_at(e)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise UnknownChoiceError(
+            f"{key}={path!r}: importing {module_name!r} raised {type(e).__name__}: {first}{where}; fix the "
+            "module (python -c 'import " + module_name + "' shows the traceback)"
+        ) from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise UnknownChoiceError(f"{key}={path!r}: module {module_name!r} has no {attr!r}") from None
 
 
 def check_call(obj: object, key: str, name: str, kwargs: dict[str, object], first: str = "spec") -> None:
@@ -209,20 +208,10 @@ def _origin(obj: object) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
 
 
-def all_registries() -> dict[str, Registry]:
-    """Every registry by config key, with the built-in entries loaded (imports torch)."""
-    for declared in DECLARED.values():
-        importlib.import_module(declared.module)
-    return dict(_ALL)
-
-
-def load(key: str) -> Registry:
-    """``key``'s registry with its built-ins registered (imports the declared module). The config check uses
-    what a data format declares (split keys, unlabeled pixels, class discovery) through this, so ``config``
-    never imports ``segtrain.data``: the format registers itself, as every other choice does."""
-    if key not in _ALL:
-        importlib.import_module(DECLARED[key].module)
-    return _ALL[key]
+def registered(key: str) -> Registry | None:
+    """``key``'s registry once the module that makes it was imported (with a user's own entries), else None:
+    the config check reads it without importing it."""
+    return _ALL.get(key)
 
 
 def check_name(key: str, name: object) -> None:
@@ -230,17 +219,17 @@ def check_name(key: str, name: object) -> None:
     registry (or, where the registry takes them, an importable path), without importing the built-ins.
 
     A user's entries exist only once the user's module imported the registry's module, so a registry not
-    created yet holds the declared built-ins alone."""
+    created yet holds the declared built-ins alone; an import path imports the user's module alone."""
     registry = _ALL.get(key)
-    if registry is None:
-        declared = DECLARED[key]
-        if name in declared.names:
-            return
-        if not (declared.import_paths and isinstance(name, str) and is_import_path(name)):
-            raise UnknownChoiceError(_unknown(key, declared.what, declared.names, declared.import_paths, name))
-        importlib.import_module(declared.module)
-        registry = _ALL[key]
-    registry.check(name)
+    if registry is not None:
+        registry.check(name)
+        return
+    declared = DECLARED[key]
+    if name in declared.names:
+        return
+    if not (declared.import_paths and isinstance(name, str) and is_import_path(name)):
+        raise UnknownChoiceError(_unknown(key, declared.what, declared.names, declared.import_paths, name))
+    import_object(key, name)
 
 
 def _unknown(key: str, what: str, names: Iterable[str], import_paths: bool, name: object) -> str:

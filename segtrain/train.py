@@ -8,13 +8,13 @@ from segtrain.entry import run_entry
 from segtrain.sweep import objective
 
 
-def job(cfg: DictConfig, output_dir: str) -> float | None:
+def job(cfg: DictConfig, output_dir: str, notes: list[str]) -> float | None:
     """Train; returns the run's best ``trainer.checkpoint.metric`` (what a Hydra sweeper optimises: sweep.py)."""
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.build import fit
     from segtrain.engine.session import session
 
-    with session(cfg, output_dir, "train.log", owned=True) as (dist, run_dir):
+    with session(cfg, output_dir, "train.log", owned=True, notes=notes) as (dist, run_dir):
         return objective(fit(cfg, run_dir, dist))
 
 

@@ -2,14 +2,18 @@
 no import cycles between modules (at import time or inside functions), no entry point imported by anything.
 
 Imports under ``if TYPE_CHECKING:`` count like any other: an annotation that names an upper layer's type, or
-closes a circle, is the same coupling a runtime import would be.
+closes a circle, is the same coupling a runtime import would be. So do imports made by name: a string that
+names a segtrain module (``importlib.import_module("segtrain.x")``, ``find_spec``, a registry's module path, a
+``_target_``-style ``"segtrain.x.Name"``) loads that module as an import statement would.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -21,17 +25,23 @@ ENTRY_POINTS = {"train", "finetune", "evaluate", "predict", "doctor", "export", 
 # The entry points' shared Hydra main (user errors, exit statuses) belongs to their layer.
 ENTRY_LAYER = ENTRY_POINTS | {"entry"}
 # Foundation modules (top-level files other than the entry points) import none of the packages below.
-PACKAGES = ("data", "models", "checkpoint", "evaluation", "engine", "tools")
-# Which packages each layer may import (besides the foundation and itself).
+PACKAGES = ("config", "data", "models", "checkpoint", "evaluation", "engine", "tools")
+# device.py (precision, determinism, batch transfer) is the one top-level module that reads config sections:
+# its own layer, between config and the packages that run on a device.
+DEVICE_LAYER = {"device"}
+# Which packages each layer may import (besides the foundation and itself). config sits on the foundation,
+# below everything that reads a config.
 ALLOWED: dict[str, set[str]] = {
     "foundation": set(),
-    "checkpoint": set(),
-    "data": set(),
-    "models": {"checkpoint"},
-    "evaluation": {"data", "models", "checkpoint"},
-    "engine": {"data", "models", "checkpoint", "evaluation"},
-    "tools": {"data", "models", "checkpoint", "evaluation", "engine"},
-    "entry": {"data", "models", "checkpoint", "evaluation", "engine", "tools"},
+    "config": set(),
+    "device": {"config"},
+    "checkpoint": {"config", "device"},
+    "data": {"config", "device"},
+    "models": {"config", "device", "checkpoint"},
+    "evaluation": {"config", "device", "data", "models", "checkpoint"},
+    "engine": {"config", "device", "data", "models", "checkpoint", "evaluation"},
+    "tools": {"config", "device", "data", "models", "checkpoint", "evaluation", "engine"},
+    "entry": {"config", "device", "data", "models", "checkpoint", "evaluation", "engine", "tools"},
 }
 # The one compatibility name docs/architecture.md promises (segtrain.engine.metrics.PanopticQuality).
 PUBLIC_ALIASES = {"segtrain.engine.metrics"}
@@ -51,18 +61,53 @@ def layer_of(module: str) -> str:
         return "foundation"
     if parts[1] in PACKAGES:
         return parts[1]
+    if parts[1] in DEVICE_LAYER:
+        return "device"
     return "entry" if parts[1] in ENTRY_LAYER else "foundation"
 
 
+#: A string that is a dotted segtrain path, with an attribute after ``:`` or ``.`` perhaps (``"segtrain.x.y:Name"``).
+NAMED = re.compile(r"segtrain(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?")
+
+
+def module_file_exists(module: str) -> bool:
+    path = ROOT.parent / module.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def named_module(text: str) -> str | None:
+    """The segtrain module a string names (``"segtrain.engine.hooks"``, ``"segtrain.sweep.SweepCallback"``,
+    ``"segtrain.models:build"``): its longest prefix that is a module; None for any other string."""
+    if not NAMED.fullmatch(text):
+        return None
+    parts = text.partition(":")[0].split(".")
+    for cut in range(len(parts), 1, -1):
+        if module_file_exists(".".join(parts[:cut])):
+            return ".".join(parts[:cut])
+    return None
+
+
+def _called(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
 def imports_of(path: Path) -> set[str]:
-    """Every segtrain module this file imports, anywhere in it (inside functions and ``if TYPE_CHECKING:`` too)."""
+    """Every segtrain module this file imports, anywhere in it (inside functions and ``if TYPE_CHECKING:`` too),
+    by an import statement or by name (a string naming the module)."""
     tree = ast.parse(path.read_text(), str(path))
     this = module_name(path)
     package = this if path.name == "__init__.py" else this.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call) and _called(node) == "getLogger":  # a logger's name, not a module
+            return
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            named = named_module(node.value)
+            if named:
+                found.add(named)
+        elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("segtrain"))
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -125,11 +170,26 @@ def test_no_entry_point_is_imported():
     assert not wrong, "\n".join(wrong)
 
 
-def test_no_import_cycles():
-    modules = all_modules()
-    # Every edge counts, a package __init__'s imports of its own modules too: importing the package runs them,
-    # so a module that imports the package from one of those modules' imports closes a circle.
-    graph = {m: {o for o in imported if o in modules} for m, imported in modules.items()}
+def import_graph(modules: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    """Module -> the modules importing it runs. Importing ``a.b.c`` from outside package ``a.b`` runs
+    ``a/b/__init__.py`` first, so that edge counts too (from inside, the package is already loading)."""
+    graph: dict[str, set[str]] = {}
+    for module, imported in modules.items():
+        edges = set()
+        for other in imported:
+            parts = other.split(".")
+            for cut in range(1, len(parts) + 1):
+                target = ".".join(parts[:cut])
+                inside = module == target or module.startswith(target + ".")
+                if target in modules and target != module and (cut == len(parts) or not inside):
+                    edges.add(target)
+        graph[module] = edges
+    return graph
+
+
+def import_cycles(modules: Mapping[str, set[str]]) -> list[list[str]]:
+    """Every circle in the import graph (one path per back edge found)."""
+    graph = import_graph(modules)
     state: dict[str, int] = {}
     cycles: list[list[str]] = []
 
@@ -145,7 +205,79 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             walk(m, [m])
+    return cycles
+
+
+def test_no_import_cycles():
+    # Every edge counts, a package __init__'s imports of its own modules too: importing the package runs them,
+    # so a module that imports the package (or a module inside it) from one of those modules' imports closes
+    # a circle.
+    cycles = import_cycles(all_modules())
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _tree(root: Path, files: dict[str, str]) -> dict[str, set[str]]:
+    """``files`` (path under ``root/segtrain`` -> source) written, and read as all_modules reads segtrain."""
+    for rel, text in files.items():
+        path = root / "segtrain" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return {module_name(p): imports_of(p) for p in sorted((root / "segtrain").rglob("*.py"))}
+
+
+def test_a_circle_through_a_package_init_fails(tmp_path, monkeypatch):
+    """The circle config/__init__ -> config.checks -> placement -> config.schema: importing the schema module
+    from outside runs the package's __init__ first, so a type-level import of it closes the circle."""
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path / "segtrain")
+    modules = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "config/__init__.py": "from segtrain.config.checks import validate\n",
+            "config/checks.py": "def validate():\n    from segtrain.placement import check\n",
+            "config/schema.py": "",
+            "placement.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from segtrain.config.schema import C\n"
+            ),
+        },
+    )
+    assert import_cycles(modules) == [
+        ["segtrain.config", "segtrain.config.checks", "segtrain.placement", "segtrain.config"]
+    ]
+    (tmp_path / "segtrain" / "placement.py").write_text("")  # the edge gone, no circle
+    assert import_cycles(_tree(tmp_path, {})) == []
+
+
+def test_imports_by_name_are_read(tmp_path, monkeypatch):
+    """A module named in a string is an import: import_module, find_spec, a registry's module path, a
+    ``_target_``-style path to a name in it; other strings are not."""
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path / "segtrain")
+    modules = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "engine/__init__.py": "",
+            "engine/hooks.py": "",
+            "data/__init__.py": "",
+            "data/formats.py": "",
+            "models.py": "",
+            "sweep.py": "",
+            "config/checks.py": (
+                "import importlib, importlib.util\n"
+                "importlib.import_module('segtrain.engine.hooks')\n"
+                "importlib.util.find_spec('segtrain.data.formats')\n"
+                "TABLE = {'model.name': ('segtrain.models:build', 'segtrain.sweep.SweepCallback')}\n"
+                "NOT = ('segtrain', 'see segtrain.models', 'segtrain.nowhere')\n"
+                "import logging\nlog = logging.getLogger('segtrain.sweep')\n"
+            ),
+        },
+    )
+    assert modules["segtrain.config.checks"] == {
+        "segtrain.engine.hooks",
+        "segtrain.data.formats",
+        "segtrain.models",
+        "segtrain.sweep",
+    }
 
 
 @pytest.mark.parametrize("alias", sorted(PUBLIC_ALIASES))

@@ -1,9 +1,12 @@
 """segtrain's configuration: the schema (:mod:`.schema`) with what each value may hold declared on its field
 (:mod:`.rules`), the checks made before any work (:mod:`.checks`),
-and composition into the resolved config every rank sees (:mod:`.resolve`).
+composition into the resolved config every rank sees (:mod:`.resolve`), where each input stage runs
+(:mod:`.placement`) and what each data format declares (:mod:`.data_formats`).
 
 ``compose(overrides)`` gives the config exactly as ``python -m segtrain.train <overrides>`` sees it. Nothing
-here imports torch or any segtrain package (the layers above read the config; it reads none of them).
+here imports torch or any segtrain package above the config, by name neither (the layers above read the
+config; it reads none of them): ``classes=auto`` reads annotations through the discovery ``segtrain.data``
+hands over (:func:`use_class_discovery`).
 """
 
 from segtrain.config.checks import (
@@ -18,7 +21,7 @@ from segtrain.config.checks import (
     validate,
 )
 from segtrain.config.resolve import (
-    DISCOVERED,
+    ClassDiscovery,
     chdir_note,
     checkpoint_sources,
     compose,
@@ -26,6 +29,7 @@ from segtrain.config.resolve import (
     expand_path,
     finalize,
     to_container,
+    use_class_discovery,
 )
 from segtrain.config.schema import (
     BACKGROUND_NAMES,
@@ -74,7 +78,6 @@ __all__ = [
     "CROSS_KEY_RULES",
     "FIELD_RULES",
     "CHECKPOINT_SECTIONS",
-    "DISCOVERED",
     "COMPILE_MODES",
     "EXPORT_FORMATS",
     "IGNORE_LABEL",
@@ -96,6 +99,7 @@ __all__ = [
     "VALIDATION_METRICS",
     "VERSION_BASE",
     "AugmentConfig",
+    "ClassDiscovery",
     "Config",
     "ConfigError",
     "DatasetConfig",
@@ -119,5 +123,6 @@ __all__ = [
     "finalize",
     "given_on_command_line",
     "to_container",
+    "use_class_discovery",
     "validate",
 ]

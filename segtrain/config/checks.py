@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from segtrain.config.data_formats import format_facts
+from segtrain.config.placement import check as check_placement
 from segtrain.config.rules import Bound, Phase, Rule, declared_rules, is_image_size
 from segtrain.config.schema import (
     BACKGROUND_NAMES,
@@ -192,15 +194,11 @@ def _is_free_form(parent: str) -> bool:
 
 
 def check_missing(cfg: DictConfig) -> None:
-    from segtrain.registry import load
-
-    formats = load("dataset.format")  # torch-free: data formats parse files only
-
     missing = set(OmegaConf.missing_keys(cfg))
-    if cfg.dataset.format in formats:
-        keys = formats.get(cfg.dataset.format).split_keys  # what the format's loader reads
+    facts = format_facts(str(cfg.dataset.format))
+    if facts is not None:
         for split in ("train", "val"):
-            for k in keys:
+            for k in facts.split_keys:  # what the format's reader reads
                 node = cfg.dataset[split]._get_node(k)
                 raw = node._value() if node is not None else None
                 if raw is None:
@@ -260,9 +258,7 @@ def validate(cfg: DictConfig) -> None:
     check_model(cfg)
     check_classes(cfg)
     check_ranges(cfg)
-    from segtrain.placement import check as check_placement  # where each input stage runs: decided there, once
-
-    check_placement(cfg)
+    check_placement(cfg)  # where each input stage runs: decided there, once
 
 
 def check_ranges(cfg: DictConfig) -> None:
@@ -403,11 +399,9 @@ CROSS_KEY_RULES: tuple[CrossKeyRule, ...] = (
 def check_classes(cfg: DictConfig) -> None:
     """The class list fits the data format: where unannotated pixels are background (COCO, LabelMe),
     class 0 must be the background; where they are ignore regions (Cityscapes), any list works."""
-    from segtrain.registry import load
-
     classes = [str(c) for c in cfg.dataset.classes]
-    fmt = load("dataset.format").get(str(cfg.dataset.format))
-    if fmt.unlabeled == "background":
+    facts = format_facts(str(cfg.dataset.format))
+    if facts is not None and facts.unlabeled == "background":
         named = [c for c in classes if c.lower() not in BACKGROUND_NAMES]  # for the example: background is first
         if len(classes) < 2 or classes[0].lower() not in BACKGROUND_NAMES:
             raise ConfigError(
@@ -471,8 +465,9 @@ def check_registered(cfg: DictConfig) -> None:
 
 def check_model(cfg: DictConfig) -> None:
     """A timm backbone names a timm model, and the builder takes ``model.kwargs``. These import timm or the
-    builder's module (hence torch), so only when such a value is given; the rest is checked without torch."""
-    from segtrain.registry import check_call, is_import_path, load
+    user's builder module, so only when such a value is given; the rest is checked without torch. A built-in
+    builder is segtrain.models' (torch): its ``model.kwargs`` are checked when it is built, with the same line."""
+    from segtrain.registry import check_call, import_object, is_import_path, registered
 
     check_timm_backbone(str(cfg.model.backbone), cfg.dataset.input_size)
     check_fixed_backbone(str(cfg.model.name), str(cfg.model.backbone))
@@ -483,11 +478,18 @@ def check_model(cfg: DictConfig) -> None:
             f"model.kwargs must map the builder's argument names to values, e.g. 'model.kwargs={{depth: 3}}' (one "
             f"shell word); got {OmegaConf.to_container(kwargs) if OmegaConf.is_config(kwargs) else kwargs!r}"
         )
-    if kwargs or is_import_path(name):
-        builder = load("model.name").get(name)
-        given = OmegaConf.to_container(kwargs, resolve=True) if kwargs else {}
-        named = {str(k): v for k, v in given.items()} if isinstance(given, dict) else {}
-        check_call(builder, "model.name", name, named)
+    if not (kwargs or is_import_path(name)):
+        return
+    models = registered("model.name")  # the builders, a user's registered ones too, once segtrain.models is loaded
+    if models is not None:
+        builder = models.get(name)
+    elif is_import_path(name):
+        builder = import_object("model.name", name)
+    else:  # a built-in builder, not loaded: build_model checks its kwargs
+        return
+    given = OmegaConf.to_container(kwargs, resolve=True) if kwargs else {}
+    named = {str(k): v for k, v in given.items()} if isinstance(given, dict) else {}
+    check_call(builder, "model.name", name, named)
 
 
 TIMM_PREFIX = "timm:"

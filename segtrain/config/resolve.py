@@ -1,10 +1,15 @@
 """From overrides (or a checkpoint's stored config) to the resolved config every rank sees: ``compose()``,
 ``finalize()`` (schema, checks, ``classes=auto``, interpolations), and the config taken from a checkpoint
-by evaluate / predict / export (bounded in size before it is parsed)."""
+by evaluate / predict / export (bounded in size before it is parsed).
+
+``classes=auto`` reads the training annotations, which is the data layer's work: ``finalize`` calls the
+:data:`ClassDiscovery` it is given, or the one ``segtrain.data`` hands over when imported
+(:func:`use_class_discovery`), so nothing here imports data."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -33,9 +38,27 @@ def _register() -> None:
 
 _register()
 
+#: ``dataset.classes=auto`` -> the class list in ``cfg.dataset`` (and its stuff classes), read from the training
+#: annotations; returns one note per finding for the run's log.
+ClassDiscovery = Callable[[DictConfig], list[str]]
 
-def compose(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:
-    """The resolved config exactly as ``python -m segtrain.<config_name> <overrides>`` sees it."""
+_discovery: list[ClassDiscovery] = []  # the data layer's, once segtrain.data is imported
+
+
+def use_class_discovery(discover: ClassDiscovery) -> None:
+    """The discovery :func:`finalize` calls when none is passed (``segtrain.data`` hands over its own)."""
+    _discovery[:] = [discover]
+
+
+def compose(
+    overrides: list[str] | None = None,
+    config_name: str = "train",
+    discover_classes: ClassDiscovery | None = None,
+    notes: list[str] | None = None,
+) -> DictConfig:
+    """The resolved config exactly as ``python -m segtrain.<config_name> <overrides>`` sees it (``classes=auto``
+    through ``discover_classes``, by default the data layer's; what it found appended to ``notes``: see
+    :func:`finalize`)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -46,16 +69,21 @@ def compose(overrides: list[str] | None = None, config_name: str = "train") -> D
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_dir()), version_base=VERSION_BASE, job_name=config_name):
         cfg = hydra_compose(config_name=config_name, overrides=overrides)
-    return finalize(cfg)
+    return finalize(cfg, discover_classes, notes)
 
 
-def finalize(cfg: DictConfig) -> DictConfig:
+def finalize(
+    cfg: DictConfig, discover_classes: ClassDiscovery | None = None, notes: list[str] | None = None
+) -> DictConfig:
     """Resolve interpolations once (so every rank sees the same values) and keep the schema. An interpolation
-    that cannot resolve (``${nope}``, a self-reference, ``${oc.env:NOPE}``) is one line naming the key."""
+    that cannot resolve (``${nope}``, a self-reference, ``${oc.env:NOPE}``) is one line naming the key.
+
+    ``discover_classes``: how ``dataset.classes=auto`` is read (default: the data layer's, which
+    ``import segtrain.data`` hands over); what it found is appended to ``notes``, for the run's log."""
     from omegaconf.errors import GrammarParseError, InterpolationResolutionError
 
     try:
-        return _finalize(cfg)
+        return _finalize(cfg, discover_classes, notes)
     except (InterpolationResolutionError, GrammarParseError) as e:
         key = getattr(e, "full_key", None) or "a config value"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -65,52 +93,36 @@ def finalize(cfg: DictConfig) -> DictConfig:
         ) from None
 
 
-def _finalize(cfg: DictConfig) -> DictConfig:
+def _finalize(cfg: DictConfig, discover: ClassDiscovery | None, notes: list[str] | None) -> DictConfig:
     try:  # keys added with `+key=value` bypass Hydra's struct check; the schema still rejects them
         OmegaConf.merge(OmegaConf.structured(SegtrainConfig), cfg)
     except Exception as e:  # noqa: BLE001 - re-raised with the key named
         raise ConfigError(f"config does not fit the schema: {e}") from e
     check_missing(cfg)
     check_data_values(cfg)  # before class discovery, which may parse annotations or write the synthetic set
-    resolve_auto_classes(cfg)
+    found = resolve_auto_classes(cfg, discover)
+    if notes is not None:
+        notes.extend(found)
     OmegaConf.resolve(cfg)
     validate(cfg)
     return cfg
 
 
-#: What ``dataset.classes=auto`` found, for the run's log (the entry point logs and clears it).
-DISCOVERED: list[str] = []
-
-
-def resolve_auto_classes(cfg: DictConfig) -> None:
-    """``dataset.classes=auto`` -> the list, read from the training annotations (cached index). Where the
-    format knows stuff from things (COCO panoptic's ``isthing``), an empty ``dataset.stuff_classes`` becomes
-    the discovered stuff classes too (a list given by the user is kept: they chose what gets no centres)."""
+def resolve_auto_classes(cfg: DictConfig, discover: ClassDiscovery | None) -> list[str]:
+    """``dataset.classes=auto`` -> the list, through ``discover`` (or the data layer's); a list is kept. Returns
+    the discovery's notes (none for a list)."""
     classes = cfg.dataset.classes
-    if not (isinstance(classes, str) and classes == "auto"):
-        if isinstance(classes, str):
-            raise ConfigError(f"dataset.classes={classes!r}: give a list (dataset.classes=[background,person]) or auto")
-        return
-    from segtrain.registry import load
-
-    ds = OmegaConf.create(OmegaConf.to_container(cfg.dataset, resolve=True))
-    fmt = load("dataset.format").get(str(ds.format))
-    found = fmt.auto_classes(ds)
-    if fmt.unlabeled == "background" and len(found.classes) < 2:
-        given = [str(ds.train.get(k)) for k in fmt.split_keys if ds.train.get(k)]
+    if not isinstance(classes, str):
+        return []
+    if classes != "auto":
+        raise ConfigError(f"dataset.classes={classes!r}: give a list (dataset.classes=[background,person]) or auto")
+    discover = discover or next(iter(_discovery), None)
+    if discover is None:
         raise ConfigError(
-            f"dataset.classes=auto found no label in the training annotations ({', '.join(given)}): every file's "
-            "annotation list is empty, or every label is mapped to the background, __ignore__ or null. Annotate "
-            "objects, or list the classes: dataset.classes=[background,CLASS]"
+            "dataset.classes=auto reads the training annotations, which segtrain.data does: import segtrain.data "
+            "before composing (the python -m segtrain.* entry points do), or list the classes"
         )
-    cfg.dataset.classes = found.classes
-    counts = found.counts
-    shown = ", ".join(f"{c} ({n})" for c, n in counts[:40]) + (", ..." if len(counts) > 40 else "")
-    DISCOVERED.append(f"dataset.classes=auto: background + {len(counts)} classes (instances): {shown}")
-    if found.stuff and not ds.stuff_classes:
-        cfg.dataset.stuff_classes = found.stuff
-        stuff = ", ".join(found.stuff[:40]) + (", ..." if len(found.stuff) > 40 else "")
-        DISCOVERED.append(f"dataset.stuff_classes (from classes=auto, isthing=0): {len(found.stuff)} classes: {stuff}")
+    return discover(cfg)
 
 
 def to_container(cfg: DictConfig | object) -> dict:
@@ -157,7 +169,11 @@ def check_stored_size(stored: object, origin: str) -> None:
 
 
 def config_from_checkpoint(
-    cli_cfg: DictConfig, stored: dict | None, overrides: list[str], origin: str = "the checkpoint"
+    cli_cfg: DictConfig,
+    stored: dict | None,
+    overrides: list[str],
+    origin: str = "the checkpoint",
+    notes: list[str] | None = None,
 ) -> DictConfig:
     """The config to rebuild a checkpoint's model: ``model`` and ``dataset`` from the checkpoint's
     stored config, everything else from the current command line; then every command-line
@@ -165,7 +181,8 @@ def config_from_checkpoint(
     section from the current configs). A bare state dict has no stored config: ``cli_cfg`` is used.
 
     The stored config passes the checks a user's does (schema, bounds, choices), after its size is
-    bounded: a file cannot ask for a network or an allocation that the command line could not.
+    bounded: a file cannot ask for a network or an allocation that the command line could not. What
+    ``classes=auto`` found, if the data set asks for it, is appended to ``notes`` (see :func:`finalize`).
     """
     if not stored:
         return cli_cfg
@@ -182,7 +199,7 @@ def config_from_checkpoint(
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        return _config_from_checkpoint(cli_cfg, stored, overrides)
+        return _config_from_checkpoint(cli_cfg, stored, overrides, notes)
     except ConfigError as e:
         raise ConfigError(f"{origin}: its stored config (model, dataset) with this command line: {e}") from e
     except OmegaConfBaseException as e:
@@ -234,7 +251,9 @@ def checkpoint_sources(cfg: DictConfig, stored: dict | None, overrides: list[str
     return f"from the checkpoint: {', '.join(taken) or 'nothing'}; from the command line: {given or 'nothing'}"
 
 
-def _config_from_checkpoint(cli_cfg: DictConfig, stored: dict, overrides: list[str]) -> DictConfig:
+def _config_from_checkpoint(
+    cli_cfg: DictConfig, stored: dict, overrides: list[str], notes: list[str] | None
+) -> DictConfig:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     base = OmegaConf.structured(SegtrainConfig)
@@ -266,4 +285,4 @@ def _config_from_checkpoint(cli_cfg: DictConfig, stored: dict, overrides: list[s
         cfg.model.pretrained = None  # the checkpoint carries the weights
     if "model.num_classes" not in keys:
         cfg.model.num_classes = len(cfg.dataset.classes)  # the network is built for the data it will see
-    return finalize(cfg)
+    return finalize(cfg, notes=notes)

@@ -211,7 +211,7 @@ class TargetsConfig:
     # Where the dense target planes (semantic, heatmap, offsets, weights: 25 bytes a pixel) are built with
     # augment.device=cpu. worker: in the loader workers. device: on the training device from the augmented ids
     # (items then carry 5 bytes a pixel: image + uint16 ids). auto: device when training on CUDA, else worker.
-    # With augment.device=cuda|auto they are always built on the device (segtrain.placement decides).
+    # With augment.device=cuda|auto they are always built on the device (segtrain.config.placement decides).
     where: str = field(default="auto", metadata=rule(choices=("auto", "worker", "device")))
 
 

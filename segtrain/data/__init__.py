@@ -4,7 +4,8 @@ and :func:`build_training_data`. Never imports segtrain.engine.
 
 This module is the package's face: engine, evaluation and tools import the names below from
 ``segtrain.data``, never its modules (tests/test_layers.py). The names load on first use, so importing
-``segtrain.data`` costs nothing; the config check imports ``segtrain.data.formats.registry`` without torch.
+``segtrain.data`` costs the config alone; it hands ``segtrain.config`` the ``classes=auto`` discovery
+(:func:`resolve_auto_classes`), which the config cannot import.
 """
 
 from __future__ import annotations
@@ -12,7 +13,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import DictConfig
+
+from segtrain.config import use_class_discovery
+
 if TYPE_CHECKING:
+    from segtrain.data.auto_classes import resolve_auto_classes as resolve_auto_classes
     from segtrain.data.build import TrainingData as TrainingData
     from segtrain.data.build import build_training_data as build_training_data
     from segtrain.data.dataset import PolygonDataset as PolygonDataset
@@ -53,6 +59,7 @@ if TYPE_CHECKING:
     from segtrain.data.targets.rasterise import rasterise as rasterise
 
 _HOMES = {
+    "resolve_auto_classes": "segtrain.data.auto_classes",
     "TrainingData": "segtrain.data.build",
     "build_training_data": "segtrain.data.build",
     "PolygonDataset": "segtrain.data.dataset",
@@ -100,3 +107,12 @@ def __getattr__(name: str) -> Any:
     if name in _HOMES:
         return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'segtrain.data' has no attribute {name!r}")
+
+
+def _discover_classes(cfg: DictConfig) -> list[str]:
+    from segtrain.data.auto_classes import resolve_auto_classes
+
+    return resolve_auto_classes(cfg)
+
+
+use_class_discovery(_discover_classes)  # segtrain.config.compose reads classes=auto through the data layer

@@ -24,7 +24,7 @@ device (or auto on CUDA)                                     -> DeviceDecode, th
 ============================  ========  =========  ========  ======================================
 
 The decision itself, (config, device type) -> where each stage runs, is
-:func:`segtrain.placement.decide`: torch-free and below every package, so the config check asks the
+:func:`segtrain.config.placement.decide`: torch-free and in the config layer, so the config check asks the
 same function before torch is imported. This module adds what follows from it (mapper, batch step).
 """
 
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from segtrain.placement import DEVICE, decide
+from segtrain.config.placement import DEVICE, decide
 
 if TYPE_CHECKING:
     import torch

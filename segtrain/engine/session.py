@@ -9,7 +9,7 @@ import os
 import platform
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import cv2
@@ -27,7 +27,7 @@ log = logging.getLogger("segtrain")
 
 @contextlib.contextmanager
 def session(
-    cfg: Config, output_dir: str, log_name: str = "train.log", owned: bool = False
+    cfg: Config, output_dir: str, log_name: str = "train.log", owned: bool = False, notes: Sequence[str] = ()
 ) -> Iterator[tuple[DistInfo, Path]]:
     """Rank 0's ``output_dir`` becomes everyone's run directory (Hydra resolves ``${now:...}`` per
     process, so only rank 0's value is trusted; the others were told by the entry point to
@@ -36,7 +36,9 @@ def session(
     ``owned``: the directory is claimed by the job (training: the lock, and no mixing with another run), so
     nothing is written into it here: the log file and the run record (``.hydra/``) wait for
     :func:`start_run_record`, which the job calls once the directory is its own and the run will start. A
-    refused run leaves the directory byte for byte as it was. Otherwise both are written at once."""
+    refused run leaves the directory byte for byte as it was. Otherwise both are written at once.
+
+    ``notes``: what the config's finalizing found (``dataset.classes=auto``), logged once the log exists."""
     tr = cfg.trainer
     # OpenCV's thread pool and torch's OpenMP threads spin against each other on the same cores (torch ops
     # right after cv2 calls slow down, worst with num_workers=0); OpenCV stays serial here, parallelism comes
@@ -59,11 +61,8 @@ def session(
             log.info("run directory: %s", run_dir)
             if not owned:
                 start_run_record(cfg, run_dir)
-            from segtrain.config import DISCOVERED
-
-            for note in DISCOVERED:
+            for note in notes:
                 log.info("%s", note)
-            DISCOVERED.clear()
             log.info(
                 "world size %d, backend %s, device %s, OMP threads %d",
                 dist.world_size,

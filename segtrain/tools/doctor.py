@@ -21,6 +21,7 @@ import torch
 
 from segtrain import storage
 from segtrain.config import Config
+from segtrain.config.placement import DEVICE
 from segtrain.data import (
     BatchStep,
     Instance,
@@ -39,7 +40,6 @@ from segtrain.data import (
 from segtrain.distributed import DistInfo
 from segtrain.engine.build import step_trainer
 from segtrain.launch_env import usable_cores
-from segtrain.placement import DEVICE
 
 log = logging.getLogger("segtrain.doctor")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+import segtrain.data  # noqa: F401 - hands compose the classes=auto discovery, as the entry points do
 from segtrain.config import ConfigError, compose, config_dir
 
 CONFIGS = config_dir()
@@ -179,9 +180,32 @@ def test_every_tool_has_its_own_run_directory(tool):
     assert str(run_dir).startswith(f"outputs/{tool}/"), run_dir
 
 
+#: The module that makes each declared registry and registers its built-ins.
+REGISTRY_MODULES = {
+    "model.name": "segtrain.models",
+    "dataset.format": "segtrain.data.formats.registry",
+    "augment.name": "segtrain.data.transforms.augmentations",
+    "optim.name": "segtrain.engine.optim",
+    "schedule.name": "segtrain.engine.optim",
+    "trainer.hooks": "segtrain.engine.hooks",
+    "trainer.loggers": "segtrain.engine.trackers",
+}
+
+
+def all_registries() -> dict:
+    """Every registry by config key, with the built-in entries loaded (imports torch)."""
+    import importlib
+
+    from segtrain.registry import registered
+
+    for module in REGISTRY_MODULES.values():
+        importlib.import_module(module)
+    return {key: registered(key) for key in REGISTRY_MODULES}
+
+
 def test_declared_registry_names_equal_the_registered_ones():
     """The config check reads DECLARED (no torch); the modules register the real entries."""
-    from segtrain.registry import DECLARED, all_registries
+    from segtrain.registry import DECLARED
 
     registries = all_registries()
     assert set(registries) == set(DECLARED)
@@ -195,6 +219,36 @@ def test_declared_registry_names_equal_the_registered_ones():
 
 #: names other tests register in this process (the user-registry path)
 TEST_REGISTERED = ("count_steps",)
+
+
+def test_declared_format_facts_equal_the_readers():
+    """The config check reads each format's facts (split keys, unlabeled pixels, folder keys, classes=auto)
+    from segtrain.config.data_formats; the readers in segtrain.data register against them: every declared
+    format has a reader and every built-in reader is declared, with the same facts."""
+    from segtrain.config.data_formats import FORMAT_FACTS
+    from segtrain.data.formats.registry import FORMATS
+
+    assert set(FORMATS.names()) == set(FORMAT_FACTS)
+    for name, facts in FORMAT_FACTS.items():
+        assert FORMATS.get(name).facts == facts, name
+
+
+def test_composing_and_checking_import_no_layer_above_the_config(tmp_path):
+    """The config reads no layer above it, by name neither: composing and checking a config (a data format's
+    split keys and unlabeled pixels, every registered name) loads no segtrain package but config."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from segtrain.config import compose\n"
+        "compose(['dataset=coco', 'dataset.root=/data', 'dataset.classes=[background,person]'])\n"
+        "above = ('data', 'models', 'checkpoint', 'evaluation', 'engine', 'tools')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('segtrain.') and m.split('.')[1] in above))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
 
 
 @pytest.mark.slow
@@ -226,3 +280,14 @@ def test_config_mistakes_are_reported_without_importing_torch(tmp_path, override
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "omegaconf" in imported, "importtime output not parsed"
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, "torch was imported"
+
+
+def test_classes_auto_without_the_data_layer_says_what_to_import(monkeypatch):
+    """``classes=auto`` reads annotations, the data layer's work: where no discovery was handed over (segtrain.data
+    never imported), one line says how to get it."""
+    from segtrain.config import resolve
+
+    monkeypatch.setattr(resolve, "_discovery", [])
+    with pytest.raises(ConfigError, match=r"dataset.classes=auto .* import segtrain.data") as e:
+        compose(["dataset=labelme", "dataset.root=/data"])
+    assert "\n" not in str(e.value)

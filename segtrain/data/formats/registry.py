@@ -4,8 +4,9 @@ Each :class:`DataFormat` says how to load a split (``dataset.<split>.*`` keys it
 what unannotated pixels are: ``background`` (COCO, LabelMe: the first class) or ``ignore``
 (data sets whose every labelled pixel is annotated, such as Cityscapes). Add your own with
 ``FORMATS.register("mine", DataFormat(...))``; ``dataset.format=mine`` then works everywhere.
-The config check reads a format's split keys, unlabeled pixels and ``classes=auto`` discovery through
-the registry (``segtrain.registry.load``), so ``segtrain.config`` never imports this package.
+The config check reads a format's split keys and unlabeled pixels from its facts (``segtrain.config.data_formats``:
+the built-ins' are declared there and registered here against them; a user's own from this registry once it
+exists), so ``segtrain.config`` never imports this package.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from segtrain import storage
 from segtrain.config import BACKGROUND_NAMES, DatasetConfig
+from segtrain.config.data_formats import FORMAT_FACTS, FormatFacts
 from segtrain.data.formats.coco import load_coco
 from segtrain.data.formats.confine import confine_paths
 from segtrain.data.formats.labelme import load_labelme
@@ -41,6 +43,11 @@ class DataFormat:
     # (cfg.dataset, split) -> the folders the split's files must lie in (see confine.py); None: the split's
     # folder_keys and dataset.root
     roots: Callable[[DatasetConfig, str], Sequence[Path]] | None = None
+
+    @property
+    def facts(self) -> FormatFacts:
+        """What the config check reads of this format (:mod:`segtrain.config.data_formats`)."""
+        return FormatFacts(self.split_keys, self.unlabeled, self.folder_keys, self.discover is not None)
 
     def auto_classes(self, ds: DatasetConfig) -> AutoClasses:
         """``dataset.classes=auto``: background, then the training annotations' classes (COCO: category-id
@@ -201,17 +208,17 @@ def _discover_synthetic(ds: DatasetConfig) -> list[tuple[str, int]]:
     return discover_classes_coco(root / "train.json", **index_options(ds, False))
 
 
-FORMATS.register("coco", DataFormat(_coco, ("images", "annotations"), discover=_discover_coco))
-FORMATS.register("labelme", DataFormat(_labelme, ("dir",), discover=_discover_labelme))
-FORMATS.register("cityscapes", DataFormat(_cityscapes, ("images", "annotations"), "ignore", ("images", "annotations")))
-# COCO panoptic's unlabelled pixels are VOID: ignored, not background
-FORMATS.register(
-    "coco_panoptic",
-    DataFormat(
-        _coco_panoptic, ("images", "annotations", "panoptic"), unlabeled="ignore", discover=_discover_coco_panoptic
-    ),
-)
-FORMATS.register("synthetic", DataFormat(_synthetic, (), discover=_discover_synthetic, roots=_synthetic_roots))
+def _register_builtin(name: str, load: Loader, **parts: Any) -> None:
+    """A built-in format: its reader here, its split keys and unlabeled pixels as declared for the config check."""
+    facts = FORMAT_FACTS[name]
+    FORMATS.register(name, DataFormat(load, facts.split_keys, facts.unlabeled, facts.folder_keys, **parts))
+
+
+_register_builtin("coco", _coco, discover=_discover_coco)
+_register_builtin("labelme", _labelme, discover=_discover_labelme)
+_register_builtin("cityscapes", _cityscapes)
+_register_builtin("coco_panoptic", _coco_panoptic, discover=_discover_coco_panoptic)
+_register_builtin("synthetic", _synthetic, discover=_discover_synthetic, roots=_synthetic_roots)
 
 
 @dataclass(frozen=True)

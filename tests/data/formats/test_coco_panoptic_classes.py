@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from segtrain.config import DISCOVERED, compose, config_dir
+from segtrain.config import compose, config_dir
 from segtrain.data.formats import coco_panoptic
 from segtrain.data.formats.coco_panoptic import discover_classes_coco_panoptic
 from segtrain.data.records import AnnotationError
@@ -73,9 +73,13 @@ def _coco_layout(root: Path, doc: dict) -> Path:
     return root
 
 
+#: What classes=auto found in the last _compose (the notes a run logs).
+DISCOVERED: list[str] = []
+
+
 def _compose(root: Path, *overrides: str):
     DISCOVERED.clear()
-    return compose(["dataset=coco_panoptic", f"dataset.root={root}", *overrides])
+    return compose(["dataset=coco_panoptic", f"dataset.root={root}", *overrides], notes=DISCOVERED)
 
 
 def _preset(name: str) -> dict:

@@ -2,9 +2,8 @@
 decided once from (config, device type).
 
 :func:`decide` is the one decision: :func:`segtrain.data.pipeline.plan_pipeline` builds the mapper and the
-batch step from it, and the config check (:func:`check`) asks it before any work. It imports neither torch,
-nor the config module, nor any segtrain package, so a placement mistake is reported in the time Python and
-Hydra take to start.
+batch step from it, and the config check (:func:`check`) asks it before any work. It lives with the config
+(no torch), so a placement mistake is reported in the time Python and Hydra take to start.
 """
 
 from __future__ import annotations
@@ -13,21 +12,11 @@ from typing import TYPE_CHECKING
 
 from segtrain.errors import ConfigError
 
-if TYPE_CHECKING:  # the schema module, not the package: config/checks.py asks this module
+if TYPE_CHECKING:
     from segtrain.config.schema import Config
 
 WORKER = "worker"
 DEVICE = "device"
-
-#: Batch entries that stay on the host when the batch moves to the device (``segtrain.device.to_device``): the
-#: encoded JPEG bytes (``dataset.decode=device``), which the GPU decoder reads from host memory, and the samples'
-#: data set indices, which seed each sample's device augmentation and name records without a device sync.
-HOST_KEYS = ("jpeg", "jpeg_length", "orientation", "index")
-
-#: The loss-weight planes of an item: float32, or uint8 when the loader workers build them compact
-#: (``make_targets(compact_weights=True)``: the same small integers in a quarter of the bytes); moving a batch
-#: to the device (``segtrain.device.to_device``) makes them float32 there, so the loss reads the same values.
-WEIGHT_KEYS = ("semantic_weight", "center_weight", "offset_weight")
 
 
 def check(cfg: Config) -> None:
