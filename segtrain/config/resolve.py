@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from segtrain.config.checks import check_data_values, check_missing, check_overrides, validate
+from segtrain.config.data_formats import format_facts
 from segtrain.config.schema import (
     _NOT_FROM_CHECKPOINT,
     CHECKPOINT_SECTIONS,
@@ -100,7 +101,7 @@ def _finalize(cfg: DictConfig, discover: ClassDiscovery | None, notes: list[str]
         raise ConfigError(f"config does not fit the schema: {e}") from e
     check_missing(cfg)
     check_data_values(cfg)  # before class discovery, which may parse annotations or write the synthetic set
-    found = resolve_auto_classes(cfg, discover)
+    found = _classes(cfg, discover)
     if notes is not None:
         notes.extend(found)
     OmegaConf.resolve(cfg)
@@ -108,7 +109,7 @@ def _finalize(cfg: DictConfig, discover: ClassDiscovery | None, notes: list[str]
     return cfg
 
 
-def resolve_auto_classes(cfg: DictConfig, discover: ClassDiscovery | None) -> list[str]:
+def _classes(cfg: DictConfig, discover: ClassDiscovery | None) -> list[str]:
     """``dataset.classes=auto`` -> the list, through ``discover`` (or the data layer's); a list is kept. Returns
     the discovery's notes (none for a list)."""
     classes = cfg.dataset.classes
@@ -116,6 +117,12 @@ def resolve_auto_classes(cfg: DictConfig, discover: ClassDiscovery | None) -> li
         return []
     if classes != "auto":
         raise ConfigError(f"dataset.classes={classes!r}: give a list (dataset.classes=[background,person]) or auto")
+    facts = format_facts(str(cfg.dataset.format))
+    if facts is not None and not facts.discovers_classes:
+        raise ConfigError(
+            f"dataset.classes=auto is not available for dataset.format={cfg.dataset.format}: list the classes "
+            "(e.g. the preset's) in dataset.classes"
+        )
     discover = discover or next(iter(_discovery), None)
     if discover is None:
         raise ConfigError(

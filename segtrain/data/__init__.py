@@ -18,7 +18,6 @@ from omegaconf import DictConfig
 from segtrain.config import use_class_discovery
 
 if TYPE_CHECKING:
-    from segtrain.data.auto_classes import resolve_auto_classes as resolve_auto_classes
     from segtrain.data.build import TrainingData as TrainingData
     from segtrain.data.build import build_training_data as build_training_data
     from segtrain.data.dataset import PolygonDataset as PolygonDataset
@@ -59,7 +58,6 @@ if TYPE_CHECKING:
     from segtrain.data.targets.rasterise import rasterise as rasterise
 
 _HOMES = {
-    "resolve_auto_classes": "segtrain.data.auto_classes",
     "TrainingData": "segtrain.data.build",
     "build_training_data": "segtrain.data.build",
     "PolygonDataset": "segtrain.data.dataset",
@@ -100,7 +98,7 @@ _HOMES = {
     "panoptic_ground_truth": "segtrain.data.targets.panoptic_gt",
 }
 
-__all__ = sorted(_HOMES)
+__all__ = sorted([*_HOMES, "resolve_auto_classes"])
 
 
 def __getattr__(name: str) -> Any:
@@ -109,10 +107,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'segtrain.data' has no attribute {name!r}")
 
 
-def _discover_classes(cfg: DictConfig) -> list[str]:
-    from segtrain.data.auto_classes import resolve_auto_classes
+def resolve_auto_classes(cfg: DictConfig) -> list[str]:
+    """``dataset.classes=auto`` read from the training annotations into ``cfg``; returns the notes for the run's
+    log (:mod:`segtrain.data.auto_classes`, loaded when a config asks for it, so a config mistake waits for no
+    annotation reader)."""
+    from segtrain.data.auto_classes import resolve_auto_classes as resolve
 
-    return resolve_auto_classes(cfg)
+    return resolve(cfg)
 
 
-use_class_discovery(_discover_classes)  # segtrain.config.compose reads classes=auto through the data layer
+use_class_discovery(resolve_auto_classes)  # segtrain.config.compose reads classes=auto through the data layer
