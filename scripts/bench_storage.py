@@ -43,12 +43,12 @@ import torch  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from segtrain import object_reads  # noqa: E402
 from segtrain.config import compose  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
 from segtrain.data.formats.synthetic import ensure_synthetic  # noqa: E402
 from segtrain.data.loaders import EpochSampler, build_loader  # noqa: E402
 from segtrain.distributed import DistInfo  # noqa: E402
+from segtrain.storage import object_reads  # noqa: E402
 from tests.helpers.s3_server import S3Proxy, s3_client, start_moto_process  # noqa: E402  (moto on loopback, the delaying proxy)
 
 

@@ -8,7 +8,7 @@ import json
 from omegaconf import DictConfig
 
 from segtrain.entry import run_entry
-from segtrain.fileio import atomic_write_bytes
+from segtrain.storage.local_files import atomic_write_bytes
 
 
 def job(cfg: DictConfig, output_dir: str, notes: list[str]) -> None:

@@ -33,9 +33,9 @@ from segtrain.errors import (
     debug_requested,
     is_running,
 )
-from segtrain.fileio import atomic_write_bytes, unwritable_error, writable_folder_problem
 from segtrain.launch_env import adopt_cluster_env, defer_hydra_record, env_rank, follower_overrides
 from segtrain.preemption import prefer_submitit_signal, requeue_with_submitit
+from segtrain.storage.local_files import atomic_write_bytes, unwritable_error, writable_folder_problem
 from segtrain.sweep import check_direction, check_repeated_keys
 
 #: ``job(cfg, output_dir, notes)``: an entry point's work; ``notes`` (what ``classes=auto`` found) go to its log.

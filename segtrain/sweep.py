@@ -156,7 +156,7 @@ def write_result(
 ) -> None:
     """``<job dir>/result.yaml``: the job's overrides, metric, mode, value and status (COMPLETED/FAILED), its job
     number and the id of the sweep it belongs to (``sweep``)."""
-    from segtrain.fileio import atomic_write_bytes
+    from segtrain.storage.local_files import atomic_write_bytes
 
     result = {
         "sweep": sweep,
@@ -180,7 +180,7 @@ def summarise(sweep_dir: Path, sweep: str | None = None) -> dict[str, Any] | Non
     """``sweep_summary.yaml`` from the jobs' ``result.yaml``: the best run directory, its value and overrides,
     and every job's outcome, in job order. ``sweep``: only the results of that sweep (its id) count. Among jobs
     tied for the best value the earliest wins. None when no job of this sweep wrote a result."""
-    from segtrain.fileio import atomic_write_bytes
+    from segtrain.storage.local_files import atomic_write_bytes
 
     runs = []
     for path in sweep_dir.rglob(RESULT):

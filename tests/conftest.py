@@ -16,7 +16,7 @@ import pytest
 from tests.helpers.proc_utils import REFERENCE_RUN_ARGS, SMOKE_RUN_ARGS
 from tests.helpers.slow_guard import GuardedPopen, unmarked_training_fixtures
 
-# The object-store tests' ``client`` fixture (obstore and s3fs), shared by tests/test_storage_*.py.
+# The object-store tests' ``client`` fixture (obstore and s3fs), shared by tests/storage/.
 pytest_plugins = ["tests.helpers.storage_clients"]
 
 TEST_ASSETS = Path(__file__).resolve().parent / "assets"

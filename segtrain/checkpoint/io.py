@@ -14,13 +14,11 @@ the new one as it does locally; there are no temporaries to clean up, and prunin
 
 from __future__ import annotations
 
-import io as io_module
 import json
 import logging
 import os
 import pickle
 import re
-import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,7 +29,7 @@ import torch
 
 from segtrain import storage
 from segtrain.errors import UserError
-from segtrain.fileio import UnsafeFileError, no_room_error, open_regular
+from segtrain.storage.local_files import no_room_error
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +64,8 @@ def is_training_checkpoint_name(name: str) -> bool:
 def periodic_checkpoints(folder: Path) -> list[Path]:
     """``step_<8 digits>.pt`` in ``folder``, oldest first; files of other names (an export such as
     ``step_00000006.torchscript.pt``) are never among them."""
-    if storage.is_remote(folder):
-        return [storage.join(folder, name) for name in storage.names_in(folder) if _STEP.match(name)]
-    if not Path(folder).is_dir():
-        return []
-    return sorted(p for p in Path(folder).iterdir() if _STEP.match(p.name))
+    backend = storage.backend_for(folder)
+    return [backend.join(folder, name) for name in backend.names_in(folder) if _STEP.match(name)]
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -83,17 +78,20 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
 
     A kill at any instant leaves either the old file or the new one, never a torn one; a full disk
     raises :class:`CheckpointError` saying so, with the old file intact. A URL is written as one whole object
-    (:func:`segtrain.storage.write_bytes`): the old object or the new one, also when killed mid-upload.
+    (:meth:`segtrain.storage.Backend.write_atomic`): the old object or the new one, also when killed mid-upload.
     """
-    if storage.is_remote(path):
-        buffer = io_module.BytesIO()
-        torch.save(obj, buffer)
-        storage.write_bytes(path, buffer.getvalue())
-        return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def fill(f: IO[bytes]) -> None:
+        writes = _Writes(f)
+        try:
+            torch.save(obj, writes)  # type: ignore[arg-type]  # a file-like object: write and flush
+        except RuntimeError:
+            if writes.error is not None:
+                raise writes.error from None
+            raise
+
     try:
-        _atomic_save(obj, path)
+        storage.backend_for(path).write_atomic(path, fill)
     except OSError as e:
         room = no_room_error(path, e, then="continue with resume=auto")
         if room is not None:
@@ -104,9 +102,7 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
 def remove_stale_temporaries(folder: Path) -> list[Path]:
     """Temp files of saves that were killed mid-write (``.<name>.<random>.tmp``); the run directory's
     lock guarantees no other writer, so all of them are leftovers. An object store has none (uploads are whole)."""
-    if storage.is_remote(folder):
-        return []
-    stale = sorted(Path(folder).glob(".*.tmp")) if Path(folder).is_dir() else []
+    stale = storage.backend_for(folder).stale_temporaries(folder)
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
@@ -131,33 +127,6 @@ class _Writes:
         self.f.flush()
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide checkpoints from the rest of a team
-    try:
-        with os.fdopen(fd, "wb") as f:
-            writes = _Writes(f)
-            try:
-                torch.save(obj, writes)  # type: ignore[arg-type]  # a file-like object: write and flush
-            except RuntimeError:
-                if writes.error is not None:
-                    raise writes.error from None
-                raise
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
-
-
 def write_checkpoints(folder: Path, blob: Mapping[str, Any], tags: Sequence[str], keep_last: int) -> None:
     """Rank 0's part of a save: ``<tag>.pt`` for each tag, ``best_weights.pt`` with ``best`` (the best weights,
     EMA when enabled, and the config: a fraction of ``best.pt``'s size), then the periodic files pruned to the
@@ -176,10 +145,7 @@ def write_checkpoints(folder: Path, blob: Mapping[str, Any], tags: Sequence[str]
             atomic_save(best_weights_of(blob), folder / BEST_WEIGHTS)
     periodic = periodic_checkpoints(folder)
     for old in periodic[: max(len(periodic) - int(keep_last), 0)]:
-        if storage.is_remote(old):
-            storage.remove(old)
-        else:
-            old.unlink(missing_ok=True)
+        storage.remove(old)
 
 
 def best_weights_of(blob: Mapping[str, Any]) -> dict[str, Any]:
@@ -199,10 +165,8 @@ def best_weights_of(blob: Mapping[str, Any]) -> dict[str, Any]:
 def _stored_step(path: Path) -> int | None:
     """The ``step`` a checkpoint file records, read without loading its tensors; None when unreadable."""
     try:
-        if storage.is_remote(path):
-            meta = torch.load(io_module.BytesIO(storage.read_bytes(path)), map_location="cpu", weights_only=True)
-        else:
-            meta = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        backend = storage.backend_for(path)
+        meta = torch.load(backend.loadable(path), map_location="cpu", weights_only=True, mmap=backend.local)
         return int(meta["step"]) if isinstance(meta, Mapping) and isinstance(meta.get("step"), int) else None
     except Exception:  # noqa: BLE001 - missing, torn, not a zip: "not the file we need", whatever the reason
         return None
@@ -237,29 +201,28 @@ def complete_save(folder: Path, path: Path, blob: Mapping[str, Any]) -> list[str
 
 def same_path(a: Any, b: Any) -> bool:
     """Whether two checkpoint paths (Paths or URLs) name one file."""
-    if storage.is_remote(a) or storage.is_remote(b):
-        return str(a) == str(b)
-    return Path(a).resolve() == Path(b).resolve()
+    return _absolute(a) == _absolute(b)
+
+
+def _absolute(path: Any) -> str:
+    """One string naming the file: symlinks resolved locally, a URL as written."""
+    return storage.backend_for(path).absolute(path, follow_links=True)
 
 
 # --------------------------------------------------------------------------- reading
 def _open_checkpoint(path: Any, what: str) -> IO[bytes]:
     """A readable file of checkpoint ``path``: a local regular file, or a remote object read whole into memory
     (torch.load seeks, which a stream from a store cannot; one GET also means one consistent version)."""
-    if storage.is_remote(path):
-        try:
-            return io_module.BytesIO(storage.read_bytes(path, what=what))
-        except storage.StorageError as e:
-            raise CheckpointError(str(e)) from None
-    if path.is_dir():
-        raise CheckpointError(f"{what} {str(path)!r} is a directory; pass a checkpoint file (e.g. .../best.pt)")
-    if not path.exists():
-        raise CheckpointError(f"{what} {str(path)!r} does not exist")
     try:
-        fd = open_regular(path, what)
-    except UnsafeFileError as e:
+        return storage.backend_for(path).open_read(path, what)
+    except IsADirectoryError:
+        raise CheckpointError(
+            f"{what} {str(path)!r} is a directory; pass a checkpoint file (e.g. .../best.pt)"
+        ) from None
+    except UserError as e:  # a store's one line, or not a regular file
         raise CheckpointError(str(e)) from None
-    return os.fdopen(fd, "rb")
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} {str(path)!r} does not exist") from None
 
 
 def read_checkpoint(path: str | os.PathLike, trust: bool = False, what: str = "checkpoint") -> Any:

@@ -85,7 +85,7 @@ class PolygonDataset(Dataset):
         in this process's read-ahead pool, then those of this process's next batch (the keys' ``ahead``, see
         :mod:`segtrain.data.read_ahead`), so their round trips overlap with this batch's decoding."""
         n = len(self.records)
-        if n and storage.is_remote(self.records[0].path):
+        if n and not storage.backend_for(self.records[0].path).local:
             now = [k[1] if isinstance(k, tuple) else int(k) for k in keys]
             records = [self.records[i % n] for i in now + ahead_of(keys)]
             storage.prefetch(p for r in records for p in (r.path, getattr(r, "panoptic_png", None)))

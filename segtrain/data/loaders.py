@@ -188,7 +188,7 @@ def worker_init(worker_id: int) -> None:
 def epoch_sample_keys(dataset: PolygonDataset, epoch: int, order: list[int], batch_size: int, workers: int) -> list:
     """``(epoch, index)`` keys of ``order`` as :func:`build_loader`'s sampler yields them: each naming the index its
     loader process reads ahead when the images are on an object store (the doctor measures the same loader)."""
-    if len(dataset) and storage.is_remote(dataset.records[0].path):
+    if len(dataset) and not storage.backend_for(dataset.records[0].path).local:
         return list(epoch_keys(epoch, order, stride(batch_size, workers)))
     return [(epoch, i) for i in order]
 
@@ -259,7 +259,7 @@ def build_loader(
         common["prefetch_factor"] = trainer_cfg.prefetch_factor
     # images on an object store: each process requests its next batch while it decodes this one
     records: Any = getattr(dataset, "records", None)  # any map-style data set works; segtrain's carry records
-    remote = records is not None and len(records) > 0 and storage.is_remote(records[0].path)
+    remote = records is not None and len(records) > 0 and not storage.backend_for(records[0].path).local
     if train:
         bs = per_rank_batch(global_bs, dist.world_size)
         sampler = EpochSampler(len(dataset), dist.rank, dist.world_size, trainer_cfg.seed, global_bs)

@@ -275,7 +275,7 @@ def claim_run_dir(cfg: Config, run_dir: Path, dist: DistInfo) -> RunDirLock | No
     if dist.is_main:
         try:
             root = checkpoint_root(cfg, run_dir)
-            lock = RunDirLock(run_dir, remote=root if storage.is_remote(root) else None).acquire()
+            lock = RunDirLock(run_dir, remote=None if storage.backend_for(root).local else root).acquire()
             check_fresh(root, cfg.resume, cfg.trainer.overwrite)
         except ConfigError as e:
             if lock is not None:

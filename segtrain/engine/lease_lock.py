@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from segtrain import storage, storage_limits
+from segtrain import storage
 from segtrain.config import ConfigError
 
 log = logging.getLogger("segtrain.run_dir")
@@ -132,7 +132,7 @@ class LeaseLock:
         if not self.held:
             return
         self.held = False
-        if storage_limits.unreachable():  # the store stopped answering: the lease expires on its own
+        if storage.unreachable():  # the store stopped answering: the lease expires on its own
             return
         with contextlib.suppress(storage.StorageError):
             content, _ = self._read()

@@ -285,7 +285,7 @@ def truncate_records(path: Path, step: int) -> int:
     A line that is not a record (a kill cut it short) goes too."""
     if not path.is_file():
         return 0
-    from segtrain.fileio import atomic_write_bytes
+    from segtrain.storage.local_files import atomic_write_bytes
 
     lines = path.read_bytes().splitlines(keepends=True)
     kept = []

@@ -14,9 +14,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from segtrain import storage, storage_limits
+from segtrain import storage
 from segtrain.engine.recorder import TB_EVENTS, TB_FOLDER
-from segtrain.fileio import atomic_write_bytes
+from segtrain.storage.local_files import atomic_write_bytes
 
 log = logging.getLogger("segtrain.trainer")
 
@@ -39,9 +39,9 @@ def copy_logs(run_dir: Path, root: Any) -> None:
     """With ``root`` (``trainer.checkpoint.dir``) in a store: the run's records into ``<root>/logs/``, each a
     whole-object upload (TensorBoard's event files under ``logs/tb/``). A failed copy is a warning: the run's
     checkpoints, not its logs, are what a failure must not cost."""
-    if not storage.is_remote(root):
+    if storage.backend_for(root).local:  # the records are on this machine already
         return
-    if storage_limits.unreachable():  # the run ends because the store stopped answering: no second wait
+    if storage.unreachable():  # the run ends because the store stopped answering: no second wait
         log.warning("did not copy the run's logs to %s: the store did not answer (above)", root)
         return
     for name, path in _records(Path(run_dir)):
@@ -61,7 +61,7 @@ def _is_record(name: str) -> bool:
 def restore_logs(run_dir: Path, root: Any) -> list[str]:
     """On resume from ``root`` in a store: each record of ``<root>/logs/`` that the run directory lacks, or holds
     a shorter copy of (an earlier part of the run ran on another node), written into it. Returns the names."""
-    if not storage.is_remote(root):
+    if storage.backend_for(root).local:
         return []
     remote = storage.files_under(storage.join(root, FOLDER))
     written = []

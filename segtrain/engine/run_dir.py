@@ -114,10 +114,8 @@ class RunDirLock:
 def check_fresh(run_dir: Path, resume: Any, overwrite: bool) -> None:
     """A fresh run (no ``resume=``) must not silently mix with another run's checkpoints."""
     folder = io.folder_of(run_dir)
-    if storage.is_remote(folder):
-        existing = [name for name in storage.names_in(folder) if name.endswith(".pt")]
-    else:
-        existing = sorted(p.name for p in folder.glob("*.pt")) if folder.is_dir() else []
+    backend = storage.backend_for(folder)
+    existing = [name for name in backend.names_in(folder) if name.endswith(".pt")]
     if not existing or resume:
         return
     if not overwrite:
@@ -126,7 +124,7 @@ def check_fresh(run_dir: Path, resume: Any, overwrite: bool) -> None:
             f"{run_dir} already holds checkpoints of a run ({shown}). Continue it with resume=auto, choose another "
             "hydra.run.dir, or pass trainer.overwrite=true to replace it"
         )
-    if storage.is_remote(folder):
+    if not backend.local:  # a store holds the checkpoints only: the run's other outputs are in its own folder
         owned = [n for n in existing if any(fnmatch.fnmatch(n, p) for p in RUN_OUTPUTS[0][1])]
         for name in owned:
             storage.remove(folder / name)

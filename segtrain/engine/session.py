@@ -107,7 +107,7 @@ def write_run_record(cfg: Config, run_dir: Path) -> None:
     from omegaconf import OmegaConf
 
     from segtrain import launch_env
-    from segtrain.fileio import atomic_write_bytes
+    from segtrain.storage.local_files import atomic_write_bytes
 
     subdir = launch_env.RECORD_SUBDIR
     if not HydraConfig.initialized() or subdir is None:

@@ -35,10 +35,10 @@ from segtrain.distributed import broadcast_object
 from segtrain.engine.hooks import HookBase
 from segtrain.engine.recorder import scalar_tags
 from segtrain.errors import UserError
-from segtrain.fileio import atomic_write_bytes
 from segtrain.launch_env import DEFERRAL
 from segtrain.redact import uri as redact  # a tracking URI is logged, its credentials never
 from segtrain.registry import Registry
+from segtrain.storage.local_files import atomic_write_bytes
 
 log = logging.getLogger("segtrain.trackers")
 

@@ -44,7 +44,7 @@ from segtrain.distributed import all_gather_object
 from segtrain.evaluation.evaluator import PanopticSpec
 from segtrain.evaluation.instance_ap import instance_scores
 from segtrain.evaluation.panoptic_export import encode_ids, with_boxes
-from segtrain.fileio import atomic_write_bytes
+from segtrain.storage.local_files import atomic_write_bytes
 
 __all__ = ["CityscapesExport", "cityscapes_label_ids"]
 

@@ -30,7 +30,7 @@ import numpy as np
 from scipy import ndimage
 
 from segtrain.distributed import all_gather_object
-from segtrain.fileio import atomic_write_bytes
+from segtrain.storage.local_files import atomic_write_bytes
 
 
 def encode_ids(id_map: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from segtrain.evaluation.cityscapes_export import CityscapesExport
 from segtrain.evaluation.evaluator import PanopticEvaluator, PanopticSpec, evaluate, evaluators_for
 from segtrain.evaluation.inference import model_from_checkpoint, native_forward
 from segtrain.evaluation.panoptic_export import CocoPanopticExport
-from segtrain.fileio import atomic_write_bytes
+from segtrain.storage.local_files import atomic_write_bytes
 
 log = logging.getLogger("segtrain.evaluate")
 

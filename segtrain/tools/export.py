@@ -38,7 +38,6 @@ import importlib
 import json
 import logging
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -53,8 +52,8 @@ import segtrain
 from segtrain import storage
 from segtrain.checkpoint.loader import load_checkpoint_weights
 from segtrain.config import EXPORT_FORMATS, Config, ConfigError, check_value, to_container
-from segtrain.fileio import temp_beside
 from segtrain.models import build_model
+from segtrain.storage.local_files import temp_beside
 
 log = logging.getLogger("segtrain.export")
 
@@ -120,11 +119,7 @@ def default_output(ckpt: str | os.PathLike, fmt: str) -> Any:
     """``<ckpt folder>/<ckpt stem>.onnx``, ``.pt2`` or ``.torchscript.pt``: a Path, or a URL beside a checkpoint in
     an object store (``s3://b/run/checkpoints/best.pt2``; a Path would turn ``s3://`` into a folder ``s3:``)."""
     text = os.fspath(ckpt)
-    if storage.is_remote(text):
-        folder, _, name = text.rpartition("/")
-        return f"{folder}/{Path(name).stem}{SUFFIXES[fmt]}"
-    path = Path(ckpt)
-    return path.with_name(path.stem + SUFFIXES[fmt])
+    return storage.backend_for(text).sibling(text, Path(text).stem + SUFFIXES[fmt])
 
 
 def check_remote_output(output: str, ckpt: str | os.PathLike, overwrite: bool) -> None:
@@ -140,19 +135,6 @@ def check_remote_output(output: str, ckpt: str | os.PathLike, overwrite: bool) -
         )
     if storage.info(output) is not None and not overwrite:
         raise ConfigError(f"output={output} exists; pass overwrite=true to replace it, or choose another output")
-
-
-@contextlib.contextmanager
-def _staged(target: Any) -> Iterator[Path]:
-    """The local file to export to: ``target`` itself, or for a URL a file in a temporary folder, uploaded to the
-    store as one whole object once the export (and its verification) succeeded."""
-    if not storage.is_remote(target):
-        yield Path(target)
-        return
-    with tempfile.TemporaryDirectory(prefix="segtrain-export-") as folder:
-        local = Path(folder) / str(target).rsplit("/", 1)[-1]
-        yield local
-        storage.write_bytes(target, local.read_bytes())
 
 
 class _TupleOutputs(nn.Module):
@@ -520,13 +502,14 @@ def export_checkpoint(cfg: Config, blob: Any) -> ExportResult:
         )
     ckpt = cfg.ckpt or ""  # set: the entry point refuses a run without ckpt=
     target = ex.output or default_output(ckpt, fmt)
-    if storage.is_remote(target):
-        check_remote_output(str(target), ckpt, cfg.overwrite)
-    else:
+    backend = storage.backend_for(target)
+    if backend.local:  # a local file is opened to tell an earlier export from anything else
         check_output(Path(target), ckpt, cfg.overwrite)
-    with _staged(target) as local:
+    else:
+        check_remote_output(str(target), ckpt, cfg.overwrite)
+    with backend.writing_locally(target) as local:  # a URL: exported and verified here, then uploaded whole
         result = _export(cfg, blob, local, target)
-    result.path = target if storage.is_remote(target) else Path(target)
+    result.path = backend.native(target)
     log.info("wrote %s", result.path)
     return result
 

@@ -53,7 +53,7 @@ from segtrain.evaluation.banded import (
 )
 from segtrain.evaluation.evaluator import PanopticSpec
 from segtrain.evaluation.inference import model_from_checkpoint
-from segtrain.fileio import atomic_write_bytes
+from segtrain.storage.local_files import atomic_write_bytes
 
 log = logging.getLogger("segtrain.predict")
 
@@ -153,7 +153,7 @@ def check_outputs(
             "replace those named like them, and be read as images next time). Choose an output folder outside it"
         )
     planned = [out_dir / f"{names[f]}{suffix}" for f in files for suffix in suffixes]
-    protected = {p.resolve() for p in files if not storage.is_remote(p)}
+    protected = {p.resolve() for p in files if storage.backend_for(p).local}
     if cfg.ckpt:
         protected.add(Path(cfg.ckpt).resolve())
     clash = next((p for p in planned if p.resolve() in protected), None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from segtrain import object_reads
+from segtrain.storage import object_reads
 
 #: SEGTRAIN_S3_READER's values, and the client each makes read the images (``obstore``: also in this process,
 #: which is not a loader worker)

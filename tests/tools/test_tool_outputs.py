@@ -202,7 +202,7 @@ LIMITED = """
 import sys, torch
 from pathlib import Path
 from segtrain.checkpoint.io import atomic_save, CheckpointError
-from segtrain.fileio import atomic_write_bytes, NoRoomError
+from segtrain.storage.local_files import atomic_write_bytes, NoRoomError
 folder = Path(sys.argv[1])
 for write in (lambda p: atomic_save({"w": torch.zeros(200_000)}, p), lambda p: atomic_write_bytes(p, bytes(900_000))):
     path = folder / "f.pt"

@@ -73,7 +73,6 @@ from segtrain.data.records import (
     SkipReport,
     UnknownLabelError,
 )
-from segtrain.fileio import is_regular_file
 
 __all__ = [
     "LABELS",
@@ -308,30 +307,23 @@ def load_cityscapes(
     """
     gt_root, img_root = storage.location(gt_dir), storage.location(images_dir)  # folders, or URLs (s3://...)
     col = Collector(on_error)
-    remote = storage.is_remote(gt_root)
-    gt_names: list[str] = []
-    image_names: set[str] | None = None
-    if remote:  # one listing of each folder tree, not a request per city folder and per image
-        gt_names = [n for n in storage.files_under(gt_root) if n.count("/") == 1 and n.endswith("_polygons.json")]
-        image_names = set(storage.files_under(img_root)) if storage.is_remote(img_root) else None
-    if not (gt_names if remote else gt_root.is_dir()):
+    # one listing of each folder tree: in a store, not a request per city folder and per image
+    gt_listed = storage.backend_for(gt_root).files_under(gt_root)
+    gt_names = [n for n in gt_listed if n.count("/") == 1 and n.endswith("_polygons.json")]
+    image_names = set(storage.backend_for(img_root).files_under(img_root))
+    if not gt_listed and not gt_root.is_dir():
         raise AnnotationError(
             f"{gt_root}: Cityscapes annotation folder does not exist; "
             "expected gtFine/<split> holding one folder per city"
         )
-    found = [gt_root / n for n in gt_names] if remote else gt_root.glob("*/*_polygons.json")
-    files = sorted((p for p in found if _SUFFIX.search(p.name)), key=lambda p: p.parts)  # as Paths sort
+    files = sorted((gt_root / n for n in gt_names if _SUFFIX.search(n)), key=lambda p: p.parts)  # as Paths sort
     if not files:
         raise AnnotationError(
             f"{gt_root}: no <city>/*_gtFine_polygons.json files; is this gtFine/<split> of a Cityscapes download?"
         )
 
     def image_exists(path: Any) -> bool:
-        if storage.is_remote(path):
-            if image_names is None:
-                return bool(path.is_file())
-            return f"{path.parent.name}/{path.name}" in image_names
-        return is_regular_file(path)
+        return f"{path.parent.name}/{path.name}" in image_names
 
     records: list[ImageRecord] = []
     for js in storage.reading_ahead(files, "Cityscapes annotation file", _MAX_JSON_BYTES):

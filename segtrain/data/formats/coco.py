@@ -48,7 +48,7 @@ import numpy as np
 
 import segtrain.data.index.polygon_text as polygon_text
 from segtrain import storage
-from segtrain.data.index.cache import cached_file_index, cached_index, file_fingerprint
+from segtrain.data.index.cache import cached_file_index
 from segtrain.data.index.json_chunks import NotSplittable, Structure, chunk_cuts, iter_chunks, parse_piece, skeleton
 from segtrain.data.index.reading import (
     Problems,
@@ -71,9 +71,9 @@ from segtrain.data.records import (
     positive_int,
 )
 from segtrain.data.targets.compiled import optional_kernels
-from segtrain.fileio import is_regular_file
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 from segtrain.launch_env import usable_cores
+from segtrain.storage.local_files import is_regular_file
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def load_coco(
     """
     ann_path, img_root = storage.location(annotations), storage.location(images)
     index = _cached(ann_path, max_image_pixels, cache_dir)
-    index = index.with_roots(path=str(img_root) if storage.is_remote(img_root) else img_root)
+    index = index.with_roots(path=storage.backend_for(img_root).native(img_root))
     index = index.with_consts(source=str(ann_path))
     warn_shared_names(index.meta["labels"], ann_path)
     index, report = finish(index, class_map, on_error, _describe)
@@ -137,16 +137,6 @@ def discover_classes_coco(
 def _cached(path: Path, max_image_pixels: int, cache_dir: str | os.PathLike | None) -> RecordIndex:
     """The class-independent index of ``path``, from the cache when it holds this content (one read). A remote
     object is keyed on what the store says of it (version or ETag, and size), read only to build."""
-    if storage.is_remote(path):
-        return cached_index(
-            "coco",
-            path,
-            lambda: {**file_fingerprint(path), "max_image_pixels": int(max_image_pixels)},
-            lambda: build_coco(
-                path, max_image_pixels, [read_annotation_file(path, "COCO annotation file", MAX_ANNOTATION_BYTES)]
-            ),
-            cache_dir,
-        )
     return cached_file_index(
         "coco",
         path,

@@ -67,7 +67,6 @@ from segtrain.data.records import (
     crowd_classes,
 )
 from segtrain.data.targets.panoptic_gt import panoptic_ground_truth
-from segtrain.fileio import is_regular_file
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 from segtrain.storage import read_bytes  # files, and URLs (s3://...)
 
@@ -307,7 +306,7 @@ def load_coco_panoptic(
         for im_id, rec in list(records.items()):
             for what, path in (("image", rec.path), ("panoptic PNG", rec.panoptic_png)):
                 assert path is not None  # both are set above for every record
-                if not (storage.location(path).is_file() if storage.is_remote(path) else is_regular_file(path)):
+                if not storage.backend_for(path).is_file(path):
                     del records[im_id]
                     col.image(f"{src}: image id {im_id}: {what} file not found: {path}; restore it, {_FIX_SKIP}")
                     break

@@ -127,7 +127,7 @@ def _list_paths(records: Sequence[ImageRecord]) -> list[tuple[str, list[str | No
     out = []
     for name, what in (("path", "image"), ("panoptic_png", "panoptic PNG")):
         values = [getattr(r, name) for r in records]
-        full = [None if v is None else str(v) if storage.is_remote(v) else os.fspath(v) for v in values]
+        full = [None if v is None else storage.backend_for(v).text(v) for v in values]
         out.append((what, full, full))
     return out
 
@@ -141,7 +141,7 @@ def confine_paths(
     """``records`` whose files all resolve inside ``roots``; the others raise :class:`OutsidePathError`
     (``on_error="raise"``) or are left out and listed in ``report`` (``"skip"``)."""
     fields = _index_paths(records) if isinstance(records, RecordIndex) else _list_paths(records)
-    resolver = _UrlResolver(roots) if any(storage.is_remote(r) for r in roots) else _Resolver(roots)
+    resolver = _Resolver(roots) if all(storage.backend_for(r).local for r in roots) else _UrlResolver(roots)
     bad: dict[int, str] = {}
     for what, shown, full in fields:
         for i, real in resolver.outside(full).items():

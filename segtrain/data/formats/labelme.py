@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import math
 import os
 import struct
@@ -52,7 +53,6 @@ from segtrain.data.records import (
     Instance,
     SkipReport,
 )
-from segtrain.fileio import open_regular
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 #: LabelMe shape types that are not areas: skipped silently.
@@ -86,7 +86,7 @@ def load_labelme(
     ``max_image_pixels``: images declared larger are errors (``dataset.max_image_pixels``)."""
     root = storage.location(folder)  # a folder, or a URL (s3://bucket/labelme)
     index = _index(root, cache_dir, max_image_pixels)
-    base = str(root) if storage.is_remote(root) else root  # a URL's columns join as text (see index.py)
+    base = storage.backend_for(root).native(root)  # a URL's columns join as text (see index.py)
     index = index.with_roots(path=base, path_alt=base, source=base)
     index, report = finish(index, class_map, on_error, _describe)
     return _resolve_images(index, root, on_error, report, check_files), report
@@ -106,50 +106,35 @@ def discover_classes_labelme(
 
 
 def _index(root: Any, cache_dir: Any, max_image_pixels: int) -> RecordIndex:
-    if storage.is_remote(root):  # one listing gives the names and what the store says of each (ETag, size)
-        listed = storage.files_under(root)
-        if not listed:
-            raise AnnotationError(f"{root}: LabelMe folder does not exist (nothing under this URL)")
-        names = sorted(n for n in listed if "/" not in n and n.endswith(".json"))
-        files = [root / n for n in names]
-        fingerprint = lambda: _remote_fingerprint({n: listed[n] for n in names})  # noqa: E731
-    else:
-        if not root.is_dir():
-            raise AnnotationError(f"{root}: LabelMe folder does not exist")
-        files = sorted(root.glob("*.json"))
-        fingerprint = lambda: _folder_fingerprint(files)  # noqa: E731
+    backend = storage.backend_for(root)
+    listed = backend.files_under(root, depth=1)  # in a store, what it says of each (ETag, size) comes with it
+    if not listed and not root.is_dir():
+        raise AnnotationError(f"{root}: LabelMe folder does not exist")
+    names = sorted(n for n in listed if n.endswith(".json"))
+    max_pixels = int(max_image_pixels)
+    files = [root / n for n in names]
     if not files:
         raise AnnotationError(f"{root}: no LabelMe *.json files in this folder")
     return cached_index(
         "labelme",
         root,
-        lambda: {**fingerprint(), "max_image_pixels": int(max_image_pixels)},
+        lambda: {**_folder_fingerprint(backend, root, {n: listed[n] for n in names}), "max_image_pixels": max_pixels},
         lambda: build_labelme(root, files, max_image_pixels),
         cache_dir,
     )
 
 
-def _folder_fingerprint(files: list[Path]) -> dict[str, Any]:
-    """Name, size and content hash of every JSON of the folder (content, never mtime: see index/cache.py)."""
-    h = hashlib.blake2b(digest_size=32)
-    for js in files:
-        try:
-            with os.fdopen(open_regular(js, "LabelMe file"), "rb") as f:  # never blocks on a FIFO
-                size, digest = os.fstat(f.fileno()).st_size, content_hash(f)
-        except OSError:  # unreadable: the build reports it
-            size, digest = None, ""
-        h.update(os.fsencode(js.name) + f"\0{size}\0{digest}\0".encode())
-    return {"files": len(files), "blake2b": h.hexdigest()}
-
-
-def _remote_fingerprint(listed: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Name, size and version (VersionId, else ETag) of every JSON of a remote folder, from its listing: the store
-    changes them with the content, so nothing is read to tell whether the cached index still holds."""
+def _folder_fingerprint(backend: storage.Backend, root: Any, listed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Name and fingerprint of every JSON of the folder: a store's version and size from its listing (nothing is
+    read), a local file's size and content hash (never its mtime: see index/cache.py)."""
     h = hashlib.blake2b(digest_size=32)
     for name, meta in listed.items():
-        version = next((meta[k] for k in ("VersionId", "ETag", "etag", "generation", "md5Hash") if meta.get(k)), "")
-        h.update(f"{name}\0{meta.get('size')}\0{str(version).strip(chr(34))}\0".encode())
-    return {"files": len(listed), "versions": h.hexdigest()}
+        try:
+            found = backend.fingerprint(root / name, content_hash, listed=meta)
+        except OSError:  # unreadable: the build reports it
+            found = {}
+        h.update(os.fsencode(name) + b"\0" + json.dumps(found, sort_keys=True).encode() + b"\0")
+    return {"files": len(listed), "blake2b": h.hexdigest()}
 
 
 def _describe(index: RecordIndex, j: int, t: int) -> str:
@@ -181,12 +166,12 @@ class _Listing:
         self.dirs: dict[str, frozenset[str]] = {}
 
     def __call__(self, path: Any) -> bool:
-        remote = storage.is_remote(path)
-        parent = str(path.parent) if remote else os.path.dirname(os.path.abspath(path))
+        backend = storage.backend_for(path)
+        parent = backend.absolute(path.parent)
         names = self.dirs.get(parent)
         if names is None:
             try:
-                names = frozenset(storage.names_in(parent) if remote else os.listdir(parent))
+                names = frozenset(backend.names_in(parent))
             except OSError:
                 names = frozenset()
             self.dirs[parent] = names
@@ -197,7 +182,7 @@ def _resolve_images(index: RecordIndex, root: Path, on_error: str, report: SkipR
     """Per image: the file at imagePath, the file of that name beside the JSON, or the embedded
     data; images with none of these are errors (or skipped)."""
     # a remote folder: its listing (opening each object to check its first bytes would be a request per image)
-    exists = _is_image_file if check_files and not storage.is_remote(root) else _Listing()
+    exists = _is_image_file if check_files and storage.backend_for(root).local else _Listing()
     n_stored = len(index.arrays["img/inst_off"]) - 1
     choice = np.zeros(n_stored, np.uint8)
     keep, problems = [], []
@@ -232,7 +217,7 @@ def _resolve_images(index: RecordIndex, root: Path, on_error: str, report: SkipR
 
 def _where(path: Any) -> str:
     """A path as one string to compare: a URL as written, a local path made absolute."""
-    return str(path) if storage.is_remote(path) else os.path.abspath(path)
+    return storage.backend_for(path).absolute(path)
 
 
 def _missing_image_problem(index: RecordIndex, j: int, js: Path) -> str:

@@ -250,7 +250,7 @@ def data_roots(ds: DatasetConfig, split: str) -> list[str | Path]:
     given = (split_value(ds, split, k) for k in fmt.split_keys if k in fmt.folder_keys)
     roots = [str(v) for v in given if v]
     roots += [ds.root] if ds.root else []
-    return [r if storage.is_remote(r) else Path(r) for r in roots]
+    return [storage.backend_for(r).native(r) for r in roots]
 
 
 def load_split(ds: DatasetConfig, split: str) -> tuple[Sequence[ImageRecord], SkipReport]:

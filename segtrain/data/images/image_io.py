@@ -2,7 +2,7 @@
 
 Order, so that no file can cost more than its real content:
 
-1. Read: :func:`segtrain.fileio.read_bytes` opens without blocking (a FIFO, device or folder is
+1. Read: :func:`segtrain.storage.local_files.read_bytes` opens without blocking (a FIFO, device or folder is
    refused at once) and reads at most 16 bytes per annotated pixel plus 64 MiB of metadata.
 2. Truncation: ``cv2.imdecode`` happily returns a partly grey image for a truncated JPEG (it
    only prints a libjpeg warning), so the encoded bytes are checked first:
@@ -44,9 +44,9 @@ import numpy as np
 
 from segtrain.data.images.image_header import ImageHeader, oriented_size, read_header
 from segtrain.errors import UserError
-from segtrain.fileio import UnsafeFileError
 from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS, OPENCV_LIMIT_VAR
 from segtrain.storage import read_bytes  # files, and URLs (s3://...)
+from segtrain.storage.local_files import UnsafeFileError
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -22,7 +22,8 @@ A single annotation file (:func:`cached_file_index`) is read once: the cache fil
 needs no read (the file's size and the options) and holds the content key in its header. When a cache
 file of that name exists, the file is hashed as it streams past (nothing kept) and the index mapped if
 the content key matches; otherwise the file is read once and its bytes are hashed and parsed, so the
-first start pays no second read.
+first start pays no second read. An object in a store is keyed on what the store says of its content (its
+version or ETag, and size: ``Backend.fingerprint``) instead of a hash, so a second start reads nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from typing import Any, BinaryIO
 from segtrain import storage
 from segtrain.config import expand_path
 from segtrain.data.index.record_index import RecordIndex, schema_fingerprint
-from segtrain.fileio import open_regular
 
 try:  # a dependency; without it the cache keys on BLAKE2b (same safety, slower second start)
     import xxhash
@@ -83,13 +83,7 @@ def bytes_hash(raw: bytes) -> str:
 def file_fingerprint(path: Path) -> dict[str, Any]:
     """Size and content hash of a regular file (FIFOs and devices are refused before any read). A remote object
     (s3://...) is keyed on what the store says of its content without reading it: its version or ETag, and size."""
-    if storage.is_remote(path):
-        version, size = storage.fingerprint(path)
-        return {"size": size, "version": version}
-    fd = open_regular(path, "annotation file")
-    with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        return {"size": size, "content": content_hash(f)}
+    return storage.backend_for(path).fingerprint(path, content_hash)
 
 
 def cache_key(kind: str, fingerprint: dict[str, Any]) -> str:
@@ -99,7 +93,7 @@ def cache_key(kind: str, fingerprint: dict[str, Any]) -> str:
 
 def cache_file(cache_dir: str | os.PathLike, kind: str, source: Path, key: str) -> Path:
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", source.name)[:60] or "data"
-    place = str(source) if storage.is_remote(source) else str(source.resolve())
+    place = storage.backend_for(source).absolute(source, follow_links=True)
     where = hashlib.sha256(place.encode("utf-8")).hexdigest()[:10]
     return expand_path(cache_dir) / "index" / f"{kind}-{stem}-{where}-{key[:24]}.idx"
 
@@ -133,8 +127,9 @@ def cached_file_index(
     checks and errors); ``build(holder)``: the index of ``holder[0]``, the bytes, which it may drop."""
     if not cache_dir:
         return build([read()])
+    backend = storage.backend_for(source)
     try:
-        size = os.stat(source).st_size
+        size = backend.size(source)
     except OSError:
         return build([read()])  # read() reports it in the caller's words
     path = cache_file(cache_dir, kind, source, cache_key(kind, {"size": size, **options}))
@@ -144,7 +139,7 @@ def cached_file_index(
 
     def read_and_build() -> tuple[RecordIndex, str]:
         raw = read()
-        key = cache_key(kind, {"size": len(raw), "content": bytes_hash(raw), **options})
+        key = cache_key(kind, {**backend.fingerprint(source, content_hash, raw), **options})
         holder = [raw]
         del raw
         return build(holder), key

@@ -19,8 +19,8 @@ from typing import Any
 
 from segtrain.data.index.record_index import RecordIndex
 from segtrain.data.records import ON_ERROR, AnnotationError, ClassMap, SkipReport, positive_int
-from segtrain.fileio import UnsafeFileError
 from segtrain.storage import StorageError, read_bytes  # files, and URLs
+from segtrain.storage.local_files import UnsafeFileError
 
 log = logging.getLogger(__name__)
 

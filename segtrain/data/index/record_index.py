@@ -168,14 +168,10 @@ class _Column:
         if c == "bytes":
             return raw
         s = raw.decode("utf-8")
-        if c == "path":
-            if self.root is not None and storage.is_remote(self.root):  # s3://bucket/images + name
-                return storage.location(storage.join_name(self.root, s))
-            return Path(self.root, s) if self.root is not None else Path(s)
+        if c == "path":  # s3://bucket/images + name joins as text (a Path would make it s3:/bucket)
+            return Path(s) if self.root is None else storage.location(storage.join_name(self.root, s))
         if c == "relstr":
-            if self.root is not None and storage.is_remote(self.root):
-                return storage.join_name(self.root, s)
-            return str(Path(self.root, s)) if self.root is not None else s
+            return s if self.root is None else storage.join_name(self.root, s)
         return s
 
 
@@ -424,7 +420,7 @@ class RecordIndex(Sequence[ImageRecord]):
         col = self._img_cols[name]
         if col.codec != "path":  # e.g. a column of only None (stored as int with nulls)
             values = [col.get(j) for j in stored.tolist()]
-            out = [None if v is None else str(v) if storage.is_remote(v) else os.fspath(v) for v in values]
+            out = [None if v is None else storage.backend_for(v).text(v) for v in values]
             return out, list(out)
         raw, off = col.data.tobytes(), col.off
         starts, stops = off[stored].tolist(), off[stored + 1].tolist()

@@ -1,47 +1,38 @@
-"""Paths that may be URLs: local files, ``file://``, and object stores (``s3://``, ``gs://``) through fsspec.
+"""Objects in a store (``s3://``, ``gs://``) through fsspec: the object-store half of :mod:`segtrain.storage`.
 
-Every path segtrain reads or writes on a user's behalf (a data set's root, its annotation files and images,
-``model.pretrained``, ``ckpt=``, ``resume=``, the checkpoint folder) goes through :func:`location`: a plain
-path or ``file://`` URL stays a :class:`pathlib.Path` (every local guarantee as before), anything else becomes
-a ``UPath`` (universal-pathlib over fsspec), which has the same methods (``/``, ``name``, ``exists``,
-``iterdir``, ``read_bytes``). Object stores need the ``storage`` extra (s3fs, gcsfs); without it a URL is one
-line naming ``pip install -e '.[storage]'``, and local paths never import any of it.
+A URL becomes a ``UPath`` (universal-pathlib over fsspec), with the methods a :class:`pathlib.Path` has (``/``,
+``name``, ``exists``, ``iterdir``). Object stores need the ``storage`` extra (s3fs, gcsfs); without it a URL is
+one line naming ``pip install -e '.[storage]'``, and local paths never import any of it.
 
 Credentials are the libraries' own (``AWS_ACCESS_KEY_ID``/``AWS_PROFILE``, ``GOOGLE_APPLICATION_CREDENTIALS``):
 none ever pass through a config, a log or a checkpoint. An S3-compatible store of a team's own (MinIO, Ceph) is
 named by the standard ``AWS_ENDPOINT_URL`` or the ``storage.endpoint_url`` config key (:func:`configure`).
 
-Requests are bounded (:mod:`segtrain.storage_limits`, the ``storage.*`` timeouts and retries): botocore retries
+Requests are bounded (:mod:`segtrain.storage.limits`, the ``storage.*`` timeouts and retries): botocore retries
 5xx, throttling, timeouts and dropped connections with backoff, each retry one warning, and s3fs adds no retry
 loop of its own on top; a missing object, a denied request or a store that never answered is one line naming
-the URL (:func:`storage_error`). Only ``s3://``, ``gs://`` and local paths are accepted (:data:`SCHEMES`). Each
-process has its own client: fsspec keys its instance cache on the process id, so a loader worker forked from
-the main process never shares the parent's connections or event loop.
+the URL (:func:`segtrain.storage.errors.storage_error`). Only ``s3://``, ``gs://`` and local paths are accepted
+(:data:`segtrain.storage.urls.SCHEMES`). Each process has its own client: fsspec keys its instance cache on the
+process id, so a loader worker forked from the main process never shares the parent's connections or event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from segtrain import fileio, object_reads, storage_limits
-from segtrain.errors import UserError
+import segtrain.storage.limits as storage_limits
+import segtrain.storage.object_reads as object_reads
+from segtrain.storage.errors import StorageError, client_failures, describe, storage_error
+from segtrain.storage.urls import SCHEMES, is_remote, scheme_of
 
-#: URL schemes that are local files (``file:///data/coco`` is ``/data/coco``).
-LOCAL_SCHEMES = ("file", "local")
-_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+#: Connections: as many as reads in flight (botocore's default pool of 10 would queue the rest).
 #: The package each protocol needs, for the one-line message when it is absent.
 _NEEDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
-#: The remote schemes segtrain reads and writes (anything else fsspec knows, ftp:// or http://, is refused in one
-#: line: it cannot hold a run's checkpoints, and none of its failures would be worded).
-SCHEMES = ("s3", "s3a", "gs", "gcs")
-#: Connections: as many as reads in flight (botocore's default pool of 10 would queue the rest).
 _POOL_CONNECTIONS = int(os.environ.get("SEGTRAIN_READ_AHEAD", "16")) + 4
 INSTALL_HINT = "pip install -e '.[storage]'"
 #: The parent's fsspec file systems, held for the life of a forked child (:func:`_hold_inherited_clients`).
@@ -68,39 +59,6 @@ def _hold_inherited_clients() -> None:
 
 
 os.register_at_fork(after_in_child=_hold_inherited_clients)
-
-
-class StorageError(UserError, OSError):
-    """A remote object is missing, denied, or its store unreachable; the message names the URL.
-
-    One that says the store could not be reached marks it so in the process that raises it, also when a loader
-    worker's error is raised again in the main process (made anew from its text): the run's way out then skips
-    the requests that would wait out the retries again (:func:`segtrain.storage_limits.unreachable`)."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        if args and isinstance(args[0], str) and UNREACHABLE_WORDS in args[0]:
-            storage_limits.mark_unreachable()
-
-
-#: How :func:`storage_error` begins the line of a store that did not answer.
-UNREACHABLE_WORDS = "cannot reach "
-
-
-def scheme_of(path: str | os.PathLike) -> str | None:
-    """The URL scheme of ``path`` (``s3``, ``gs``, ``file``), or None for a plain path."""
-    found = _URL.match(os.fspath(path))
-    return found.group(1).lower() if found else None
-
-
-def is_remote(path: str | os.PathLike | None) -> bool:
-    """True for a URL that is not a local file (``s3://``, ``gs://``, ``memory://``...)."""
-    if path is None:
-        return False
-    scheme = scheme_of(path) if isinstance(path, str | os.PathLike) else None
-    if scheme is None:
-        return getattr(path, "protocol", "") not in ("", "file", "local") and hasattr(path, "fs")
-    return scheme not in LOCAL_SCHEMES
 
 
 def configure(
@@ -140,7 +98,7 @@ def _options(scheme: str) -> dict[str, Any]:
 def _tuned(fs: Any) -> Any:
     """``fs`` (an fsspec file system) with segtrain's retry policy, once per instance: s3fs's own retry loop
     (5 tries of each of botocore's attempts, the 15-minute silence) reduced to one try, and each of botocore's
-    retries announced in a line (:func:`segtrain.storage_limits.observe_botocore_attempt`)."""
+    retries announced in a line (:func:`segtrain.storage.limits.observe_botocore_attempt`)."""
     if getattr(fs, "_segtrain_tuned", False) or type(fs).__name__ != "S3FileSystem":
         return fs
     fs.retries = 1
@@ -163,115 +121,38 @@ def _without_expect_continue(request: Any = None, **_: Any) -> None:
         del request.headers["Expect"]
 
 
-def client_failures() -> tuple[type[BaseException], ...]:
-    """What a client raises when a store fails: builtin OSError/ValueError (s3fs's translations, obstore's via
-    :func:`segtrain.object_reads.error_of`) and botocore's/aiohttp's own errors (a refused port, a read timeout,
-    a dropped connection), which are neither."""
-    found: list[type[BaseException]] = [OSError, ValueError]
-    for module, name in (("botocore.exceptions", "BotoCoreError"), ("aiohttp", "ClientError")):
-        loaded = sys.modules.get(module)
-        if loaded is not None:
-            found.append(getattr(loaded, name))
-    return tuple(found)
-
-
-def location(path: str | os.PathLike) -> Any:
-    """``path`` as a :class:`Path` (plain paths, ``file://``) or a ``UPath`` (object stores).
+def location(url: Any) -> Any:
+    """The ``UPath`` of ``url`` (a URL, or already a ``UPath``), its client tuned (:func:`_tuned`); one line when
+    the scheme is refused or its package is not installed.
 
     Typed ``Any`` because a ``UPath`` is a ``PathBase``, not a ``Path``: callers use the methods both have."""
-    if not isinstance(path, str | os.PathLike) or hasattr(path, "fs"):
-        return path  # already a UPath
-    text = os.fspath(path)
-    scheme = scheme_of(text)
-    if scheme is None:
-        return Path(text)
-    if scheme in LOCAL_SCHEMES:
-        return Path(_URL.sub("", text, count=1) or "/")
+    if hasattr(url, "fs"):
+        return url
+    url = str(url)
+    scheme = scheme_of(url) or ""
     if scheme not in SCHEMES:
         raise StorageError(
-            f"{text}: {scheme}:// is not supported; segtrain reads and writes s3:// and gs:// URLs and local paths "
+            f"{url}: {scheme}:// is not supported; segtrain reads and writes s3:// and gs:// URLs and local paths "
             "(docs/storage.md). Copy it to one of those"
         )
     try:
         from upath import UPath
 
-        found = UPath(text, **_options(scheme))
+        found = UPath(url, **_options(scheme))
         _tuned(found.fs)
         return found
     except ImportError as e:
         needs = _NEEDS.get(scheme, "the fsspec implementation for it")
         raise StorageError(
-            f"{text} is a {scheme}:// URL, which needs {needs} ({INSTALL_HINT}): {e.name or e} is not installed"
+            f"{url} is a {scheme}:// URL, which needs {needs} ({INSTALL_HINT}): {e.name or e} is not installed"
         ) from None
     except ValueError as e:  # fsspec: "Protocol not known"
-        raise StorageError(f"{text}: {e}") from None
-
-
-def join(base: Any, *parts: str) -> Any:
-    """``base / part / ...`` for a Path or a URL (a str URL becomes a UPath)."""
-    out = location(base)
-    for part in parts:
-        out = out / part
-    return out
-
-
-def describe(path: Any) -> str:
-    """The path as the user wrote it: ``s3://bucket/key`` for a remote one."""
-    return str(path)
-
-
-def storage_error(path: Any, err: BaseException, what: str = "object") -> StorageError:
-    """One line for a failed remote operation on ``path``: missing, denied, or (else) unreachable."""
-    name = describe(path)
-    subject = f"{name} ({what})" if what in ("writing", "deleting", "listing") else f"{what} {name}".strip()
-    text = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-    if isinstance(err, FileNotFoundError):
-        detail = "the bucket does not exist" if "bucket" in text.lower() else "no such object"
-        return StorageError(f"{subject} not found ({detail}): check the URL")
-    if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text or "403" in text:
-        return StorageError(
-            f"access to {name} denied ({text}): check the credentials the environment gives "
-            "(AWS_ACCESS_KEY_ID/AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS) and the bucket's policy"
-        )
-    if "NoCredentials" in type(err).__name__ or "Unable to locate credentials" in text:
-        return StorageError(
-            f"no credentials for {subject}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the "
-            "environment"
-        )
-    limits = storage_limits.current()
-    return StorageError(
-        f"{UNREACHABLE_WORDS}{subject}: {storage_limits.why(err)}, {limits.attempts} attempt(s) "
-        f"(storage.retries={limits.retries}) at {storage_limits.endpoint()}. Check that the store is up and that "
-        "AWS_ENDPOINT_URL/storage.endpoint_url names it (raise storage.read_timeout_s for a slow one)"
-    )
-
-
-#: Where a store client's code lives: an error raised through it is the store's, not a local file's.
-_CLIENT_CODE = ("/s3fs/", "/gcsfs/", "/botocore/", "/aiobotocore/", "/obstore/", "/upath/", "/fsspec/", "/aiohttp/")
-
-
-def client_failure(err: BaseException) -> StorageError | None:
-    """The one line for an error a store client raised outside segtrain's own wrappers (a ``UPath`` method such as
-    ``exists()`` called on a URL), None for any other error: a failure of botocore's or aiohttp's own types, or an
-    OSError raised from a client's code, names the store and what failed."""
-    if isinstance(err, UserError):
-        return None
-    own = type(err).__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "obstore")
-    tb = err.__traceback__
-    while not own and tb is not None:
-        own = any(part in tb.tb_frame.f_code.co_filename for part in _CLIENT_CODE)
-        tb = tb.tb_next
-    if not own or not isinstance(err, client_failures()):
-        return None
-    return storage_error(f"the object store at {storage_limits.endpoint()}", err, "")
+        raise StorageError(f"{url}: {e}") from None
 
 
 def read_bytes(path: Any, what: str = "object", max_bytes: int | None = None) -> bytes:
-    """The whole content of ``path``: a local file through :func:`segtrain.fileio.read_bytes` (never blocks,
-    bounded), a remote object in one GET (one line on failure, see :func:`storage_error`), served from the
-    read-ahead of :func:`prefetch` when it was asked for."""
-    if not is_remote(path):
-        return fileio.read_bytes(path, what, max_bytes)
+    """The whole content of the object at ``path`` in one GET (one line on failure, see :func:`storage_error`),
+    served from the read-ahead of :func:`prefetch` when it was asked for."""
     ahead = _AHEAD.pop(str(path), None)
     if ahead is not None:
         try:
@@ -361,15 +242,6 @@ async def _read_all(fs: Any, reads: list[tuple[Any, Future[bytes]]], what: str, 
     await asyncio.gather(*(one(p, f) for p, f in reads))
 
 
-def join_name(root: Any, name: str) -> str:
-    """``root/name`` as a string, for a folder or a URL (``os.path.join`` would be wrong for neither, but
-    ``Path`` turns ``s3://`` into ``s3:/``)."""
-    text = str(root)
-    if is_remote(text):
-        return text.rstrip("/") + "/" + name.lstrip("/")
-    return os.path.join(text, name)
-
-
 #: Reads in flight per process: the size of the clients' connection pools (and of the thread pool of a client
 #: without an event loop).
 READ_AHEAD_THREADS = int(os.environ.get("SEGTRAIN_READ_AHEAD", "16"))
@@ -381,8 +253,8 @@ _AHEAD_PID = os.getpid()
 def prefetch(paths: Iterable[Any], what: str = "image file", max_bytes: int | None = None, native: bool = True) -> int:
     """Start reading the remote ones of ``paths`` now: a store with 20-50 ms per request then serves a whole batch
     in about one round trip, while the caller decodes the first images. ``s3://`` objects go through obstore
-    where :func:`segtrain.object_reads.usable` allows (a fraction of s3fs's CPU per request); other async clients
-    (s3fs, gcsfs) issue them together as coroutines in their one event loop (no thread, no client per request);
+    where :func:`segtrain.storage.object_reads.usable` allows (a fraction of s3fs's CPU per request); other async
+    clients (s3fs, gcsfs) issue them together as coroutines in their one event loop (no thread, no client per request);
     any other runs them in this process's thread pool. :func:`read_bytes` takes the result (or its error) when
     the path is read. ``native=False`` keeps obstore out of this process: one that forks loader workers later
     (reading annotation files) must not start its runtime, which a fork does not carry over.
@@ -478,9 +350,10 @@ def names_in(folder: Any) -> list[str]:
     return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
 
-def files_under(folder: Any) -> dict[str, dict[str, Any]]:
+def files_under(folder: Any, depth: int | None = None) -> dict[str, dict[str, Any]]:
     """Every object under a remote folder (prefix), by its path relative to the folder, with the store's metadata
-    (size, ETag): one listing request per 1000 objects, where a walk would list each sub-folder."""
+    (size, ETag): one listing request per 1000 objects, where a walk would list each sub-folder. ``depth``: only
+    the objects at most that many levels down (1: directly in the folder), still from the one listing."""
     loc = location(folder)
     root = str(loc.path).rstrip("/") + "/"
     try:
@@ -489,7 +362,11 @@ def files_under(folder: Any) -> dict[str, dict[str, Any]]:
         return {}
     except client_failures() as e:
         raise storage_error(loc, e, "listing") from None
-    return {name[len(root) :]: dict(meta) for name, meta in found.items() if name.startswith(root)}
+    return {
+        name[len(root) :]: dict(meta)
+        for name, meta in found.items()
+        if name.startswith(root) and (depth is None or name[len(root) :].count("/") < depth)
+    }
 
 
 def info(path: Any) -> dict[str, Any] | None:
@@ -503,10 +380,11 @@ def info(path: Any) -> dict[str, Any] | None:
         raise storage_error(loc, e) from None
 
 
-def fingerprint(path: Any) -> tuple[str, int]:
+def fingerprint(path: Any, listed: dict[str, Any] | None = None) -> tuple[str, int]:
     """(version, size) identifying an object's content without reading it: its VersionId on a versioned bucket,
-    else its ETag (S3, MinIO, Ceph), generation (GCS) or modification time. Index caches key on it."""
-    meta = info(path)
+    else its ETag (S3, MinIO, Ceph), generation (GCS) or modification time. Index caches key on it. ``listed``:
+    what a listing said of the object (:func:`files_under`), which then costs no request."""
+    meta = listed or info(path)
     if meta is None:
         raise StorageError(f"{location(path)} not found (no such object): check the URL")
     for key in ("VersionId", "version_id", "generation", "ETag", "etag", "md5Hash", "LastModified", "mtime"):

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from segtrain import storage, storage_limits
+from segtrain import storage
 from segtrain.checkpoint import io as ckpt_io
+from segtrain.storage import limits as storage_limits
 from tests.helpers.s3_server import DUMMY_CREDENTIALS, S3Proxy, SilentStore, client_of, closed_port_endpoint
 
 #: How long an operation may take here before the test calls it hung (small timeouts make it seconds).

@@ -6,7 +6,7 @@ answers held a run silent for 15 minutes (s3fs retries each of botocore's retrie
 connections for 5. Both clients get the same bounds: ``connect_timeout_s`` to open a connection,
 ``read_timeout_s`` for each answer, and ``retries`` more attempts after a failed one (timeouts, refused or
 dropped connections, 5xx, throttling), with exponential backoff. Each retry is one warning naming the store and
-what it waited for; running out of attempts is one line naming the URL (:func:`segtrain.storage.storage_error`).
+what it waited for; running out of attempts is one line naming the URL (:func:`segtrain.storage.errors.storage_error`).
 
 The settings travel in the environment (``SEGTRAIN_STORAGE_*``, written by :func:`configure`), as the endpoint
 does in ``AWS_ENDPOINT_URL``: loader workers and child processes read the same values.

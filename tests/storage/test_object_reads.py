@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from segtrain import object_reads, storage
+from segtrain.storage import object_reads
+from segtrain.storage import object_store as storage  # its reads, writes and per-process clients
 from tests.helpers.s3_server import S3Proxy, client_of
 
 

@@ -144,7 +144,7 @@ def test_sigterm_saves_to_s3_and_resume_auto_on_a_fresh_node_is_exact(s3_server,
     assert f"{remote}/checkpoints/last.pt" in done.stdout + done.stderr
     # the first node's log, metrics and TensorBoard files came back: TensorBoard shows every step of the run
     assert "brought back" in done.stderr and "tb/events.out.tfevents." in done.stderr, done.stderr[-3000:]
-    from tests.test_storage_logs import tb_scalars
+    from tests.storage.test_remote_logs import tb_scalars
 
     assert [step for step, _ in tb_scalars(second, "loss/total")] == list(range(1, 13))
     first_records = (first / "metrics.jsonl").read_text().splitlines()

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from segtrain import object_reads, storage
+from segtrain import storage
+from segtrain.storage import object_reads
 from tests.helpers.s3_server import S3Proxy, child_env, client_of, s3_client
 
 
@@ -70,9 +71,9 @@ def test_a_coco_folder_on_s3_loads_and_its_images_are_read_in_loader_workers(coc
 
 LOADER_CHILD = """
 import sys, torch
-from segtrain import object_reads
+from segtrain.storage import object_reads
 from segtrain.data import build_dataset
-from tests.test_storage_data import coco_config
+from tests.storage.test_data_in_store import coco_config
 dataset = build_dataset(coco_config(sys.argv[1], sys.argv[2]), "train")
 loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2, collate_fn=list)
 print(sorted(int(item["index"]) for batch in loader for item in batch), object_reads._STARTED_BY is None)

@@ -1,4 +1,4 @@
-"""fileio.read_bytes: refuses what is not a regular file, bounds the size, allocates what the file holds."""
+"""local_files.read_bytes: refuses what is not a regular file, bounds the size, allocates what the file holds."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from segtrain.fileio import UnsafeFileError, read_bytes
+from segtrain.storage.local_files import UnsafeFileError, read_bytes
 
 
 def _vm_peak_mib() -> float:

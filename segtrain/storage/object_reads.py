@@ -5,13 +5,14 @@ cores that decode the images; obstore does both in Rust, well under 1 ms. With a
 difference between a loader that keeps up with a store 30 ms away and one that is CPU-bound (docs/storage.md).
 
 Optional (``pip install -e '.[storage]'`` brings it): without obstore, or where it cannot honour what s3fs
-would, :func:`usable` says no and :mod:`segtrain.storage` reads through s3fs as before. obstore reads the same
-environment as botocore (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_REGION`` or
-``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``, which the ``storage.endpoint_url`` key sets); credentials only
-botocore resolves (profiles, SSO, instance roles) keep the reads on s3fs. Requests have the ``storage.*`` bounds
-(:mod:`segtrain.storage_limits`: obstore's ``connect_timeout`` and ``read_timeout``) and are retried here, not
-inside obstore (its ``RetryConfig`` makes one attempt), so that each retry says its line: 5xx, throttling,
-timeouts and dropped connections, ``storage.retries`` times with exponential backoff, as s3fs's botocore does.
+would, :func:`usable` says no and :mod:`segtrain.storage.object_store` reads through s3fs as before. obstore reads
+the same environment as botocore (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``,
+``AWS_REGION`` or ``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``, which the ``storage.endpoint_url`` key sets);
+credentials only botocore resolves (profiles, SSO, instance roles) keep the reads on s3fs. Requests have the
+``storage.*`` bounds (:mod:`segtrain.storage.limits`: obstore's ``connect_timeout`` and ``read_timeout``) and are
+retried here, not inside obstore (its ``RetryConfig`` makes one attempt), so that each retry says its line: 5xx,
+throttling, timeouts and dropped connections, ``storage.retries`` times with exponential backoff, as s3fs's
+botocore does.
 
 One client per process: obstore's runtime (tokio) does not survive a fork, so it is started only in the loader's
 worker processes, which fork nothing (a main process that read through it would leave its workers, forked later,
@@ -20,7 +21,7 @@ without a client: the doctor measures 0 workers before 2), and a process whose p
 
 Errors come back as the builtin types s3fs raises (:class:`FileNotFoundError` for a missing key or bucket,
 :class:`PermissionError` for a denied request, :class:`OSError` else), with the store's error code as their
-text, so :func:`segtrain.storage.storage_error` words them alike for both clients.
+text, so :func:`segtrain.storage.errors.storage_error` words them alike for both clients.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
-from segtrain import storage_limits
+import segtrain.storage.limits as storage_limits
 
 #: ``SEGTRAIN_S3_READER``: ``auto`` (obstore in loader workers), ``obstore`` (in any process), ``fsspec`` (never:
 #: a comparison, or a store obstore cannot talk to).
@@ -49,7 +50,7 @@ _ENV_KEYS = (
     "AWS_DEFAULT_REGION",
     "AWS_ENDPOINT_URL",
 )
-#: obstore's own retries are off: :func:`_get` retries, announcing each (:func:`segtrain.storage_limits.retrying`).
+#: obstore's own retries are off: :func:`_get` retries, announcing each (:func:`segtrain.storage.limits.retrying`).
 _RETRY: dict[str, Any] = {
     "max_retries": 0,
     "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=10), "base": 2},
@@ -154,7 +155,7 @@ def error_of(err: BaseException) -> OSError:
 
 def _transport_failure(text: str) -> str | None:
     """What a request that got no answer met, from object_store's debug text (its first line says only "error
-    sending request"), in :func:`segtrain.storage_limits.why`'s words; None when the text names none."""
+    sending request"), in :func:`segtrain.storage.limits.why`'s words; None when the text names none."""
     limits = storage_limits.current()
     if "ConnectionRefused" in text:
         return "the connection was refused (nothing listens there)"
