@@ -270,7 +270,7 @@ class ObjectStoreBackend(Backend):
 
     @contextlib.contextmanager
     def writing_locally(self, path: Any) -> Iterator[Path]:
-        with tempfile.TemporaryDirectory(prefix="segtrain-export-") as folder:
+        with tempfile.TemporaryDirectory(prefix="segtrain-upload-") as folder:
             local = Path(folder) / str(path).rsplit("/", 1)[-1]
             yield local
             object_store.write_bytes(path, local.read_bytes())
