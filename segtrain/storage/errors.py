@@ -6,6 +6,7 @@ one is worded here, so a failing store reads alike whichever client met it.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -26,6 +27,8 @@ class StorageError(UserError, OSError):
             storage_limits.mark_unreachable()
 
 
+#: HTTP 403 in a client's text ("An error occurred (403)"), not three digits of a port or an address (":34035").
+_STATUS_403 = re.compile(r"(?<![\d:.])403(?!\d)")
 #: How :func:`storage_error` begins the line of a store that did not answer.
 UNREACHABLE_WORDS = "cannot reach "
 
@@ -55,7 +58,7 @@ def storage_error(path: Any, err: BaseException, what: str = "object") -> Storag
     if isinstance(err, FileNotFoundError):
         detail = "the bucket does not exist" if "bucket" in text.lower() else "no such object"
         return StorageError(f"{subject} not found ({detail}): check the URL")
-    if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text or "403" in text:
+    if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text or _STATUS_403.search(text):
         return StorageError(
             f"access to {name} denied ({text}): check the credentials the environment gives "
             "(AWS_ACCESS_KEY_ID/AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS) and the bucket's policy"
