@@ -14,6 +14,8 @@ from typing import Any
 
 from torch import nn
 
+from segtrain.checkpoint.backbone import backbone_name
+
 
 @dataclass
 class LoadReport:
@@ -65,7 +67,7 @@ def held_vs_asked(
         return None
     held, held_names = dict(stored["model"]), _names_of(stored.get("dataset"))
     held_n = _int_or_none(held.get("num_classes")) or (len(held_names) or None)
-    named_backbone = bool(getattr(model, "backbone_name", None))
+    named_backbone = bool(backbone_name(model))
     wanted = _section(asked, "model")
     if wanted is not None:
         asked_names = _names_of(_section(asked, "dataset"))
@@ -89,7 +91,7 @@ def held_vs_asked(
         rows = report.mismatched + report.reinitialised
         counts = Counter(b[0] for _, a, b in rows if a and b and a[0] == held_n and b[0] != held_n)
         asked_n = counts.most_common(1)[0][0] if counts else None
-        asked_text = _describe(type(model).__name__, getattr(model, "backbone_name", None), asked_n, [])
+        asked_text = _describe(type(model).__name__, backbone_name(model), asked_n, [])
         tail = ""
         held_backbone = held.get("backbone") if named_backbone else None
     held_text = _describe(held.get("name"), held_backbone, held_n, held_names)

@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from segtrain.checkpoint.backbone import backbone_of, dropped_keys, weights_prefix
 from segtrain.checkpoint.io import CheckpointError
 from segtrain.checkpoint.keys import canonical_key, state_dict_of, strip_wrappers
 from segtrain.checkpoint.load_report import LoadReport, held_vs_asked
@@ -34,11 +35,11 @@ def _candidates(model: nn.Module, state: Mapping[str, Tensor], target: str) -> l
     if target in ("auto", "model"):
         own = model.state_dict()
         out.append(("model", model, own, {canonical_key(k, own): v for k, v in state.items()}))
-    backbone = getattr(model, "backbone", None)
-    if target in ("auto", "backbone") and isinstance(backbone, nn.Module):
+    backbone = backbone_of(model)
+    if target in ("auto", "backbone") and backbone is not None:
         own = backbone.state_dict()
         # a backbone holding its network under a name (timm's, under "model.") says so: a file has its bare names
-        held = str(getattr(backbone, "weights_prefix", ""))
+        held = weights_prefix(backbone)
         for prefix in _BACKBONE_PREFIXES:
             plain = {strip_wrappers(k): v for k, v in state.items()}
             cand = {k[len(prefix) :]: v for k, v in plain.items() if k.startswith(prefix)}
@@ -80,7 +81,7 @@ def load_weights(
     report = LoadReport(source=source, target=name, weights=weights)
     fitting: dict[str, Tensor] = {}
     # a backbone's classifier parts it does not hold (timm's head): ignored like _CLASSIFIER_PREFIXES
-    dropped: frozenset[str] = getattr(module, "dropped_keys", frozenset())
+    dropped = dropped_keys(module)
     for k, v in mapped.items():
         if k not in own:
             if name == "backbone" and (k.startswith(_CLASSIFIER_PREFIXES) or k in dropped):

@@ -158,6 +158,17 @@ def config_dir() -> Path:
 # --------------------------------------------------------------------------- model
 #: Models whose name fixes their backbone (models/mask2former.py PRESETS): ``model.backbone`` must say the same.
 MODEL_BACKBONES = {"mask2former_tiny": "resnet_tiny", "mask2former_r50": "resnet50", "mask2former_swin_t": "swin_t"}
+#: What each built-in model outputs (models/contract.py ``OutputKind``; building a model refuses a disagreement),
+#: read torch-free by the data pipeline to build only the targets its loss reads. A model named by import path is
+#: not listed: it gets every dense target.
+MODEL_OUTPUTS = {
+    "tiny_panoptic": "centres",
+    "panoptic_deeplab": "centres",
+    "deeplabv3": "semantic",
+    "fcn": "semantic",
+    "lraspp": "semantic",
+    **{name: "queries" for name in MODEL_BACKBONES},
+}
 
 
 @dataclass

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from segtrain.config.placement import DEVICE, decide
+from segtrain.config.schema import MODEL_OUTPUTS
 
 if TYPE_CHECKING:
     import torch
@@ -42,17 +43,13 @@ if TYPE_CHECKING:
     from segtrain.config import Config
     from segtrain.data.mappers import CpuMapper, DeviceMapper, Reader, StageTimer
 
-#: Built-in models whose loss reads the semantic output only (``instance_aware = False``; tests/models/test_models.py
-#: keeps the two equal): their pipelines build semantic targets only. A user's own semantic-only model still
-#: gets every target (correct, only slower).
-SEMANTIC_ONLY_MODELS = frozenset({"deeplabv3", "fcn", "lraspp"})
-
 
 def instance_targets(cfg: Config) -> bool:
-    """Does ``cfg``'s model train on centre/offset targets (False: semantic and its weight only)?"""
-    model = getattr(cfg, "model", None)
-    name = getattr(model, "name", None) if model is not None else None
-    return str(name) not in SEMANTIC_ONLY_MODELS
+    """Does ``cfg``'s model train on centre/offset targets (False: semantic and its weight only)? What the
+    built-in models output is declared in ``MODEL_OUTPUTS``; a model named by import path gets every target
+    (correct, only slower for a semantic-only one)."""
+    name = getattr(getattr(cfg, "model", None), "name", None)
+    return MODEL_OUTPUTS.get(str(name)) != "semantic"
 
 
 #: What the trainer applies to each collated batch on the device: ``step(batch, epoch, step_in_epoch)``.

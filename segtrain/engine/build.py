@@ -46,6 +46,7 @@ from segtrain.engine.warmup import warm_kernels
 from segtrain.errors import UserError
 from segtrain.evaluation.evaluator import evaluate, evaluators_for
 from segtrain.evaluation.inference import native_forward
+from segtrain.models.contract import contract_of
 
 log = logging.getLogger("segtrain.trainer")
 
@@ -149,7 +150,7 @@ def _build(
 
 def _validates_panoptic(cfg: Config, model: nn.Module) -> bool:
     """Whether validation runs Panoptic-DeepLab's post-processing (evaluators_for's rule)."""
-    return bool(cfg.trainer.val_panoptic and getattr(model, "instance_aware", False))
+    return bool(cfg.trainer.val_panoptic and contract_of(model).instance_aware)
 
 
 def fit(
@@ -305,7 +306,7 @@ def check_metric_available(cfg: Config, model: nn.Module) -> None:
 
     metric = cfg.trainer.checkpoint.metric
     if metric in PANOPTIC_METRICS:
-        if not getattr(model, "instance_aware", False):
+        if not contract_of(model).instance_aware:
             raise ConfigError(
                 f"trainer.checkpoint.metric={metric}: model {cfg.model.name} is semantic-only, so validation reports "
                 "miou and pixel_acc only; use trainer.checkpoint.metric=miou"

@@ -17,6 +17,7 @@ from torch import nn
 
 from segtrain.config import ConfigError
 from segtrain.distributed import unwrap
+from segtrain.models.contract import contract_of
 
 
 def parse_patterns(freeze: Any) -> list[str]:
@@ -56,7 +57,7 @@ def apply_freeze(model: nn.Module, freeze: Any) -> list[str]:
         hits = [n for n in names if _matches(n, pattern)]
         if not hits:
             tops = sorted({n.split(".")[0] for n in names})
-            if pattern.split(".")[0] == "backbone" and not isinstance(getattr(net, "backbone", None), nn.Module):
+            if pattern.split(".")[0] == "backbone" and contract_of(net).backbone is None:
                 raise ConfigError(
                     f"freeze={pattern}: {type(net).__name__} has no `backbone` submodule. Name the modules to freeze "
                     f"(its top-level modules: {', '.join(tops)}), e.g. freeze={tops[0]}, or give the model a "

@@ -37,6 +37,7 @@ from segtrain.engine.recorder import FILE_ONLY
 from segtrain.engine.trainer import HookBase
 from segtrain.evaluation.evaluator import PanopticSpec
 from segtrain.evaluation.visualize import PANEL_TITLES, overlay_heatmap, overlay_panoptic, titled_row, to_uint8_image
+from segtrain.models.contract import OutputKind, contract_of
 from segtrain.registry import Registry
 
 if TYPE_CHECKING:
@@ -271,7 +272,8 @@ class TensorBoardImages(HookBase):
         finally:
             net.train(was_training)
         pred = out["semantic"].argmax(1)
-        spec = self.spec if "center" in out else None
+        contract = contract_of(net)
+        spec = self.spec if contract.outputs is OutputKind.CENTRES else None  # panels with a centre heatmap
         names = list(spec.class_names) if spec is not None else self.class_names
         skip = (0,) if spec is None or spec.background_class == 0 else ()
         divisor = spec.label_divisor if spec is not None else POSTPROCESS.label_divisor
@@ -289,7 +291,7 @@ class TensorBoardImages(HookBase):
             if spec is not None:
                 gt_map, gt_segments = spec.ground_truth(batch, i)
                 gt_pan = segments_to_panoptic(gt_map, gt_segments, spec.label_divisor)
-                pan, _ = spec.segment(pred[i], out["center"][i].float(), out["offset"][i].float())
+                pan, _ = contract.segment(spec, out, i, pred[i])
                 for p_map in (gt_pan, pan[0].cpu().numpy()):
                     row.append(
                         overlay_panoptic(

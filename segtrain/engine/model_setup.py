@@ -20,10 +20,11 @@ from segtrain.data import PolygonDataset, collate
 from segtrain.device import autocast, to_channels_last, to_device, use_channels_last
 from segtrain.distributed import DistInfo, all_reduce_
 from segtrain.engine.freeze import apply_freeze, freeze_report
-from segtrain.engine.losses import compute_losses
 from segtrain.engine.sync_bn import convert_sync_batchnorm
 from segtrain.errors import UserError
 from segtrain.models import build_model
+from segtrain.models.contract import contract_of
+from segtrain.models.losses import MASKS, global_denominators
 
 log = logging.getLogger("segtrain.model")
 
@@ -60,8 +61,8 @@ def find_unused_parameters(
     probe = copy.deepcopy(model).train()
     device = next(probe.parameters()).device
     batch = to_device(batch, device)
-    criterion = getattr(probe, "criterion", None)
-    if criterion is not None and "class_labels" not in batch:  # validation items: mask targets from their ids
+    crit = contract_of(probe).criterion
+    if crit.terms == MASKS and "class_labels" not in batch:  # validation items: mask targets from their ids
         from segtrain.data import mask_targets
 
         per_image = [
@@ -72,14 +73,14 @@ def find_unused_parameters(
         batch.update(lists)
     with autocast(device, precision):
         out = probe(batch["image"])
-    compute_losses(out, batch, loss_cfg, criterion=criterion)["total"].backward()
+    crit(out, batch, loss_cfg, global_denominators(crit.denominators(batch, loss_cfg)))["total"].backward()
     return [n for n, p in probe.named_parameters() if p.requires_grad and p.grad is None]
 
 
 def is_convolutional(model: nn.Module) -> bool:
-    """What ``trainer.channels_last=auto`` asks of a model: its ``convolutional`` attribute when it has one (a
-    transformer with a convolutional stem says False), else whether it holds any 2-D convolution."""
-    said = getattr(model, "convolutional", None)
+    """What ``trainer.channels_last=auto`` asks of a model: what its contract says when it says (a transformer
+    with a convolutional stem says False), else whether it holds any 2-D convolution."""
+    said = contract_of(model).convolutional
     if said is not None:
         return bool(said)
     return any(isinstance(m, nn.Conv2d) for m in model.modules())

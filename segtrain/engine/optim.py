@@ -17,6 +17,7 @@ from torch import nn
 
 from segtrain.config import ConfigError, OptimConfig, ScheduleConfig
 from segtrain.distributed import unwrap
+from segtrain.models.contract import contract_of
 from segtrain.registry import Registry
 
 OptimizerBuilder = Callable[[list[dict[str, Any]], OptimConfig], torch.optim.Optimizer]
@@ -41,28 +42,29 @@ def param_groups(
     ``backbone_lr * layer_decay ** (n - i)``, one group per layer, the heads at the full rate."""
     if layer_decay != 1.0 and backbone_lr is None:
         raise ValueError("layer_decay scales the backbone's learning rate: pass backbone_lr too")
-    backbone = getattr(model, "backbone", None)
-    if backbone_lr is not None and not isinstance(backbone, nn.Module):
+    contract = contract_of(model)
+    backbone = contract.backbone
+    if backbone_lr is not None and backbone is None:
         key = "optim.layer_decay" if layer_decay != 1.0 else "optim.backbone_lr_mult"
         raise ConfigError(
             f"{key} applies to model.backbone, and {type(model).__name__} has no `backbone` submodule; leave {key}=1"
         )
-    if layer_decay != 1.0 and not callable(getattr(backbone, "layer_ids", None)):
+    layers = contract.layer_ids() if layer_decay != 1.0 else None
+    if layer_decay != 1.0 and layers is None:
         raise ConfigError(
             f"optim.layer_decay needs a backbone that numbers its layers (a timm one: model.backbone=timm:<name>), "
             f"and {type(backbone).__name__} does not; leave optim.layer_decay=1"
         )
     layer_of: dict[int, int] = {}  # id(parameter) -> its backbone layer; the heads are absent
     top = 0
-    if isinstance(backbone, nn.Module) and backbone_lr is not None:
+    if backbone is not None and backbone_lr is not None:
         ids: dict[str, int] = {}
-        if layer_decay != 1.0:
-            ids, top = backbone.layer_ids()  # type: ignore[operator]
+        if layers is not None:
+            ids, top = layers
         layer_of = {id(p): ids.get(n, top) for n, p in backbone.named_parameters()}
     exempt: set[int] = set()
-    no_weight_decay = getattr(backbone, "no_weight_decay", None)
-    if no_decay_norm_bias and isinstance(backbone, nn.Module) and callable(no_weight_decay):
-        names = no_weight_decay()
+    if no_decay_norm_bias and backbone is not None:
+        names = contract.no_weight_decay()
         exempt = {id(p) for n, p in backbone.named_parameters() if n in names}
     buckets: dict[tuple[int, bool], list[nn.Parameter]] = {}  # (layer, -1 for the heads; decays)
     for module in model.modules():

@@ -1,5 +1,6 @@
 """The training loop. One optimiser step reads top to bottom in :meth:`Trainer.run_step`; :meth:`Trainer.train`
-is the loop over epochs and steps that calls the hooks (hooks.py) around it; losses are in losses.py.
+is the loop over epochs and steps that calls the hooks (hooks.py) around it. The loss is the model's contract's
+criterion (``models.contract``), so the step knows no model family.
 
 The Trainer is built from objects, not from a config: ``Trainer(model, optimizer, scheduler, scaler, loader,
 hooks=[...])`` trains (tests build it from a tiny model and a list of batches); ``build.py`` assembles one
@@ -29,12 +30,13 @@ from segtrain.checkpoint.loader import load_weights
 from segtrain.device import autocast, to_device
 from segtrain.distributed import DistInfo, all_reduce_, is_dist, unwrap
 from segtrain.engine.ema import ModelEMA
-from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms, rank_share
 from segtrain.engine.optim import scaler_step, scheduler_step
 from segtrain.engine.profiling import Nvtx
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.step_checks import StepChecks, Verdict
 from segtrain.errors import NonFiniteError, Preempted, mark_running
+from segtrain.models.contract import contract_of
+from segtrain.models.losses import rank_share
 from segtrain.preemption import StopSignals, stop_point
 
 if TYPE_CHECKING:
@@ -219,8 +221,7 @@ class Trainer:
         self.state = TrainState()
         self.events = Events()
         self.hooks: list[HookBase] = []
-        self.terms = loss_terms(unwrap(model))
-        self.criterion = getattr(unwrap(model), "criterion", None)  # a model's own loss (Mask2Former)
+        self.criterion = contract_of(model).criterion  # the model's loss: the step knows no model family
         self.params = [p for p in unwrap(model).parameters() if p.requires_grad]
         self.buffers = list(unwrap(model).buffers())
         self.nvtx = Nvtx(self.settings.nvtx)
@@ -317,7 +318,7 @@ class Trainer:
             with nvtx("augment"):
                 batch = self.batch_step(batch, self.state.epoch, self.state.step_in_epoch)
         micro = split_batch(batch, st.accumulate)
-        local = torch.stack([loss_denominators(mb, st.loss, self.terms) for mb in micro]).sum(0)
+        local = torch.stack([self.criterion.denominators(mb, st.loss) for mb in micro]).sum(0)
         vote = self._votes[1:] if self.signals.pending else self._votes[:1]
         packed = torch.cat([local, vote.to(local.dtype)])
         if is_dist():
@@ -334,7 +335,7 @@ class Trainer:
                 with nvtx("forward"), autocast(self.device, st.precision):
                     outputs = self.model(mb["image"])
                 with nvtx("loss"):
-                    losses = compute_losses(outputs, mb, st.loss, denominators, self.criterion)
+                    losses = self.criterion(outputs, mb, st.loss, denominators)
                 with nvtx("backward"):
                     self.scaler.scale(losses["total"]).backward()
             for k, v in losses.items():

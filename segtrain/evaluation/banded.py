@@ -329,8 +329,10 @@ def pictures(
     classes: list[str],
     spec: PanopticSpec | None,
     seg_ids: np.ndarray | None = None,
+    heatmap: bool = True,
 ) -> dict[str, Callable[[], np.ndarray]]:
-    """``suffix -> make()`` for every PNG of ``segtrain.predict``, each made only when asked (one at a time)."""
+    """``suffix -> make()`` for every PNG of ``segtrain.predict``, each made only when asked (one at a time);
+    ``heatmap``: the model outputs a centre heatmap to draw (its contract's kind is centres, not queries)."""
     skip = (0,) if spec is not None and spec.background_class == 0 else ()
     divisor = spec.label_divisor if spec is not None else POSTPROCESS.label_divisor
     step = band_rows(rgb.shape[1], BAND_PIXELS)
@@ -372,7 +374,7 @@ def pictures(
         return picture
 
     made.update({"_panoptic.png": panoptic, "_panoptic_ids.png": id_png})
-    if "center" in out:  # not Mask2Former's per-query outputs
+    if heatmap:
         made["_center.png"] = center
     return made
 

@@ -37,6 +37,7 @@ from segtrain.evaluation.instance_ap import (
     rle_from_id_map,
 )
 from segtrain.evaluation.metrics import ConfusionMatrix, LabelRangeError, PanopticQuality
+from segtrain.models.contract import ModelContract, OutputKind, contract_of
 from segtrain.models.mask2former_postprocess import panoptic_inference
 from segtrain.models.postprocess import panoptic_segmentation
 
@@ -240,7 +241,8 @@ def ids_at_size(id_map: torch.Tensor, size: tuple[int, int], scale: float) -> to
 
 class PanopticEvaluator:
     """``pq``, ``sq``, ``rq``, ``pq_th``, ``pq_st`` (COCO panoptic rules) and mask ``ap``, ``ap50``, ``ap75``,
-    ``aps``, ``apm``, ``apl``, ``ap_per_class`` (COCOeval) from the semantic, centre and offset outputs.
+    ``aps``, ``apm``, ``apl``, ``ap_per_class`` (COCOeval) from the panoptic map the model's contract makes of
+    its outputs (centres and offsets, or queries).
 
     PQ scores against the panoptic ground truth built from the painted instance map (non-overlapping
     segments, ``data.panoptic_gt``). AP, given the data set's ``records``, scores against the
@@ -257,6 +259,7 @@ class PanopticEvaluator:
     def __init__(
         self,
         spec: PanopticSpec,
+        contract: ModelContract,
         with_ap: bool = True,
         on_image: Callable[..., None] | None = None,
         records: Sequence[Any] | None = None,
@@ -264,6 +267,7 @@ class PanopticEvaluator:
         max_image_pixels: int | None = None,
     ) -> None:
         self.spec = spec
+        self.contract = contract  # which post-processing makes the panoptic map
         self.with_ap = with_ap
         self.on_image = on_image
         self.records = records
@@ -307,17 +311,11 @@ class PanopticEvaluator:
         t0 = time.perf_counter()
         semantic = outputs["semantic"].float()
         classes = semantic.argmax(1)
-        queries = "mask_logits" in outputs  # Mask2Former: segments from its queries, scored by their class
-        prob = semantic.softmax(1) if self.ap is not None and not queries else None
+        # AP scores: a centre model's from its class probabilities, a query model's from its queries' classes
+        scored = self.ap is not None and self.contract.outputs is OutputKind.CENTRES
+        prob = semantic.softmax(1) if scored else None
         for i in range(classes.shape[0]):
-            if queries:
-                panoptic, instances = self.spec.segment_queries(
-                    outputs["class_logits"][i].float(), outputs["mask_logits"][i].float()
-                )
-            else:
-                panoptic, instances = self.spec.segment(
-                    classes[i], outputs["center"][i].float(), outputs["offset"][i].float()
-                )
+            panoptic, instances = self.contract.segment(self.spec, outputs, i, classes[i])
             pred_map, pred_segments = self.spec.prediction(panoptic)
             gt_map, gt_segments = self.spec.ground_truth(batch, i)
             self.pq.update(pred_map, pred_segments, gt_map, gt_segments, self.spec.background_mask(batch, i))
@@ -376,11 +374,13 @@ def evaluators_for(
     the validation data set's (``dataset.records``): AP then scores against the annotations themselves,
     and an out-of-range label names its image."""
     evs: list[Evaluator] = [SemanticEvaluator(cfg.model.num_classes, device, records)]
-    if panoptic and getattr(unwrap(model), "instance_aware", False):
+    contract = contract_of(model)
+    if panoptic and contract.instance_aware:
         size = (cfg.dataset.input_size[0], cfg.dataset.input_size[1])
         evs.append(
             PanopticEvaluator(
                 PanopticSpec.from_config(cfg),
+                contract,
                 records=records,
                 input_size=size,
                 max_image_pixels=cfg.dataset.max_image_pixels,

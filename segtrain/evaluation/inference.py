@@ -21,6 +21,7 @@ from segtrain.config import MAX_SLIDING_WINDOWS, Config, ConfigError
 from segtrain.data import inference_size, prepare_input
 from segtrain.device import autocast
 from segtrain.models import build_model
+from segtrain.models.contract import contract_of
 
 log = logging.getLogger("segtrain.inference")
 
@@ -47,7 +48,7 @@ def sliding_window(net: nn.Module, image: torch.Tensor, window: tuple[int, int],
         out = list(range(0, max(size - win, 0) + 1, stride))
         return out if out[-1] == size - win else [*out, size - win]
 
-    if getattr(net, "query_outputs", False):
+    if not contract_of(net).dense:
         raise ConfigError(
             "inference.mode=sliding averages dense outputs over windows; this model's per-query outputs "
             "(Mask2Former) do not average: use inference.mode=fit or pad"

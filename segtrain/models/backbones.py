@@ -58,7 +58,7 @@ def resnet_backbone(name: str, output_stride: int) -> tuple[nn.Module, dict[str,
     else:
         net = builder(weights=None, replace_stride_with_dilation=dilate)
     layers = {"layer1": "res2", "layer2": "res3", "layer4": "res5"}
-    channels = {new: out_channels(getattr(net, old)) for old, new in layers.items()}
+    channels = {new: out_channels(net.get_submodule(old)) for old, new in layers.items()}
     # Keeps conv1 ... layer4 under their own names, drops avgpool/fc (no unused parameters).
     return IntermediateLayerGetter(net, return_layers=layers), channels
 

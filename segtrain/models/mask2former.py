@@ -2,8 +2,8 @@
 
 Nothing is downloaded: the backbone is transformers' own ResNet or Swin built from its config
 (``use_pretrained_backbone=False``; ``model.pretrained=PATH`` loads local weights as for every model).
-The wrapper keeps segtrain's model contract: [0, 1] RGB in, ImageNet normalisation inside, a ``.backbone``
-to freeze, ``instance_aware`` (panoptic evaluation), and a ``criterion`` the trainer calls with the batch.
+The wrapper keeps segtrain's model contract (``contract()``): [0, 1] RGB in, ImageNet normalisation inside, a
+``.backbone`` to freeze, per-query outputs (panoptic evaluation from its queries), and its own criterion.
 
 Outputs, training mode: ``class_logits`` (B, Q, C+1; the last column is "no object"), ``mask_logits``
 (B, Q, H/4, W/4) and the decoder layers' auxiliary predictions ``aux_class_logits`` (L, B, Q, C+1),
@@ -28,7 +28,9 @@ from torch import Tensor, nn
 
 from segtrain.config.checks import check_fixed_backbone
 from segtrain.config.schema import MODEL_BACKBONES, ModelConfig
+from segtrain.models.contract import ModelContract, OutputKind
 from segtrain.models.heads import IMAGENET_MEAN, IMAGENET_STD
+from segtrain.models.losses import OwnCriterion
 from segtrain.models.registry import ModelSpec, register_model
 
 log = logging.getLogger("segtrain.models")
@@ -164,10 +166,7 @@ def _criterion(config: Any, weights: dict[str, float]) -> nn.Module:
 class Mask2Former(nn.Module):
     """transformers' ``Mask2FormerForUniversalSegmentation`` behind segtrain's model contract (module doc)."""
 
-    instance_aware = True
     convolutional = False  # a transformer decoder: trainer.channels_last=auto leaves it contiguous
-    query_outputs = True  # per-query class/mask logits, not centre/offset maps (predict, sliding windows)
-    loss_terms = ("masks",)
     pixel_mean: Tensor
     pixel_std: Tensor
 
@@ -201,6 +200,12 @@ class Mask2Former(nn.Module):
         masks = F.interpolate(masks, size=images.shape[-2:], mode="bilinear", align_corners=False)
         semantic = torch.einsum("bqc,bqhw->bchw", classes.softmax(-1)[..., :-1], masks.sigmoid())
         return {"semantic": semantic, "class_logits": classes, "mask_logits": masks}
+
+    def contract(self) -> ModelContract:
+        """Per-query class and mask logits, trained by its own loss (:meth:`criterion`)."""
+        return ModelContract(
+            OutputKind.QUERIES, OwnCriterion(self.criterion), self.backbone, convolutional=self.convolutional
+        )
 
     def criterion(self, outputs: dict[str, Tensor], batch: dict[str, Any], num_masks: Tensor) -> dict[str, Tensor]:
         """``{"class", "mask", "dice", "total"}``: transformers' weighted loss over the final and auxiliary

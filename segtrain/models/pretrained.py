@@ -32,6 +32,7 @@ from segtrain.checkpoint.keys import state_dict_of
 from segtrain.checkpoint.load_report import LoadReport
 from segtrain.checkpoint.loader import load_weights
 from segtrain.config import ConfigError
+from segtrain.models.contract import contract_of
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +144,7 @@ def load_file(model: nn.Module, source: str, trust: bool) -> Pretrained:
 @register_scheme("timm")
 def load_timm(model: nn.Module, source: str, trust: bool) -> Pretrained:
     """``model.pretrained=timm``: timm's published weights for ``model.backbone=timm:<name>`` (downloads)."""
-    backbone = getattr(model, "backbone", None)
-    fetch = getattr(backbone, "hub_state_dict", None)
+    fetch = contract_of(model).hub_weights()
     if fetch is None:
         raise ConfigError(
             "model.pretrained=timm needs a timm backbone (model.backbone=timm:<name>); for other backbones pass "
@@ -168,7 +168,7 @@ def torchvision_state_dict(model: nn.Module, name: str) -> dict[str, Tensor]:
     """Resolve e.g. ``ResNet50_Weights.IMAGENET1K_V2`` or (for the model's backbone) ``IMAGENET1K_V2``."""
     from torchvision.models import get_model_weights, get_weight
 
-    arch = getattr(model, "backbone_name", None)
+    arch = contract_of(model).backbone_name
     if arch is not None and arch.startswith("timm:"):
         raise CheckpointError(
             f"model.pretrained={name!r} names torchvision weights; for model.backbone={arch} use model.pretrained=timm "

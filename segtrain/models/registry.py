@@ -15,6 +15,8 @@ from omegaconf.errors import MissingMandatoryValue
 from torch import nn
 
 from segtrain.config import ConfigError, ModelConfig, check_value
+from segtrain.config.schema import MODEL_OUTPUTS
+from segtrain.models.contract import ModelContractError, OutputKind, contract_of, output_shapes
 from segtrain.registry import Registry, check_call, raised_at
 
 Builder = Callable[..., nn.Module]  # builder(spec, **model.kwargs)
@@ -147,10 +149,6 @@ def check_builder(builder: Any, name: str, kwargs: Mapping[str, Any]) -> None:
         raise ModelContractError(f"{e} (model.kwargs gives the keyword arguments; docs/models.md)") from None
 
 
-class ModelContractError(ConfigError, TypeError):
-    """A builder or the model it returned breaks the contract (docs/models.md); the message says which part."""
-
-
 _PROBE = 64  # side of the image a user's model is tried on when it is built
 
 
@@ -160,24 +158,28 @@ def check_contract(model: Any, spec: ModelSpec, user: bool = True) -> None:
     name = spec.name
     if not isinstance(model, nn.Module):
         raise ModelContractError(f"model.name={name}: the builder returned {type(model).__name__}, not an nn.Module")
-    aware = getattr(model, "instance_aware", False)
-    if not isinstance(aware, bool):
-        raise ModelContractError(f"model.name={name}: `instance_aware` must be True or False, got {aware!r}")
-    backbone = getattr(model, "backbone", None)
-    if backbone is not None and not isinstance(backbone, nn.Module):
-        raise ModelContractError(f"model.name={name}: `backbone` must be a submodule, got {type(backbone).__name__}")
+    try:
+        contract = contract_of(model)
+    except ModelContractError as e:
+        raise ModelContractError(f"model.name={name}: {e}") from None
+    declared = MODEL_OUTPUTS.get(name)
+    if not user and declared is not None and declared != contract.outputs:
+        raise ModelContractError(
+            f"model.name={name} outputs {contract.outputs.value!r}, but config.schema.MODEL_OUTPUTS declares "
+            f"{declared!r} (the data pipeline builds its targets from that declaration): make them agree"
+        )
     if user:
-        _check_outputs(model, spec, aware)
+        _check_outputs(model, spec, contract.outputs)
 
 
-def _check_outputs(model: nn.Module, spec: ModelSpec, aware: bool) -> None:
+def _check_outputs(model: nn.Module, spec: ModelSpec, kind: OutputKind) -> None:
     """The outputs' names and shapes in both modes: eval (validation, inference) and train, the mode training
     runs the network in (a forward may differ there: dropout, auxiliary heads, a branch on ``self.training``).
     Train mode takes a batch of 2 (BatchNorm needs more than one value per channel); the model's buffers (BN
     statistics) and the random streams are left as they were."""
     import torch
 
-    wanted = {"semantic": spec.num_classes, **({"center": 1, "offset": 2} if aware else {})}
+    wanted = output_shapes(kind, spec.num_classes)
     was_training = model.training
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     try:

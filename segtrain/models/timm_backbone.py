@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from segtrain.config import ConfigError
 from segtrain.config.checks import TIMM_PREFIX, check_timm_backbone
+from segtrain.models.contract import DecayExempting
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class TimmBackbone(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Parameters timm exempts from weight decay besides norms and biases (a ViT's position embedding and class
         token), by their names in this module."""
-        names: set[str] = set(getattr(self.model, "no_weight_decay", set)())
+        names = set(self.model.no_weight_decay()) if isinstance(self.model, DecayExempting) else set()
         own = {n for n, _ in self.named_parameters()}
         return {self.weights_prefix + n for n in names} & own
 

@@ -27,6 +27,7 @@ from segtrain.evaluation.cityscapes_export import CityscapesExport
 from segtrain.evaluation.evaluator import PanopticEvaluator, PanopticSpec, evaluate, evaluators_for
 from segtrain.evaluation.inference import model_from_checkpoint, native_forward
 from segtrain.evaluation.panoptic_export import CocoPanopticExport
+from segtrain.models.contract import contract_of
 from segtrain.storage.local_files import atomic_write_bytes
 
 log = logging.getLogger("segtrain.evaluate")
@@ -194,12 +195,13 @@ def evaluate_checkpoint(cfg: Config, blob: Any, dist: DistInfo, run_dir: Path) -
     """Metrics of the checkpoint in ``cfg.ckpt`` on ``dataset.val``; rank 0 prints them and writes ``eval.json``."""
     names = export_names(cfg.evaluate.export)
     model = model_from_checkpoint(cfg, blob, dist.device)
-    panoptic = cfg.evaluate.panoptic and bool(getattr(model, "instance_aware", False))
+    aware = contract_of(model).instance_aware
+    panoptic = cfg.evaluate.panoptic and aware
     for name in names:
         if EXPORTS[name].needs_panoptic and not panoptic:  # before the data set loads
             why = (
                 "evaluate.panoptic=false; set evaluate.panoptic=true"
-                if getattr(model, "instance_aware", False)
+                if aware
                 else f"model.name={cfg.model.name} of {cfg.ckpt} is semantic-only (not instance-aware); "
                 "evaluate a panoptic model's checkpoint"
             )

@@ -53,6 +53,7 @@ from segtrain import storage
 from segtrain.checkpoint.loader import load_checkpoint_weights
 from segtrain.config import EXPORT_FORMATS, Config, ConfigError, check_value, to_container
 from segtrain.models import build_model
+from segtrain.models.contract import OutputKind, contract_of
 from segtrain.storage.local_files import temp_beside
 
 log = logging.getLogger("segtrain.export")
@@ -551,7 +552,7 @@ def _export(cfg: Config, blob: Any, local: Path, output: Any) -> ExportResult:
         )
 
     dynamic = ex.dynamic
-    if dynamic and fmt != "torchscript" and getattr(model, "query_outputs", False):
+    if dynamic and fmt != "torchscript" and contract_of(model).outputs is OutputKind.QUERIES:
         # transformers' Mask2Former specialises its shapes when traced: a "dynamic" graph would fix them anyway
         log.info("%s exports to %s at a fixed input size (dataset.input_size %dx%d)", cfg.model.name, fmt, h, w)
         dynamic = False

@@ -53,6 +53,7 @@ from segtrain.evaluation.banded import (
 )
 from segtrain.evaluation.evaluator import PanopticSpec
 from segtrain.evaluation.inference import model_from_checkpoint
+from segtrain.models.contract import OutputKind, contract_of
 from segtrain.storage.local_files import atomic_write_bytes
 
 log = logging.getLogger("segtrain.predict")
@@ -188,8 +189,9 @@ def predict(cfg: Config, blob: Any, device: torch.device) -> list[Path]:
     model = model_from_checkpoint(cfg, blob, device)
     precision = effective_precision(cfg.trainer.precision, device)
     classes = [str(c) for c in cfg.dataset.classes]
-    spec = PanopticSpec.from_config(cfg) if getattr(model, "instance_aware", False) else None
-    queries = bool(getattr(model, "query_outputs", False))  # Mask2Former: segments from its queries, no centres
+    contract = contract_of(model)
+    spec = PanopticSpec.from_config(cfg) if contract.instance_aware else None
+    queries = contract.outputs is OutputKind.QUERIES  # segments from its queries, no centres
     suffixes = OUTPUT_SUFFIXES if spec is not None else OUTPUT_SUFFIXES[:2]
     check_outputs(cfg, root, files, out_dir, names, tuple(s for s in suffixes if not (queries and s == "_center.png")))
     written: list[Path] = []
@@ -209,7 +211,7 @@ def predict(cfg: Config, blob: Any, device: torch.device) -> list[Path]:
             json_path = Path(f"{base}_segments.json")
             atomic_write_bytes(json_path, json.dumps(describe_banded(out, pred, spec, seg_ids, segments)).encode())
             written.append(json_path)
-        for suffix, make in pictures(rgb, out, pred, classes, spec, seg_ids).items():
+        for suffix, make in pictures(rgb, out, pred, classes, spec, seg_ids, not queries).items():
             _write_png(Path(f"{base}{suffix}"), make())  # one picture at a time
             written.append(Path(f"{base}{suffix}"))
         del out, pred

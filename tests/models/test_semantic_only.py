@@ -10,20 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from segtrain.data.pipeline import SEMANTIC_ONLY_MODELS, instance_targets, plan_pipeline
+from segtrain.data.pipeline import instance_targets, plan_pipeline
 from segtrain.data.targets.builders import make_targets
 from segtrain.data.targets.device_targets import make_targets_torch
 
 INSTANCE_KEYS = ("center", "offset", "center_weight", "offset_weight")
-
-
-def test_declared_names_are_the_semantic_only_builtins():
-    from segtrain.models.panoptic_deeplab import PanopticDeepLab
-    from segtrain.models.tiny import TinyPanoptic
-    from segtrain.models.torchvision_models import BUILDERS, TorchvisionSegmentation
-
-    assert set(BUILDERS) == SEMANTIC_ONLY_MODELS and TorchvisionSegmentation.instance_aware is False
-    assert PanopticDeepLab.instance_aware and TinyPanoptic.instance_aware
 
 
 def _case(seed: int, h: int = 48, w: int = 64):
