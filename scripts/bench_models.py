@@ -25,9 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from segtrain.config import compose  # noqa: E402
-from segtrain.engine.losses import compute_losses  # noqa: E402
 from segtrain.engine.optim import build_optimizer  # noqa: E402
 from segtrain.models import build_model  # noqa: E402
+from segtrain.models.losses import compute_losses  # noqa: E402
 
 SIZE, BATCH, CLASSES = 256, 2, 4
 #: name -> overrides of the config (presets as configs/model/ gives them, then timm backbones)

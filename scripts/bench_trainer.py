@@ -69,8 +69,8 @@ from segtrain.device import to_device  # noqa: E402
 from segtrain.distributed import DistInfo, unwrap  # noqa: E402
 from segtrain.engine.build import step_trainer  # noqa: E402
 from segtrain.engine.hooks import default_hooks  # noqa: E402
-from segtrain.engine.losses import compute_losses  # noqa: E402
 from segtrain.engine.recorder import Recorder, setup_logging  # noqa: E402
+from segtrain.models.losses import compute_losses  # noqa: E402
 
 
 def main() -> None:

