@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from segtrain.config import compose  # noqa: E402
+from segtrain.data.formats.catalog import class_map_of  # noqa: E402
 from segtrain.data.formats.coco_panoptic import load_coco_panoptic, rasterise_panoptic, read_segment_ids  # noqa: E402
-from segtrain.data.formats.registry import class_map_of  # noqa: E402
 from segtrain.data.images.image_io import read_image  # noqa: E402
 
 

@@ -224,7 +224,7 @@ def device_side(ds: PolygonDataset, batch: int = 8, repeats: int = 3, where: str
     into the padded float batch), best of ``repeats`` passes over the set, in batches of ``batch``."""
     from segtrain.data.dataset import collate
     from segtrain.data.images.device_decode import decode_batch
-    from segtrain.device import to_device
+    from segtrain.runtime.device import to_device
 
     device = torch.device(where)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

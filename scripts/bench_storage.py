@@ -47,7 +47,7 @@ from segtrain.config import compose  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
 from segtrain.data.formats.synthetic import ensure_synthetic  # noqa: E402
 from segtrain.data.loaders import EpochSampler, build_loader  # noqa: E402
-from segtrain.distributed import DistInfo  # noqa: E402
+from segtrain.runtime.distributed import DistInfo  # noqa: E402
 from segtrain.storage import object_reads  # noqa: E402
 from tests.helpers.s3_server import S3Proxy, s3_client, start_moto_process  # noqa: E402  (moto on loopback, the delaying proxy)
 

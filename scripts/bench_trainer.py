@@ -65,12 +65,12 @@ from segtrain.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from segtrain.config import compose, to_container  # noqa: E402
 from segtrain.data import build_dataset  # noqa: E402
 from segtrain.data.dataset import collate  # noqa: E402
-from segtrain.device import to_device  # noqa: E402
-from segtrain.distributed import DistInfo, unwrap  # noqa: E402
 from segtrain.engine.build import step_trainer  # noqa: E402
 from segtrain.engine.hooks import default_hooks  # noqa: E402
 from segtrain.engine.recorder import Recorder, setup_logging  # noqa: E402
 from segtrain.models.losses import compute_losses  # noqa: E402
+from segtrain.runtime.device import to_device  # noqa: E402
+from segtrain.runtime.distributed import DistInfo, unwrap  # noqa: E402
 
 
 def main() -> None:

@@ -62,8 +62,8 @@ def measure(freeze: bool, collect: bool, workers: int, epochs: int, overrides: l
     from segtrain.data import build_dataset
     from segtrain.data.dataset import PolygonDataset
     from segtrain.data.loaders import EpochSampler, Loader, build_loader
-    from segtrain.distributed import DistInfo
-    from segtrain.models.registry import build_model
+    from segtrain.models.factory import build_model
+    from segtrain.runtime.distributed import DistInfo
 
     if not freeze:  # the loader started as a plain DataLoader starts its workers
         Loader._get_iterator = DataLoader._get_iterator  # type: ignore[method-assign]

@@ -7,7 +7,7 @@ import json
 
 from omegaconf import DictConfig
 
-from segtrain.entry import run_entry
+from segtrain.cli.hydra_main import run_entry
 from segtrain.storage.local_files import atomic_write_bytes
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from segtrain.entry import checkpoint_config, run_entry
+from segtrain.cli.hydra_main import checkpoint_config, run_entry
 
 
 def job(cfg: DictConfig, output_dir: str, notes: list[str]) -> None:
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.session import session
-    from segtrain.tools.evaluate import evaluate_checkpoint
+    from segtrain.tools.evaluate_checkpoint import evaluate_checkpoint
 
     cfg, blob = checkpoint_config(cfg, "evaluate", notes)
     with session(cfg, output_dir, "evaluate.log", notes=notes) as (dist, run_dir):

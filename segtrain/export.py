@@ -12,7 +12,7 @@ import sys
 
 from omegaconf import DictConfig
 
-from segtrain.entry import checkpoint_config, run_entry
+from segtrain.cli.hydra_main import checkpoint_config, run_entry
 
 ALIASES = {"format": "export.format"}
 

@@ -16,8 +16,8 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from segtrain.cli.hydra_main import checkpoint_config, run_entry
 from segtrain.config import Config, checkpoint_sources
-from segtrain.entry import checkpoint_config, run_entry
 
 log = logging.getLogger("segtrain.finetune")
 

@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 
-from segtrain.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
+from segtrain.core.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
 
 
 def user_error_only(exitcodes: list[int]) -> bool:
@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
         raise
     except SignalException as e:
         # The agent passed the signal on to every worker and waited for them: they finished their step, saved
-        # last.pt and said so in one line (segtrain.preemption); torchrun itself would add its traceback, status 1.
+        # last.pt and said so in one line (segtrain.runtime.preemption); torchrun itself would add its traceback,
+        # status 1.
         _wait_for_workers(shutdown)
         if shutdown.killed:
             print(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from segtrain.entry import checkpoint_config, run_entry
+from segtrain.cli.hydra_main import checkpoint_config, run_entry
 
 
 def job(cfg: DictConfig, output_dir: str, notes: list[str]) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from segtrain.entry import run_entry
-from segtrain.sweep import objective
+from segtrain.cli.hydra_main import run_entry
+from segtrain.cli.sweep import objective
 
 
 def job(cfg: DictConfig, output_dir: str, notes: list[str]) -> float | None:
-    """Train; returns the run's best ``trainer.checkpoint.metric`` (what a Hydra sweeper optimises: sweep.py)."""
+    """Train; returns the run's best ``trainer.checkpoint.metric`` (what a Hydra sweeper optimises: cli/sweep.py)."""
     # imported here: a config mistake is reported before torch loads (seconds on a busy machine)
     from segtrain.engine.build import fit
     from segtrain.engine.session import session

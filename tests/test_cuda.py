@@ -36,7 +36,7 @@ from segtrain.data.targets.builders import make_targets
 from segtrain.data.targets.device_targets import BatchTargets, make_targets_torch
 from segtrain.data.transforms.augmentations import build_pipeline
 from segtrain.data.transforms.device_augment import DeviceAugment
-from segtrain.device import to_device
+from segtrain.runtime.device import to_device
 from tests.helpers.proc_utils import child_env, run_module
 
 pytestmark = pytest.mark.cuda
@@ -202,7 +202,7 @@ def test_non_blocking_copies_from_pinned_memory_give_the_same_batch(tmp_path, mo
     is busy (the copies really run asynchronously) and the freed pinned buffers are reused at once."""
     from segtrain.data import build_dataset
     from segtrain.data.loaders import build_loader
-    from segtrain.distributed import DistInfo
+    from segtrain.runtime.distributed import DistInfo
 
     monkeypatch.setenv("SEGTRAIN_CACHE", str(tmp_path))
     dev = torch.device("cuda", torch.cuda.current_device())

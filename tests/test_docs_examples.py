@@ -266,9 +266,9 @@ def _user_model(block: Block, tmp_path: Path, monkeypatch) -> None:
 def _user_hook(block: Block, tmp_path: Path, monkeypatch) -> None:
     """docs/training-and-distributed.md's my_hooks.py, named as the page says, called by a real Trainer step."""
     from segtrain.config import compose
-    from segtrain.distributed import DistInfo
     from segtrain.engine.build import step_trainer
     from segtrain.engine.hooks import user_hooks
+    from segtrain.runtime.distributed import DistInfo
 
     module_snippet(block, tmp_path, monkeypatch)
     cfg = compose(["experiment=cpu_smoke", "+trainer.hooks=[{name: my_hooks:PrintLR, every: 50}]"])
@@ -309,8 +309,8 @@ def _trainer_state(block: Block, tmp_path: Path, monkeypatch) -> None:
     import torch
 
     from segtrain.config import compose
-    from segtrain.distributed import DistInfo
     from segtrain.engine.build import step_trainer
+    from segtrain.runtime.distributed import DistInfo
 
     cfg = compose(["experiment=cpu_smoke"])
     torch.manual_seed(1)

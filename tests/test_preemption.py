@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from segtrain.preemption import StopSignals, stop_point
+from segtrain.runtime.preemption import StopSignals, stop_point
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="POSIX signals")
 
@@ -32,7 +32,7 @@ def received(signals: StopSignals, *sigs: signal.Signals) -> None:
 def test_rank_0_says_the_stop_once_and_the_first_signal_names_it(caplog, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     signals = StopSignals(stop_point(2))
-    with caplog.at_level(logging.WARNING, logger="segtrain.preemption"):
+    with caplog.at_level(logging.WARNING, logger="segtrain.runtime.preemption"):
         received(signals, signal.SIGTERM, signal.SIGUSR1)  # torchrun's agent may follow SLURM's signal with its own
     assert signals.received == "SIGTERM"
     assert [r.getMessage() for r in caplog.records] == [
@@ -42,6 +42,6 @@ def test_rank_0_says_the_stop_once_and_the_first_signal_names_it(caplog, monkeyp
     caplog.clear()
     monkeypatch.setenv("RANK", "1")
     other = StopSignals(stop_point(2))
-    with caplog.at_level(logging.WARNING, logger="segtrain.preemption"):
+    with caplog.at_level(logging.WARNING, logger="segtrain.runtime.preemption"):
         received(other, signal.SIGTERM)
     assert other.received == "SIGTERM" and caplog.records == [], "another rank stays quiet: rank 0 says it"

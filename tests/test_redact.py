@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from segtrain import redact
+from segtrain.runtime import redact
 from tests.helpers.proc_utils import child_env, run_module
 
 

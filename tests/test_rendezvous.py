@@ -1,4 +1,4 @@
-"""``segtrain.distributed.rendezvous`` with no rank 0 to join (RANK=1 WORLD_SIZE=2 left over outside torchrun):
+"""``segtrain.runtime.distributed.rendezvous`` with no rank 0 to join (RANK=1 WORLD_SIZE=2 left over outside torchrun):
 the wait ends at ``trainer.ddp.rendezvous_timeout_s`` by segtrain's own clock. c10d's client, given a timeout,
 keeps retrying for about twice as long (a 60 s timeout still waited at 90 s)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from segtrain.distributed import rendezvous
-from segtrain.errors import RendezvousError
+from segtrain.core.errors import RendezvousError
+from segtrain.runtime.distributed import rendezvous
 from tests.helpers.proc_utils import free_port
 
 

@@ -70,11 +70,11 @@ def test_no_second_copy_of_a_default_in_the_source():
 
 
 def test_schema_choices_are_the_modules_tuples():
-    from segtrain import device
     from segtrain.config.checks import CHOICES as choices
     from segtrain.data import mappers, records
     from segtrain.data.index import reading as loading
     from segtrain.data.targets import panoptic_gt
+    from segtrain.runtime import device
     from segtrain.tools import export
 
     assert choices["dataset.on_error"] is records.ON_ERROR is loading.ON_ERROR
@@ -88,7 +88,7 @@ def test_schema_choices_are_the_modules_tuples():
 
 def test_model_spec_mirrors_the_model_section():
     """ModelSpec (what builders get) has exactly the schema's fields, with the same types."""
-    from segtrain.models.registry import ModelSpec
+    from segtrain.models.factory import ModelSpec
 
     def fields(cls) -> dict[str, str]:
         return {f.name: str(f.type) for f in dataclasses.fields(cls)}
@@ -120,7 +120,7 @@ def test_panoptic_exports_known_to_the_config_are_the_tools():
     """The config check refuses panoptic exports with evaluate.panoptic=false before torch loads; its list is
     the tool's table (groups expanded)."""
     from segtrain.config import PANOPTIC_EXPORTS
-    from segtrain.tools.evaluate import EXPORT_GROUPS, EXPORTS
+    from segtrain.tools.evaluate_checkpoint import EXPORT_GROUPS, EXPORTS
 
     panoptic = {n for n, fmt in EXPORTS.items() if fmt.needs_panoptic}
     groups = {g for g, names in EXPORT_GROUPS.items() if set(names) & panoptic}
@@ -178,7 +178,7 @@ def test_every_declared_rule_is_refused_in_its_phase_only(key: str, schema: Dict
 
 def test_model_spec_holds_to_the_declared_rules() -> None:
     """``model_spec`` (a model built from Python, no config) refuses what the config refuses, with its message."""
-    from segtrain.models.registry import model_spec
+    from segtrain.models.factory import model_spec
 
     for key, wrong in (("width", 2000), ("decoder_channels", 0), ("output_stride", 4), ("num_classes", 0)):
         with pytest.raises(ConfigError) as e:

@@ -1,4 +1,4 @@
-"""The sweep's checks before its first job, and the summary's choice among tied jobs (segtrain/sweep.py)."""
+"""The sweep's checks before its first job, and the summary's choice among tied jobs (segtrain/cli/sweep.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from segtrain.config import ConfigError
-from segtrain.sweep import (
+from segtrain.cli.sweep import (
     SUMMARY,
     check_launcher,
     check_repeated_keys,
@@ -16,6 +15,7 @@ from segtrain.sweep import (
     summary_line,
     write_result,
 )
+from segtrain.config import ConfigError
 
 OPTUNA = {"_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper", "n_trials": 4}
 

@@ -8,9 +8,9 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
+from segtrain.cli.sweep import SUMMARY, check_direction, summarise, write_result
 from segtrain.config import ConfigError, check_overrides
 from segtrain.config import checks as config_checks
-from segtrain.sweep import SUMMARY, check_direction, summarise, write_result
 from tests.helpers.proc_utils import run_module
 
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e '.[sweep]'")

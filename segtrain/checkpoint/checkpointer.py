@@ -21,8 +21,8 @@ from torch import nn
 from segtrain.checkpoint import io
 from segtrain.checkpoint.nonfinite import non_finite_tensors
 from segtrain.checkpoint.rng import capture_rng
-from segtrain.distributed import all_gather_object, unwrap
-from segtrain.errors import NonFiniteError
+from segtrain.core.errors import NonFiniteError
+from segtrain.runtime.distributed import all_gather_object, unwrap
 
 log = logging.getLogger(__name__)
 

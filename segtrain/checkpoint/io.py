@@ -28,7 +28,7 @@ from typing import IO, Any
 import torch
 
 from segtrain import storage
-from segtrain.errors import UserError
+from segtrain.core.errors import UserError
 from segtrain.storage.local_files import no_room_error
 
 log = logging.getLogger(__name__)

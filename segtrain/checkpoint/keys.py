@@ -17,8 +17,8 @@ from torch import Tensor
 from segtrain.checkpoint.io import CheckpointError
 
 #: The one wrapper rule: DDP / DataParallel hold the model as ``.module``, torch.compile as ``._orig_mod``,
-#: and their state dicts carry these names as key prefixes. :func:`segtrain.distributed.unwrap` removes the wrappers,
-#: :func:`canonical_key` their prefixes.
+#: and their state dicts carry these names as key prefixes. :func:`segtrain.runtime.distributed.unwrap` removes
+#: the wrappers, :func:`canonical_key` their prefixes.
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 _LAYOUT_PREFIXES = ("model.",)  # other people's checkpoints nest the model's keys under "model."
 NESTED_KEYS = ("model", "state_dict", "model_state_dict")

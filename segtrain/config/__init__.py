@@ -68,7 +68,7 @@ from segtrain.config.schema import (
     TrainerConfig,
     config_dir,
 )
-from segtrain.errors import ConfigError
+from segtrain.core.errors import ConfigError
 
 __all__ = [
     "BACKGROUND_NAMES",

@@ -26,7 +26,7 @@ from segtrain.config.schema import (
     SegtrainConfig,
     config_dir,
 )
-from segtrain.errors import ConfigError
+from segtrain.core.errors import ConfigError
 
 _GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment", "hparams_search")
 
@@ -450,7 +450,7 @@ def check_loggers(cfg: DictConfig) -> None:
 
 def check_registered(cfg: DictConfig) -> None:
     """Values that name registry entries (``model.name``, ``optim.name``, ``trainer.hooks``...) must exist."""
-    from segtrain.registry import DECLARED, UnknownChoiceError, check_name
+    from segtrain.core.registry import DECLARED, UnknownChoiceError, check_name
 
     for key in DECLARED:
         value = OmegaConf.select(cfg, key)
@@ -467,7 +467,7 @@ def check_model(cfg: DictConfig) -> None:
     """A timm backbone names a timm model, and the builder takes ``model.kwargs``. These import timm or the
     user's builder module, so only when such a value is given; the rest is checked without torch. A built-in
     builder is segtrain.models' (torch): its ``model.kwargs`` are checked when it is built, with the same line."""
-    from segtrain.registry import check_call, import_object, is_import_path, registered
+    from segtrain.core.registry import check_call, import_object, is_import_path, registered
 
     check_timm_backbone(str(cfg.model.backbone), cfg.dataset.input_size)
     check_fixed_backbone(str(cfg.model.name), str(cfg.model.backbone))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from segtrain.registry import registered
+from segtrain.core.registry import registered
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from segtrain.errors import ConfigError
+from segtrain.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from segtrain.config.schema import Config

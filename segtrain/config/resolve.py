@@ -27,7 +27,7 @@ from segtrain.config.schema import (
     SegtrainConfig,
     config_dir,
 )
-from segtrain.errors import ConfigError
+from segtrain.core.errors import ConfigError
 
 
 def _register() -> None:
@@ -219,7 +219,7 @@ def check_stored_code(stored: dict, overrides: list[str], trust: bool, origin: s
     would import that module and call what it names with the stored ``model.kwargs``. It is used only when the
     user typed the same key on this command line, or passed ``trust_checkpoint=true``; otherwise one line says
     how to opt in, before anything is imported."""
-    from segtrain.registry import DECLARED, is_import_path
+    from segtrain.core.registry import DECLARED, is_import_path
 
     if trust:
         return

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from segtrain.errors import ConfigError
+from segtrain.core.errors import ConfigError
 
 #: When a part of a rule is checked: ``data`` (before class discovery), ``choice`` (first in validation),
 #: ``value`` (with the ranges, after the config is resolved).

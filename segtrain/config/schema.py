@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig
 
 from segtrain.config.rules import MIN_SIDE, Bound, rule
-from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
+from segtrain.runtime.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 VERSION_BASE = "1.3"
 
@@ -53,7 +53,7 @@ QUERY_METHODS = ("transformers", "paper")
 
 
 # Fixed sets of values. Sets that grow (models, data formats, augmentation pipelines, optimisers,
-# schedules, hooks) are registries (segtrain.registry): their allowed values come from there.
+# schedules, hooks) are registries (segtrain.core.registry): their allowed values come from there.
 # The lists the code branches on are defined here once and imported by it (config imports no package).
 ON_ERROR = ("raise", "skip")  # segtrain.data.records.Collector, data.index.reading
 
@@ -67,7 +67,7 @@ INFERENCE_MODES = ("fit", "pad", "sliding")  # segtrain.data.mappers.NativeMappe
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile(mode=)
 
 
-PRECISIONS = ("fp32", "fp16", "bf16", "auto")  # segtrain.device.effective_precision
+PRECISIONS = ("fp32", "fp16", "bf16", "auto")  # segtrain.runtime.device.effective_precision
 
 
 PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.targets.panoptic_gt
@@ -95,7 +95,7 @@ VALIDATION_METRICS = SEMANTIC_METRICS + PANOPTIC_METRICS
 MAX_SLIDING_WINDOWS = 4096
 
 
-#: ``evaluate.export`` names that write panoptic predictions (tools/evaluate.py's EXPORTS say so too; a
+#: ``evaluate.export`` names that write panoptic predictions (tools/evaluate_checkpoint.py's EXPORTS say so too; a
 #: test keeps them equal), checked with the config so the mistake is reported before torch loads.
 PANOPTIC_EXPORTS = ("coco_panoptic", "coco_instances", "coco")
 
@@ -542,7 +542,8 @@ class InferenceConfig:
 class EvaluateConfig:
     # native: score at the annotation's size; input: at dataset.input_size
     resolution: str = field(default="native", metadata=rule(choices=("native", "input")))
-    # What else to write (tools/evaluate.py EXPORTS): a name, a list ([coco_panoptic,coco_instances]) or null.
+    # What else to write (tools/evaluate_checkpoint.py EXPORTS): a name, a list ([coco_panoptic,coco_instances])
+    # or null.
     # coco_panoptic: predictions as COCO panoptic PNGs + JSON; coco_instances: a COCO results JSON; coco: both;
     # cityscapes: the official Cityscapes result formats (labelIds PNGs, instance masks + txt, panoptic PNG + JSON)
     export: Any = None

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from segtrain.config.schema import MAX_STORED_VALUES
-from segtrain.errors import ConfigError
+from segtrain.core.errors import ConfigError
 
 #: Hydra flags that take the next argument as their value (``--info`` takes one only when it is a topic).
 VALUE_FLAGS = (

@@ -12,7 +12,7 @@ from typing import cast
 from omegaconf import DictConfig, OmegaConf
 
 from segtrain.config import ConfigError, DatasetConfig
-from segtrain.data.formats.registry import FORMATS, split_value
+from segtrain.data.formats.catalog import FORMATS, split_value
 
 
 def resolve_auto_classes(cfg: DictConfig) -> list[str]:

@@ -17,7 +17,8 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from segtrain import storage
 from segtrain.config import Config
-from segtrain.data.formats.registry import check_paths, load_split
+from segtrain.core.errors import UserError
+from segtrain.data.formats.catalog import check_paths, load_split
 from segtrain.data.images.image_io import SKIP_HINT, ImageReadError
 from segtrain.data.mappers import (
     CpuMapper,
@@ -32,7 +33,6 @@ from segtrain.data.read_ahead import ahead_of
 from segtrain.data.records import AnnotationError, ImageRecord
 from segtrain.data.seeding import item_seed
 from segtrain.data.targets.mask_targets import collate_lists
-from segtrain.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ def check_labelled(cfg: Config, records: Sequence[ImageRecord]) -> None:
     """Where unannotated pixels are void (Cityscapes, COCO panoptic), a training set without one object of a
     training class has no labelled pixel: every loss would be 0 on every step. Stops at the first object found."""
     from segtrain.config import IGNORE_LABEL
-    from segtrain.data.formats.registry import FORMATS
+    from segtrain.data.formats.catalog import FORMATS
 
     if FORMATS.get(cfg.dataset.format).unlabeled == "background":
         return  # unannotated pixels train as the background class

@@ -28,8 +28,8 @@ from segtrain.config import ConfigError, TrainerConfig
 from segtrain.data.dataset import PolygonDataset, collate
 from segtrain.data.read_ahead import epoch_keys, shard_keys, stride
 from segtrain.data.targets.allocator import keep_freed_memory
-from segtrain.distributed import DistInfo, env_rank
-from segtrain.preemption import ignore_in_workers
+from segtrain.runtime.distributed import DistInfo, env_rank
+from segtrain.runtime.preemption import ignore_in_workers
 
 log = logging.getLogger("segtrain.trainer")
 

@@ -55,7 +55,7 @@ from segtrain.data.transforms.cpu_augment import (
     seed_pipeline,
     warp,
 )
-from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
+from segtrain.runtime.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 Reader = Callable[[ImageRecord], tuple[bytes, str]]
 

@@ -16,7 +16,7 @@ import numpy as np
 from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
 from segtrain.config import ON_ERROR, ConfigError, check_value
 from segtrain.config import UNLISTED as UNLISTED  # what `unlisted` may be: the schema's tuple, for ClassMap's callers
-from segtrain.errors import UserError
+from segtrain.core.errors import UserError
 
 IGNORE = "__ignore__"
 

@@ -16,15 +16,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from segtrain import redact, storage
+from segtrain import storage
 from segtrain.checkpoint import io
 from segtrain.checkpoint.checkpointer import Checkpointer
 from segtrain.checkpoint.resume import find_resume_checkpoint
 from segtrain.config import Config, ConfigError, to_container
-from segtrain.console import progress_bar
-from segtrain.data import BatchStep, build_training_data, check_paths, per_rank_batch
-from segtrain.device import configure_determinism, effective_precision
-from segtrain.distributed import DistInfo, broadcast_object
+from segtrain.core.errors import UserError
+from segtrain.data import BatchStep, build_training_data, per_rank_batch
+from segtrain.data.formats import check_paths
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.hooks import default_hooks
 from segtrain.engine.model_setup import (
@@ -43,10 +42,13 @@ from segtrain.engine.session import start_run_record
 from segtrain.engine.trackers import tracker_hook
 from segtrain.engine.trainer import StepSettings, Trainer
 from segtrain.engine.warmup import warm_kernels
-from segtrain.errors import UserError
 from segtrain.evaluation.evaluator import evaluate, evaluators_for
 from segtrain.evaluation.inference import native_forward
 from segtrain.models.contract import contract_of
+from segtrain.runtime import redact
+from segtrain.runtime.console import progress_bar
+from segtrain.runtime.device import configure_determinism, effective_precision
+from segtrain.runtime.distributed import DistInfo, broadcast_object
 
 log = logging.getLogger("segtrain.trainer")
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from segtrain.checkpoint.keys import canonical_key
 from segtrain.config import ConfigError
-from segtrain.distributed import unwrap
+from segtrain.runtime.distributed import unwrap
 
 
 class ModelEMA:

@@ -16,8 +16,8 @@ from typing import Any
 from torch import nn
 
 from segtrain.config import ConfigError
-from segtrain.distributed import unwrap
 from segtrain.models.contract import contract_of
+from segtrain.runtime.distributed import unwrap
 
 
 def parse_patterns(freeze: Any) -> list[str]:

@@ -28,17 +28,17 @@ from tqdm import tqdm
 
 from segtrain.checkpoint import io
 from segtrain.config import POSTPROCESS, VALIDATION_METRICS, Config, ConfigError, ProfileConfig
-from segtrain.console import progress_bar
+from segtrain.core.registry import Registry
 from segtrain.data import PolygonDataset, collate
-from segtrain.device import to_device
-from segtrain.distributed import all_reduce_, is_dist
 from segtrain.engine.profiling import DataWaitMeter, torch_profiler
 from segtrain.engine.recorder import FILE_ONLY
 from segtrain.engine.trainer import HookBase
 from segtrain.evaluation.evaluator import PanopticSpec
 from segtrain.evaluation.visualize import PANEL_TITLES, overlay_heatmap, overlay_panoptic, titled_row, to_uint8_image
 from segtrain.models.contract import OutputKind, contract_of
-from segtrain.registry import Registry
+from segtrain.runtime.console import progress_bar
+from segtrain.runtime.device import to_device
+from segtrain.runtime.distributed import all_reduce_, is_dist
 
 if TYPE_CHECKING:
     from segtrain.checkpoint.checkpointer import Checkpointer

@@ -1,7 +1,7 @@
 """From config to a model ready to train on this rank: build, load weights, freeze, place, wrap.
 
 Everything that must happen to the *unwrapped* model (weights, SyncBN, freezing) happens here
-before DDP wraps it; the wrapped model is reached through ``segtrain.distributed.unwrap`` afterwards.
+before DDP wraps it; the wrapped model is reached through ``segtrain.runtime.distributed.unwrap`` afterwards.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from torch import nn
 
 from segtrain.checkpoint.loader import load_checkpoint_weights
 from segtrain.config import Config, ConfigError, LossConfig
+from segtrain.core.errors import UserError
 from segtrain.data import PolygonDataset, collate
-from segtrain.device import autocast, to_channels_last, to_device, use_channels_last
-from segtrain.distributed import DistInfo, all_reduce_
 from segtrain.engine.freeze import apply_freeze, freeze_report
 from segtrain.engine.sync_bn import convert_sync_batchnorm
-from segtrain.errors import UserError
 from segtrain.models import build_model
 from segtrain.models.contract import contract_of
 from segtrain.models.losses import MASKS, global_denominators
+from segtrain.runtime.device import autocast, to_channels_last, to_device, use_channels_last
+from segtrain.runtime.distributed import DistInfo, all_reduce_
 
 log = logging.getLogger("segtrain.model")
 

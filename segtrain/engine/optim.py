@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from segtrain.config import ConfigError, OptimConfig, ScheduleConfig
-from segtrain.distributed import unwrap
+from segtrain.core.registry import Registry
 from segtrain.models.contract import contract_of
-from segtrain.registry import Registry
+from segtrain.runtime.distributed import unwrap
 
 OptimizerBuilder = Callable[[list[dict[str, Any]], OptimConfig], torch.optim.Optimizer]
 Schedule = Callable[[float, int, ScheduleConfig], float]

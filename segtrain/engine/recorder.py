@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm import tqdm
 
-from segtrain import redact
+from segtrain.runtime import redact
 
 log = logging.getLogger("segtrain")
 

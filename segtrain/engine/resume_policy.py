@@ -21,12 +21,12 @@ from typing import Any, Protocol
 
 from omegaconf import OmegaConf
 
-from segtrain import redact
 from segtrain.checkpoint.checkpointer import Stateful
 from segtrain.checkpoint.io import CheckpointError, is_training_checkpoint
 from segtrain.checkpoint.nonfinite import check_finite_weights
 from segtrain.checkpoint.resume import load_training_state, position_problem, rank_and_world
 from segtrain.config import ConfigError, to_container
+from segtrain.runtime import redact
 
 log = logging.getLogger("segtrain.resume")
 

@@ -16,11 +16,11 @@ import cv2
 import torch
 
 import segtrain
-from segtrain import redact
 from segtrain.config import Config, TrainerConfig
-from segtrain.distributed import DistInfo, broadcast_object, cleanup, setup
 from segtrain.engine.recorder import close_run_log, setup_logging, start_run_log
-from segtrain.launch_env import DEFERRAL, usable_cores
+from segtrain.runtime import redact
+from segtrain.runtime.distributed import DistInfo, broadcast_object, cleanup, setup
+from segtrain.runtime.launch_env import DEFERRAL, usable_cores
 
 log = logging.getLogger("segtrain")
 
@@ -106,7 +106,7 @@ def write_run_record(cfg: Config, run_dir: Path) -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from segtrain import launch_env
+    from segtrain.runtime import launch_env
     from segtrain.storage.local_files import atomic_write_bytes
 
     subdir = launch_env.RECORD_SUBDIR

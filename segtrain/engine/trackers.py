@@ -28,16 +28,16 @@ from typing import Any
 
 import numpy as np
 
-import segtrain.redact
+import segtrain.runtime.redact
 from segtrain.checkpoint import io
 from segtrain.config import Config, TrackingConfig
-from segtrain.distributed import broadcast_object
+from segtrain.core.errors import UserError
+from segtrain.core.registry import Registry
 from segtrain.engine.hooks import HookBase
 from segtrain.engine.recorder import scalar_tags
-from segtrain.errors import UserError
-from segtrain.launch_env import DEFERRAL
-from segtrain.redact import uri as redact  # a tracking URI is logged, its credentials never
-from segtrain.registry import Registry
+from segtrain.runtime.distributed import broadcast_object
+from segtrain.runtime.launch_env import DEFERRAL
+from segtrain.runtime.redact import uri as redact  # a tracking URI is logged, its credentials never
 from segtrain.storage.local_files import atomic_write_bytes
 
 log = logging.getLogger("segtrain.trackers")
@@ -215,7 +215,7 @@ class WandbTracker(Tracker):
         # the config wins over them. None: W&B reads its variable.
         env = os.environ
         project_set = self.tracking.experiment != TrackingConfig.experiment
-        with segtrain.redact.masked_argv():  # W&B's run metadata records sys.argv
+        with segtrain.runtime.redact.masked_argv():  # W&B's run metadata records sys.argv
             self.run = wandb.init(
                 project=run.experiment if project_set or "WANDB_PROJECT" not in env else None,
                 name=run.name if self.tracking.run_name or "WANDB_NAME" not in env else None,
@@ -297,7 +297,9 @@ class TrackerHook(HookBase):
             self.tracking.run_name or self.run_dir.name,
             self.tracking.experiment,
             self.params,
-            segtrain.redact.text(" ".join([Path(sys.argv[0]).name, *(a for a in sys.argv[1:] if a != DEFERRAL)])),
+            segtrain.runtime.redact.text(
+                " ".join([Path(sys.argv[0]).name, *(a for a in sys.argv[1:] if a != DEFERRAL)])
+            ),
             step,
         )
         for tracker in list(self.trackers):
@@ -387,7 +389,7 @@ class TrackerError(UserError, RuntimeError):
 
 def _first_line(error: Exception, limit: int = 120) -> str:
     """``Type: the message's first line``, shortened, without credentials a URL in it may hold."""
-    text = segtrain.redact.text(str(error).strip().splitlines()[0]) if str(error).strip() else ""
+    text = segtrain.runtime.redact.text(str(error).strip().splitlines()[0]) if str(error).strip() else ""
     text = text if len(text) <= limit else text[: limit - 3] + "..."
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
@@ -400,5 +402,7 @@ def tracker_hook(cfg: Config, run_dir: Path) -> TrackerHook | None:
     trackers = [tr for name in cfg.trainer.loggers if (tr := LOGGERS.get(str(name))(tracking)) is not None]
     if not trackers:
         return None
-    params = segtrain.redact.tree(to_container(cfg))  # a tracker records no credentials (live config keeps them)
+    params = segtrain.runtime.redact.tree(
+        to_container(cfg)
+    )  # a tracker records no credentials (live config keeps them)
     return TrackerHook(trackers, run_dir, tracking, params, list(cfg.dataset.classes))

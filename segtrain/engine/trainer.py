@@ -27,17 +27,17 @@ from torch import nn
 
 from segtrain.checkpoint.checkpointer import model_state
 from segtrain.checkpoint.loader import load_weights
-from segtrain.device import autocast, to_device
-from segtrain.distributed import DistInfo, all_reduce_, is_dist, unwrap
+from segtrain.core.errors import NonFiniteError, Preempted, mark_running
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.optim import scaler_step, scheduler_step
 from segtrain.engine.profiling import Nvtx
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.step_checks import StepChecks, Verdict
-from segtrain.errors import NonFiniteError, Preempted, mark_running
 from segtrain.models.contract import contract_of
 from segtrain.models.losses import rank_share
-from segtrain.preemption import StopSignals, stop_point
+from segtrain.runtime.device import autocast, to_device
+from segtrain.runtime.distributed import DistInfo, all_reduce_, is_dist, unwrap
+from segtrain.runtime.preemption import StopSignals, stop_point
 
 if TYPE_CHECKING:
     from segtrain.config import LossConfig, TrainerConfig

@@ -1,6 +1,6 @@
 """Compile segtrain's numba kernels in the training process, before the loader workers start.
 
-numba compiles a kernel on its first call and caches it on disk (segtrain/jit.py). On a machine whose cache
+numba compiles a kernel on its first call and caches it on disk (segtrain/runtime/jit.py). On a machine whose cache
 is empty, leaving that first call to the loader workers made every worker compile the rasteriser and the
 target builders at once, inside the first epoch's data wait, and the first validation compile the panoptic
 post-processing: the default run's first epoch took several times as long as a later one. Here one item of

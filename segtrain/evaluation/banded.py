@@ -36,12 +36,12 @@ from torch import nn
 
 from segtrain.config import POSTPROCESS, Config
 from segtrain.data import inference_size, prepare_input
-from segtrain.device import autocast
 from segtrain.evaluation.evaluator import PanopticSpec, ids_at_size
 from segtrain.evaluation.inference import Outputs, run_network
 from segtrain.evaluation.panoptic_export import encode_ids
 from segtrain.evaluation.visualize import band_rows, colour_bar, overlay_heatmap, overlay_segments
 from segtrain.models.postprocess import _nearest_center, find_instance_centers, panoptic_table
+from segtrain.runtime.device import autocast
 
 #: Native pixels per band (at least 64 rows): a band's float32 copies of C + 3 output planes are ~1 MB each.
 BAND_PIXELS = 1 << 18

@@ -39,11 +39,11 @@ import torch
 from scipy import ndimage
 
 from segtrain.config import ConfigError
-from segtrain.data import label_of
-from segtrain.distributed import all_gather_object
+from segtrain.data.formats import label_of
 from segtrain.evaluation.evaluator import PanopticSpec
 from segtrain.evaluation.instance_ap import instance_scores
 from segtrain.evaluation.panoptic_export import encode_ids, with_boxes
+from segtrain.runtime.distributed import all_gather_object
 from segtrain.storage.local_files import atomic_write_bytes
 
 __all__ = ["CityscapesExport", "cityscapes_label_ids"]

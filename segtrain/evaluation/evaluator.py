@@ -20,14 +20,12 @@ from tqdm import tqdm
 
 from segtrain.config import BACKGROUND_NAMES, IGNORE_LABEL, POSTPROCESS, QUERY_POSTPROCESS, Config
 from segtrain.data import (
-    coco_ids,
     known_background,
     panoptic_categories,
     panoptic_from_prediction,
     panoptic_ground_truth,
 )
-from segtrain.device import autocast, to_device
-from segtrain.distributed import all_reduce_, unwrap
+from segtrain.data.formats import FORMATS, coco_ids
 from segtrain.evaluation.instance_ap import (
     InstanceAP,
     annotation_instances,
@@ -40,6 +38,8 @@ from segtrain.evaluation.metrics import ConfusionMatrix, LabelRangeError, Panopt
 from segtrain.models.contract import ModelContract, OutputKind, contract_of
 from segtrain.models.mask2former_postprocess import panoptic_inference
 from segtrain.models.postprocess import panoptic_segmentation
+from segtrain.runtime.device import autocast, to_device
+from segtrain.runtime.distributed import all_reduce_, unwrap
 
 
 class Evaluator(Protocol):
@@ -120,8 +120,6 @@ class PanopticSpec:
 
     @classmethod
     def from_config(cls, cfg: Config) -> PanopticSpec:
-        from segtrain.data import FORMATS
-
         ds = cfg.dataset
         classes = [str(c) for c in ds.classes]
         # Class 0 is the background when unannotated pixels are background (COCO, LabelMe) or when it is

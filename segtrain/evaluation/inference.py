@@ -19,9 +19,9 @@ from torch import nn
 from segtrain.checkpoint.loader import load_checkpoint_weights
 from segtrain.config import MAX_SLIDING_WINDOWS, Config, ConfigError
 from segtrain.data import inference_size, prepare_input
-from segtrain.device import autocast
 from segtrain.models import build_model
 from segtrain.models.contract import contract_of
+from segtrain.runtime.device import autocast
 
 log = logging.getLogger("segtrain.inference")
 

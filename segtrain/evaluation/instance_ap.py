@@ -32,9 +32,10 @@ from pycocotools.cocoeval import COCOeval
 from torch import Tensor
 
 from segtrain.config import POSTPROCESS
-from segtrain.data import ImageRecord, Instance, read_segment_ids
-from segtrain.distributed import all_gather_object
-from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
+from segtrain.data import ImageRecord, Instance
+from segtrain.data.formats import read_segment_ids
+from segtrain.runtime.distributed import all_gather_object
+from segtrain.runtime.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
 __all__ = [
     "AREA_RANGES",

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from segtrain.config import IGNORE_LABEL
-from segtrain.distributed import all_reduce_
-from segtrain.errors import UserError
+from segtrain.core.errors import UserError
+from segtrain.runtime.distributed import all_reduce_
 
 log = logging.getLogger(__name__)
 

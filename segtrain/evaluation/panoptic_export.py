@@ -29,7 +29,7 @@ import cv2
 import numpy as np
 from scipy import ndimage
 
-from segtrain.distributed import all_gather_object
+from segtrain.runtime.distributed import all_gather_object
 from segtrain.storage.local_files import atomic_write_bytes
 
 

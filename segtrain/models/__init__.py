@@ -9,9 +9,9 @@ from segtrain.checkpoint.load_report import LoadReport
 from segtrain.checkpoint.loader import load_weights
 from segtrain.models import mask2former, panoptic_deeplab, tiny, torchvision_models  # noqa: F401 - register the models
 from segtrain.models.backbones import SUPPORTED_BACKBONES
+from segtrain.models.factory import MODELS, ModelSpec, build_model, list_models, model_spec, register_model
 from segtrain.models.heads import SegmentationModel
 from segtrain.models.pretrained import load_pretrained, register_scheme
-from segtrain.models.registry import MODELS, ModelSpec, build_model, list_models, model_spec, register_model
 
 __all__ = [
     "MODELS",

@@ -18,8 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 from torch import Tensor, nn
 
 from segtrain.config import ConfigError, LossConfig
-from segtrain.distributed import unwrap
 from segtrain.models.losses import PANOPTIC, SEMANTIC_ONLY, DenseCriterion, OwnCriterion
+from segtrain.runtime.distributed import unwrap
 
 Outputs = Mapping[str, Any]
 Losses = dict[str, Tensor]

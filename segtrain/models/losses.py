@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from segtrain.config import IGNORE_LABEL, LossConfig
-from segtrain.distributed import all_reduce_, is_dist
+from segtrain.runtime.distributed import all_reduce_, is_dist
 
 SEMANTIC_ONLY = ("semantic",)
 PANOPTIC = ("semantic", "center", "offset")

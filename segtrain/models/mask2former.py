@@ -29,9 +29,9 @@ from torch import Tensor, nn
 from segtrain.config.checks import check_fixed_backbone
 from segtrain.config.schema import MODEL_BACKBONES, ModelConfig
 from segtrain.models.contract import ModelContract, OutputKind
+from segtrain.models.factory import ModelSpec, register_model
 from segtrain.models.heads import IMAGENET_MEAN, IMAGENET_STD
 from segtrain.models.losses import OwnCriterion
-from segtrain.models.registry import ModelSpec, register_model
 
 log = logging.getLogger("segtrain.models")
 

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from segtrain.models.backbones import build_backbone
+from segtrain.models.factory import ModelSpec, register_model
 from segtrain.models.heads import (
     ConvBNReLU,
     PanopticHeads,
@@ -20,7 +21,6 @@ from segtrain.models.heads import (
     init_weights,
     resize,
 )
-from segtrain.models.registry import ModelSpec, register_model
 
 
 def atrous_branch(cin: int, cout: int, rate: int) -> nn.Sequential:

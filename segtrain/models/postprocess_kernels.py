@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from segtrain.jit import cached_jit
+from segtrain.runtime.jit import cached_jit
 
 # Near ties (squared distances within this relative gap, plus an absolute one for targets on a centre)
 # are left to the reference expression.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from segtrain.models.factory import ModelSpec, register_model
 from segtrain.models.heads import (
     ConvBNReLU,
     PanopticHeads,
@@ -18,7 +19,6 @@ from segtrain.models.heads import (
     init_weights,
     resize,
 )
-from segtrain.models.registry import ModelSpec, register_model
 
 
 class TinyStage(nn.Module):

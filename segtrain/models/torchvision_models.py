@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from torchvision.models import segmentation as tvseg
 
 from segtrain.config import ConfigError
+from segtrain.models.factory import ModelSpec, register_model
 from segtrain.models.heads import SegmentationModel
-from segtrain.models.registry import ModelSpec, register_model
 from segtrain.models.timm_backbone import build_timm_backbone, is_timm
 
 # model.name -> {model.backbone -> torchvision builder}

@@ -84,7 +84,7 @@ class Backend(ABC):
     @abstractmethod
     def open_read(self, path: Any, what: str = "file") -> IO[bytes]:
         """A seekable readable file: :class:`IsADirectoryError` or :class:`FileNotFoundError` for a folder or
-        nothing there, a :class:`~segtrain.errors.UserError` for anything else that cannot be read."""
+        nothing there, a :class:`~segtrain.core.errors.UserError` for anything else that cannot be read."""
 
     @abstractmethod
     def loadable(self, path: Any) -> str | IO[bytes]:

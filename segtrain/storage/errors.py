@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 import segtrain.storage.limits as storage_limits
-from segtrain.errors import UserError
+from segtrain.core.errors import UserError
 
 
 class StorageError(UserError, OSError):

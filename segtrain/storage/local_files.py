@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from segtrain.errors import UserError
+from segtrain.core.errors import UserError
 
 #: Why a write can fail for want of room: a full disk, a quota, a file-size limit (``ulimit -f``).
 NO_ROOM = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file too large"}

@@ -1,4 +1,5 @@
-"""What a path names: a local file (a plain path or ``file://``) or an object in a store (``s3://``, ``gs://``).
+"""What a path names: a local file (a plain path or ``file://``) or an object in a store (``s3://``, ``gs://``);
+and whether a name can be stored or shown at all (:func:`is_utf8`).
 
 The one place a path's kind is decided; :func:`segtrain.storage.backend.backend_for` picks the backend from it.
 """
@@ -30,3 +31,13 @@ def is_remote(path: str | os.PathLike | None) -> bool:
     if scheme is None:
         return getattr(path, "protocol", "") not in ("", "file", "local") and hasattr(path, "fs")
     return scheme not in LOCAL_SCHEMES
+
+
+def is_utf8(s: str) -> bool:
+    """Whether ``s`` encodes as UTF-8. JSON's ``\\udcff`` escapes and file names whose bytes are not UTF-8
+    (``os.fsdecode``) become lone surrogates, which do not: such text cannot be stored in the index, logs or JSON."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -37,9 +37,9 @@ from segtrain.data import (
     rasterise,
     worker_init,
 )
-from segtrain.distributed import DistInfo
 from segtrain.engine.build import step_trainer
-from segtrain.launch_env import usable_cores
+from segtrain.runtime.distributed import DistInfo
+from segtrain.runtime.launch_env import usable_cores
 
 log = logging.getLogger("segtrain.doctor")
 

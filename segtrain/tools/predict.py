@@ -39,9 +39,8 @@ import torch
 
 from segtrain import storage
 from segtrain.config import Config
-from segtrain.data import is_utf8, read_image_file
-from segtrain.device import effective_precision
-from segtrain.errors import UserError
+from segtrain.core.errors import UserError
+from segtrain.data import read_image_file
 from segtrain.evaluation.banded import (
     describe_banded,
     network_outputs,
@@ -54,7 +53,9 @@ from segtrain.evaluation.banded import (
 from segtrain.evaluation.evaluator import PanopticSpec
 from segtrain.evaluation.inference import model_from_checkpoint
 from segtrain.models.contract import OutputKind, contract_of
+from segtrain.runtime.device import effective_precision
 from segtrain.storage.local_files import atomic_write_bytes
+from segtrain.storage.urls import is_utf8
 
 log = logging.getLogger("segtrain.predict")
 

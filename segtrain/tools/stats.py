@@ -18,8 +18,8 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from segtrain.config import IGNORE_LABEL, ConfigError, compose
+from segtrain.core.errors import UserError
 from segtrain.data import ImageRecord
-from segtrain.errors import UserError
 
 PERCENTILES = (5, 50, 95)
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from segtrain.checkpoint.io import CheckpointError, read_checkpoint
-from segtrain.errors import EXIT_USER_ERROR, UserError
+from segtrain.core.errors import EXIT_USER_ERROR, UserError
 from tests.helpers.cases import Case, run_cases
 
 SMOKE = ["experiment=cpu_smoke", "trainer.deterministic=true"]

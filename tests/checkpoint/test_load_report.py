@@ -12,7 +12,7 @@ import torch
 from segtrain.checkpoint.io import CheckpointError, read_checkpoint
 from segtrain.checkpoint.loader import load_checkpoint_weights
 from segtrain.config import compose, to_container
-from segtrain.errors import EXIT_USER_ERROR
+from segtrain.core.errors import EXIT_USER_ERROR
 from segtrain.models import build_model
 from tests.helpers.proc_utils import run_module
 

@@ -183,7 +183,7 @@ def test_every_tool_has_its_own_run_directory(tool):
 #: The module that makes each declared registry and registers its built-ins.
 REGISTRY_MODULES = {
     "model.name": "segtrain.models",
-    "dataset.format": "segtrain.data.formats.registry",
+    "dataset.format": "segtrain.data.formats.catalog",
     "augment.name": "segtrain.data.transforms.augmentations",
     "optim.name": "segtrain.engine.optim",
     "schedule.name": "segtrain.engine.optim",
@@ -196,7 +196,7 @@ def all_registries() -> dict:
     """Every registry by config key, with the built-in entries loaded (imports torch)."""
     import importlib
 
-    from segtrain.registry import registered
+    from segtrain.core.registry import registered
 
     for module in REGISTRY_MODULES.values():
         importlib.import_module(module)
@@ -205,7 +205,7 @@ def all_registries() -> dict:
 
 def test_declared_registry_names_equal_the_registered_ones():
     """The config check reads DECLARED (no torch); the modules register the real entries."""
-    from segtrain.registry import DECLARED
+    from segtrain.core.registry import DECLARED
 
     registries = all_registries()
     assert set(registries) == set(DECLARED)
@@ -214,7 +214,7 @@ def test_declared_registry_names_equal_the_registered_ones():
         builtin = [n for n in reg.names() if n not in TEST_REGISTERED]
         assert sorted(declared.names) == builtin, key
         assert (declared.what, declared.import_paths) == (reg.what, reg.import_paths), key
-        assert reg.__class__.__module__ == "segtrain.registry"
+        assert reg.__class__.__module__ == "segtrain.core.registry"
 
 
 #: names other tests register in this process (the user-registry path)
@@ -226,7 +226,7 @@ def test_declared_format_facts_equal_the_readers():
     from segtrain.config.data_formats; the readers in segtrain.data register against them: every declared
     format has a reader and every built-in reader is declared, with the same facts."""
     from segtrain.config.data_formats import FORMAT_FACTS
-    from segtrain.data.formats.registry import FORMATS
+    from segtrain.data.formats.catalog import FORMATS
 
     assert set(FORMATS.names()) == set(FORMAT_FACTS)
     for name, facts in FORMAT_FACTS.items():

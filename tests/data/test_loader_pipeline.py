@@ -36,7 +36,7 @@ from segtrain.data.transforms.cpu_augment import (
     seed_pipeline,
     warp,
 )
-from segtrain.device import to_device
+from segtrain.runtime.device import to_device
 
 KEYS = ("semantic", "center", "offset", "semantic_weight", "center_weight", "offset_weight")
 

@@ -296,7 +296,7 @@ def test_workers_leave_the_main_process_objects_to_it(persistent):
     process's own collector is unchanged once the workers have started."""
     from segtrain.config import compose
     from segtrain.data.loaders import build_loader
-    from segtrain.distributed import DistInfo
+    from segtrain.runtime.distributed import DistInfo
 
     cfg = compose(["experiment=cpu_smoke", "trainer.num_workers=1", f"trainer.persistent_workers={persistent}"])
     probe = _FreezeProbe()

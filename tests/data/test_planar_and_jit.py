@@ -1,5 +1,5 @@
 """Two small helpers of the hot paths: ``mappers.planar`` (the item image as contiguous (3,H,W) planes, so
-``collate`` stacks plain copies) and ``segtrain.jit.cached_jit`` (numba kernels cached on disk, or compiled
+``collate`` stacks plain copies) and ``segtrain.runtime.jit.cached_jit`` (numba kernels cached on disk, or compiled
 in every process with one warning where no cache directory can be written)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_planar_equals_the_channel_first_view(view: str) -> None:
 
 def test_cached_jit_compiles_without_a_cache_and_warns_once() -> None:
     pytest.importorskip("numba")
-    from segtrain import jit
+    from segtrain.runtime import jit
 
     family = "test-only"
     jit._warned.discard(family)

@@ -195,7 +195,7 @@ def test_more_processes_than_images_suggests_fewer_processes(tmp_path: Path):
     from omegaconf import OmegaConf
 
     from segtrain.data.loaders import build_loader
-    from segtrain.distributed import DistInfo
+    from segtrain.runtime.distributed import DistInfo
 
     trainer = OmegaConf.create(
         {

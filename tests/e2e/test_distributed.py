@@ -356,7 +356,7 @@ def test_probe_names_unused_parameters(tmp_path, monkeypatch):
 def test_unwrap_reaches_the_model_through_ddp_and_compile(tmp_path):
     import torch.distributed as dist
 
-    from segtrain.distributed import unwrap
+    from segtrain.runtime.distributed import unwrap
 
     class Net(torch.nn.Module):
         def __init__(self):

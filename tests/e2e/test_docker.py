@@ -1213,7 +1213,7 @@ def test_container_sigterm_saves_and_exits(project):
     _podman("stop", "--time", "120", "preempted")
     out = proc.communicate(timeout=300)[0]
     assert proc.returncode != 0, out[-3000:]
-    # two ranks: they stop together after the step whose all_reduce carries the signal (segtrain.preemption)
+    # two ranks: they stop together after the step whose all_reduce carries the signal (segtrain.runtime.preemption)
     assert "SIGTERM received: all ranks stop together after this step or the next, saving last.pt" in out, out[-3000:]
     assert "rerun with resume=auto" in out, out[-3000:]
     last = run_dir / "checkpoints" / "last.pt"

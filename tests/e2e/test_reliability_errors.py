@@ -81,7 +81,7 @@ def test_a_setup_error_of_another_rank_waits_for_rank_0_then_still_speaks(tmp_pa
     """Rank 0 reports setup errors; another rank waits for the launcher to stop it (so it cannot win the
     race and silence rank 0), and an error of its own is still printed after the wait."""
     code = (
-        "import segtrain.entry as e\n"
+        "import segtrain.cli.hydra_main as e\n"
         "from segtrain.config import ConfigError\n"
         "e.RANK0_GRACE_S = 0.2\n"
         "e._user_error(ConfigError('only mine'), False)\n"

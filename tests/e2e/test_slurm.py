@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from segtrain.launch_env import adopt_cluster_env, default_port, first_host
+from segtrain.runtime.launch_env import adopt_cluster_env, default_port, first_host
 from tests.helpers.proc_utils import child_env, free_port, run_module
 
 CONFIG = ["experiment=cpu_smoke", "trainer.max_steps=2"]
@@ -122,7 +122,7 @@ def test_after_saving_a_submitit_task_hands_its_warning_signal_back_to_submitit(
     after training, is called to requeue; another signal (SLURM's SIGTERM) is not handed over."""
     import signal
 
-    from segtrain.preemption import requeue_with_submitit
+    from segtrain.runtime.preemption import requeue_with_submitit
 
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from segtrain.sweep import SUMMARY
+from segtrain.cli.sweep import SUMMARY
 from tests.helpers.cases import Case, Result, run_cases
 
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e '.[sweep]'")

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from segtrain.config import compose
+from segtrain.core.errors import EXIT_USER_ERROR
+from segtrain.data.formats.catalog import load_split
 from segtrain.data.formats.confine import OutsidePathError
-from segtrain.data.formats.registry import load_split
-from segtrain.errors import EXIT_USER_ERROR
 from tests.helpers.proc_utils import run_module
 
 SMOKE = ["experiment=cpu_smoke"]
@@ -365,7 +365,7 @@ def _one_error_line(proc) -> str:
 
 def test_json_nested_100k_levels_is_one_line_naming_the_file(tmp_path: Path):
     """(In process: the entry point prints any such AnnotationError as one line, see the tests above.)"""
-    from segtrain.errors import UserError
+    from segtrain.core.errors import UserError
 
     root = tmp_path / "d"
     _coco(root, ["a.jpg"])

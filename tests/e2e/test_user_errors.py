@@ -1,4 +1,4 @@
-"""User mistakes end in one ``error: ...`` line (a :class:`~segtrain.errors.UserError`), not a traceback.
+"""User mistakes end in one ``error: ...`` line (a :class:`~segtrain.core.errors.UserError`), not a traceback.
 
 Each test makes the mistake the way a user would (a config value on the command line, broken image
 files) and checks the error is a UserError whose message names the key or file; the old builtin type
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from segtrain.config import compose
-from segtrain.errors import EXIT_USER_ERROR, UserError
+from segtrain.core.errors import EXIT_USER_ERROR, UserError
 from tests.helpers.proc_utils import child_env, run_module
 
 SMOKE = ["experiment=cpu_smoke"]
@@ -114,9 +114,9 @@ def test_device_augmentation_values(override: str, names: list[str]):
 
 
 def test_coco_panoptic_export_without_panoptic_scoring(smoke_cache, tmp_path: Path):
-    from segtrain.distributed import DistInfo
     from segtrain.models import build_model
-    from segtrain.tools.evaluate import evaluate_checkpoint
+    from segtrain.runtime.distributed import DistInfo
+    from segtrain.tools.evaluate_checkpoint import evaluate_checkpoint
 
     overrides = [*SMOKE, f"ckpt={tmp_path / 'w.pt'}", "evaluate.export=coco_panoptic", "evaluate.panoptic=false"]
     with pytest.raises(ValueError) as e:  # the schema refuses it (compose); evaluate_checkpoint checks it too
@@ -181,8 +181,8 @@ def test_a_loader_workers_user_error_keeps_its_one_line():
     """torch re-raises a worker's exception with the worker's traceback as its message; the line is its own."""
     from torch._utils import ExceptionWrapper
 
+    from segtrain.cli.hydra_main import user_message
     from segtrain.data.images.image_io import ImageReadError
-    from segtrain.entry import user_message
 
     try:
         raise ImageReadError("/data/a.jpg: JPEG is truncated. Fix: replace the file")

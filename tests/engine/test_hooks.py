@@ -13,7 +13,6 @@ import torch
 
 from segtrain.checkpoint.checkpointer import Checkpointer, Stateful
 from segtrain.config import ConfigError, compose, to_container
-from segtrain.distributed import DistInfo
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.hooks import (
     HOOKS,
@@ -29,6 +28,7 @@ from segtrain.engine.hooks import (
 from segtrain.engine.recorder import FILE_ONLY, Recorder, setup_logging
 from segtrain.engine.trainer import StepSettings, Trainer
 from segtrain.models import build_model
+from segtrain.runtime.distributed import DistInfo
 
 DIST = DistInfo()
 

@@ -9,8 +9,8 @@ import torch
 
 from segtrain.config import compose
 from segtrain.data.loaders import build_loader, close_workers
-from segtrain.distributed import DistInfo
 from segtrain.engine.session import session
+from segtrain.runtime.distributed import DistInfo
 
 
 class Numbers(torch.utils.data.Dataset):

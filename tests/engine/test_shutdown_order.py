@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from segtrain.distributed import cleanup
 from segtrain.engine.session import release_failed_frames
+from segtrain.runtime.distributed import cleanup
 
 
 class _Holder:

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from segtrain.config import ConfigError, compose
-from segtrain.device import auto_precision, effective_precision, use_channels_last
-from segtrain.distributed import DistInfo
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.freeze import apply_freeze
 from segtrain.engine.model_setup import apply_memory_format, compile_failure, compile_mode, is_convolutional
 from segtrain.engine.trainer import StepSettings, Trainer
 from segtrain.models import build_model
+from segtrain.runtime.device import auto_precision, effective_precision, use_channels_last
+from segtrain.runtime.distributed import DistInfo
 from tests.helpers.proc_utils import child_env, run_module
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
@@ -80,7 +80,7 @@ def test_precision_auto_resolves_on_the_device_and_says_which(device, bf16, expe
         return bf16
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", supported)
-    with caplog.at_level(logging.INFO, logger="segtrain.device"):
+    with caplog.at_level(logging.INFO, logger="segtrain.runtime.device"):
         assert effective_precision("auto", device) == expected
     lines = [r.getMessage() for r in caplog.records if "trainer.precision=auto" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith(f"trainer.precision=auto: {expected} ("), lines

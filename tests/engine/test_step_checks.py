@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from segtrain.core.errors import NonFiniteError as PublicNonFiniteError
 from segtrain.engine.hooks import MetricsLogger, PeriodicCheckpoint
 from segtrain.engine.recorder import Recorder
 from segtrain.engine.trainer import HookBase, NonFiniteError, StepSettings, Trainer, _default_loss
-from segtrain.errors import NonFiniteError as PublicNonFiniteError
 
 
 class Net(torch.nn.Module):

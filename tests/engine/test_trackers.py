@@ -38,7 +38,7 @@ def test_without_the_optional_packages_segtrain_imports_and_names_the_extra(tmp_
 
     hide = "import sys; [sys.modules.__setitem__(m, None) for m in ('mlflow', 'wandb', 'submitit', 'optuna')]; "
     code = hide + (
-        "import runpy; import segtrain.engine.trackers, segtrain.sweep, segtrain.launch_env; "
+        "import runpy; import segtrain.engine.trackers, segtrain.cli.sweep, segtrain.runtime.launch_env; "
         "sys.argv = ['train', 'experiment=cpu_smoke', 'trainer.loggers=[tensorboard,mlflow]']; "
         "runpy.run_module('segtrain.train', run_name='__main__')"
     )

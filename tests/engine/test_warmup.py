@@ -20,7 +20,7 @@ BUILD_ONLY = """
 import sys
 from pathlib import Path
 from segtrain.config import compose
-from segtrain.distributed import DistInfo
+from segtrain.runtime.distributed import DistInfo
 from segtrain.engine.build import build_trainer
 import logging
 

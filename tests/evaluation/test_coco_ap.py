@@ -231,7 +231,7 @@ def test_results_ids_are_the_files(tmp_path):
 
 
 def test_export_names():
-    from segtrain.tools.evaluate import export_names
+    from segtrain.tools.evaluate_checkpoint import export_names
 
     assert export_names(None) == []
     assert export_names("coco_instances") == ["coco_instances"]

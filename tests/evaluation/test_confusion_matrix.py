@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from segtrain.core.errors import UserError
 from segtrain.data.records import ImageRecord
-from segtrain.errors import UserError
 from segtrain.evaluation.metrics import ConfusionMatrix, LabelRangeError
 
 

@@ -74,9 +74,9 @@ def test_titled_row_enlarges_tiles_too_narrow_for_their_titles():
 def test_validation_panel_from_the_hook_has_every_title_in_order(smoke_cache, monkeypatch):
     """The real TensorBoardImages hook on the cpu_smoke validation items and an untrained model."""
     from segtrain.data import build_dataset
-    from segtrain.distributed import DistInfo
     from segtrain.engine.build import step_trainer
     from segtrain.engine.hooks import TensorBoardImages
+    from segtrain.runtime.distributed import DistInfo
 
     cfg = compose(["experiment=cpu_smoke"])
     from segtrain.evaluation.evaluator import PanopticSpec

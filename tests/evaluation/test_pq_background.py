@@ -127,7 +127,7 @@ def test_coco_instances_penalise_the_spill_coco_panoptic_does_not():
 
 def test_unknown_rule_is_a_config_error_naming_the_key():
     from segtrain.config import compose
-    from segtrain.errors import ConfigError
+    from segtrain.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"dataset\.panoptic\.unannotated") as e:
         compose(["dataset.panoptic.unannotated=unknown"])

@@ -8,10 +8,10 @@ import warnings
 
 import torch
 
-from segtrain.distributed import DistInfo
 from segtrain.engine.ema import ModelEMA
 from segtrain.engine.hooks import HookBase
 from segtrain.engine.trainer import StepSettings, Trainer
+from segtrain.runtime.distributed import DistInfo
 
 
 class Net(torch.nn.Module):

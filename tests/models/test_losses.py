@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from segtrain.config.schema import LossConfig
-from segtrain.device import to_device
 from segtrain.engine.trainer import split_batch
 from segtrain.models import build_model
 from segtrain.models.losses import PANOPTIC, SEMANTIC_ONLY, compute_losses, global_denominators, loss_denominators
+from segtrain.runtime.device import to_device
 
 
 def loss_cfg(top_k: float = 1.0) -> LossConfig:

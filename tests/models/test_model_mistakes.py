@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from segtrain.errors import EXIT_USER_ERROR
+from segtrain.core.errors import EXIT_USER_ERROR
 from tests.helpers.cases import Case, run_cases
 
 pytest.importorskip("timm", reason="the timm extra is not installed")

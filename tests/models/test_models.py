@@ -26,7 +26,7 @@ from segtrain.models import (
     model_spec,
     register_model,
 )
-from segtrain.models import registry as registry_module
+from segtrain.models import factory as registry_module
 
 H, W = 65, 73  # odd, not multiples of 32
 PRESETS = ["tiny", "panoptic_r18", "panoptic_r50", "panoptic_mobilenet", "deeplabv3", "fcn", "lraspp"]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from segtrain.errors import UserError
+from segtrain.core.errors import UserError
 from segtrain.models import build_model, load_pretrained, register_scheme
 from segtrain.models import pretrained as pretrained_module
 from segtrain.models.pretrained import Pretrained, load_file, load_timm, load_torchvision, loader_for

@@ -88,8 +88,8 @@ def test_semantic_only_loader_batch_has_no_instance_targets(smoke_cache):
 
 def test_semantic_only_model_trains_a_step(smoke_cache):
     from segtrain.config import compose
-    from segtrain.distributed import DistInfo
     from segtrain.engine.build import step_trainer
+    from segtrain.runtime.distributed import DistInfo
 
     cfg = compose(["experiment=cpu_smoke", "trainer.deterministic=true", "model=lraspp"])
     torch.manual_seed(0)

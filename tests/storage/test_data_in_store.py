@@ -133,8 +133,8 @@ def test_the_index_of_a_changed_remote_annotation_file_is_rebuilt(s3_server, coc
 
 
 def test_a_missing_remote_annotation_file_is_a_line_naming_the_url(coco_bucket, tmp_path):
-    from segtrain.data.formats.registry import check_paths
-    from segtrain.errors import UserError
+    from segtrain.core.errors import UserError
+    from segtrain.data.formats.catalog import check_paths
 
     cfg = coco_config(coco_bucket, tmp_path / "cache")
     cfg.dataset.val.annotations = f"{coco_bucket}/nope.json"
@@ -145,8 +145,8 @@ def test_a_missing_remote_annotation_file_is_a_line_naming_the_url(coco_bucket, 
 
 
 def test_an_image_outside_the_remote_folders_is_refused(s3_server, bucket, test_data, tmp_path):
+    from segtrain.core.errors import UserError
     from segtrain.data import build_dataset
-    from segtrain.errors import UserError
 
     content = json.loads((test_data / "mmpose_coco_person" / "test_coco.json").read_text())
     content["images"][0]["file_name"] = "../elsewhere/secret.jpg"
@@ -223,7 +223,7 @@ def test_the_doctor_names_storage_latency_when_the_store_is_slow(s3_server, coco
     import s3fs
 
     import segtrain.tools.doctor as doctor
-    from segtrain.distributed import DistInfo
+    from segtrain.runtime.distributed import DistInfo
     from tests.helpers.s3_server import S3Proxy
 
     proxy = S3Proxy(s3_server.endpoint, delay_s=0.05).start()  # 50 ms per request

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from segtrain import storage
+from segtrain.core.errors import EXIT_USER_ERROR
 from segtrain.engine.lease_lock import LeaseLock
-from segtrain.errors import EXIT_USER_ERROR
 from tests.helpers.cases import Case, Result, run_cases
 from tests.helpers.s3_server import S3Proxy, closed_port_endpoint, s3_client
 

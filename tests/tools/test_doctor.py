@@ -12,10 +12,10 @@ import torch
 from segtrain.config import compose
 from segtrain.data import StageTimer, build_dataset, collate
 from segtrain.data.images.image_io import read_encoded
-from segtrain.distributed import DistInfo
 from segtrain.engine.build import step_trainer
 from segtrain.engine.hooks import MetricsLogger
 from segtrain.engine.recorder import Recorder
+from segtrain.runtime.distributed import DistInfo
 from segtrain.tools.doctor import ADVICE, diagnose, format_report, stage_times, verdict, warm_rasteriser
 from tests.helpers.proc_utils import run_module
 

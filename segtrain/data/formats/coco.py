@@ -54,7 +54,6 @@ from segtrain.data.index.reading import (
     Problems,
     bounded_list,
     finish,
-    is_utf8,
     parse_json,
     read_annotation_file,
     shown,
@@ -71,9 +70,10 @@ from segtrain.data.records import (
     positive_int,
 )
 from segtrain.data.targets.compiled import optional_kernels
-from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
-from segtrain.launch_env import usable_cores
+from segtrain.runtime.image_limits import DEFAULT_MAX_IMAGE_PIXELS
+from segtrain.runtime.launch_env import usable_cores
 from segtrain.storage.local_files import is_regular_file
+from segtrain.storage.urls import is_utf8
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ from segtrain.data.records import (
     crowd_classes,
 )
 from segtrain.data.targets.panoptic_gt import panoptic_ground_truth
-from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
+from segtrain.runtime.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 from segtrain.storage import read_bytes  # files, and URLs (s3://...)
 
 __all__ = [

@@ -7,7 +7,7 @@ will open (its image, a COCO panoptic PNG) must resolve, symlinks included, insi
 the config names for the split (``dataset.<split>.images`` / ``dir`` / ``panoptic`` ...) or inside
 ``dataset.root``; ``dataset.allow_outside_paths=true`` lifts the rule for layouts that need it.
 
-Checked once per split, after the format's loader (:func:`segtrain.data.formats.registry.load_split`, which
+Checked once per split, after the format's loader (:func:`segtrain.data.formats.catalog.load_split`, which
 every format goes through, the cached annotation index included), on the paths exactly as they will
 be opened. Cost for 100k images: one ``realpath`` per distinct folder and one directory listing per
 folder (symlinked files are found from the listing's entry types), no ``stat`` per image

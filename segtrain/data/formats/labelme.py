@@ -35,7 +35,6 @@ from segtrain.data.index.cache import cached_index, content_hash
 from segtrain.data.index.reading import (
     Problems,
     finish,
-    is_utf8,
     parse_json,
     read_annotation_file,
     read_sized_file,
@@ -53,7 +52,8 @@ from segtrain.data.records import (
     Instance,
     SkipReport,
 )
-from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS
+from segtrain.runtime.image_limits import DEFAULT_MAX_IMAGE_PIXELS
+from segtrain.storage.urls import is_utf8
 
 #: LabelMe shape types that are not areas: skipped silently.
 NON_AREA_SHAPES = frozenset({"line", "linestrip", "line_strip", "point", "points"})

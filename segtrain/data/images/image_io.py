@@ -17,7 +17,7 @@ Order, so that no file can cost more than its real content:
    oriented (below) and must equal the annotation's; width x height must not exceed
    ``max_image_pixels`` (``dataset.max_image_pixels``). A header claiming 30000 x 30000 pixels is
    refused without allocating them. Formats without a parsed header are decoded under OpenCV's
-   ``OPENCV_IO_MAX_IMAGE_PIXELS`` limit (see :mod:`segtrain.image_limits`) and checked after.
+   ``OPENCV_IO_MAX_IMAGE_PIXELS`` limit (see :mod:`segtrain.runtime.image_limits`) and checked after.
 4. Decode with ``IMREAD_IGNORE_ORIENTATION`` (the stored pixel grid, whatever OpenCV's version
    does with EXIF), then orient explicitly.
 
@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, cast
 import cv2
 import numpy as np
 
+from segtrain.core.errors import UserError
 from segtrain.data.images.image_header import ImageHeader, oriented_size, read_header
-from segtrain.errors import UserError
-from segtrain.image_limits import DEFAULT_MAX_IMAGE_PIXELS, OPENCV_LIMIT_VAR
+from segtrain.runtime.image_limits import DEFAULT_MAX_IMAGE_PIXELS, OPENCV_LIMIT_VAR
 from segtrain.storage import read_bytes  # files, and URLs (s3://...)
 from segtrain.storage.local_files import UnsafeFileError
 

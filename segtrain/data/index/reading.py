@@ -219,16 +219,6 @@ def bounded_list(items: list[str], limit: int = 20) -> str:
     return shown + (f"\n  ... and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def is_utf8(s: str) -> bool:
-    """Whether ``s`` encodes as UTF-8. JSON's ``\\udcff`` escapes and file names whose bytes are not UTF-8
-    (``os.fsdecode``) become lone surrogates, which do not: such text cannot be stored in the index, logs or JSON."""
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def shown(v: Any) -> str:
     """``repr(v)`` cut to 40 characters, for naming a bad value in a one-line message."""
     s = repr(v)

@@ -132,7 +132,7 @@ def make_targets(
             an integer in [0, 255] (always for ``center_weight``/``offset_weight``, 0 or 1; for
             ``semantic_weight`` when ``small_instance_weight`` is such an integer or never applies): the same
             values in a quarter of the bytes, which the loader writes, collates and moves, and
-            ``segtrain.device.to_device`` turns back into float32 on the device (what the loss reads).
+            ``segtrain.runtime.device.to_device`` turns back into float32 on the device (what the loss reads).
 
     Returns:
         dict of C-contiguous NumPy arrays:

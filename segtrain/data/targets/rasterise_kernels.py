@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from segtrain.jit import cached_jit
+from segtrain.runtime.jit import cached_jit
 
 _SCALE = 5.0  # pycocotools' sub-pixel grid
 _BOUND = 1e12  # absurd coordinates are bounded before truncation, as in rasterise._runs

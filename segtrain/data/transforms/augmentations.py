@@ -18,8 +18,8 @@ from collections.abc import Callable
 import albumentations as A
 
 from segtrain.config import AugmentConfig
+from segtrain.core.registry import Registry
 from segtrain.data.transforms.cpu_augment import AffineCrop, build_transforms
-from segtrain.registry import Registry
 
 Pipeline = Callable[[AugmentConfig, tuple[int, int]], A.Compose]
 AUGMENTATIONS: Registry[Pipeline] = Registry("augment.name")

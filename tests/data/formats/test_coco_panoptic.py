@@ -15,6 +15,7 @@ from PIL import Image
 
 from segtrain.config import IGNORE_LABEL, compose
 from segtrain.data import build_dataset
+from segtrain.data.formats.catalog import FORMATS, class_map_of
 from segtrain.data.formats.coco_panoptic import (
     image_path,
     load_coco_panoptic,
@@ -22,7 +23,6 @@ from segtrain.data.formats.coco_panoptic import (
     rasterise_panoptic,
     read_segment_ids,
 )
-from segtrain.data.formats.registry import FORMATS, class_map_of
 from segtrain.data.images.image_io import ImageReadError
 from segtrain.data.records import AnnotationError
 from segtrain.data.targets.panoptic_gt import panoptic_categories

@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from segtrain.config import compose, config_dir
+from segtrain.core.errors import UserError
 from segtrain.data.formats import coco_panoptic
 from segtrain.data.formats.coco_panoptic import discover_classes_coco_panoptic
 from segtrain.data.records import AnnotationError
-from segtrain.errors import UserError
 
 # The explicit list configs/dataset/coco_panoptic.yaml held before it said `classes: auto` (after class 0
 # "background"): the 80 things, then the 53 stuff categories (its stuff_classes), each in COCO category-id order.

@@ -20,7 +20,7 @@ from segtrain.data.images.image_header import oriented_size
 from segtrain.data.images.image_io import ImageReadError, orient
 from segtrain.data.pipeline import plan_pipeline
 from segtrain.data.records import ClassMap, ImageRecord, Instance
-from segtrain.device import to_device
+from segtrain.runtime.device import to_device
 
 CPU = torch.device("cpu")
 CLASSES = ["background", "person", "date", "fig", "hazelnut"]

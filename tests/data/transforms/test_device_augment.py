@@ -626,7 +626,7 @@ def test_a_sample_is_augmented_alike_in_any_batch_split(tmp_path, device):
     from segtrain.config import compose
     from segtrain.data.dataset import build_dataset, collate
     from segtrain.data.pipeline import plan_pipeline
-    from segtrain.device import to_device
+    from segtrain.runtime.device import to_device
     from tests.helpers.mixed_coco import mixed_coco_overrides
 
     cfg = compose(

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from segtrain.errors import ConfigError, RendezvousError, debug_requested
-from segtrain.launch_env import env_rank  # noqa: F401 - re-exported: engine code asks distributed
+from segtrain.core.errors import ConfigError, RendezvousError, debug_requested
+from segtrain.runtime.launch_env import env_rank  # noqa: F401 - re-exported: engine code asks distributed
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ import threading
 from types import FrameType
 from typing import Any
 
-from segtrain.errors import EXIT_INTERRUPTED
-from segtrain.launch_env import env_rank
+from segtrain.core.errors import EXIT_INTERRUPTED
+from segtrain.runtime.launch_env import env_rank
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from segtrain import redact
-from segtrain.errors import ConfigError
+from segtrain.core.errors import ConfigError
+from segtrain.runtime import redact
 
 RESULT = "result.yaml"
 SUMMARY = "sweep_summary.yaml"
@@ -238,7 +238,7 @@ class SweepCallback(_HydraCallback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A mistake that every job would meet ends the sweep here in one line (exit status 2): Hydra ignores
         an exception a callback raises, so this one exits."""
-        from segtrain.errors import EXIT_USER_ERROR
+        from segtrain.core.errors import EXIT_USER_ERROR
 
         try:
             check_sweep(config)
@@ -257,7 +257,7 @@ class SweepCallback(_HydraCallback):
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
-        from segtrain.launch_env import env_rank
+        from segtrain.runtime.launch_env import env_rank
 
         if HydraConfig.get().mode != RunMode.MULTIRUN or env_rank() != 0:  # one result per job, by its rank 0
             return

@@ -18,16 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from segtrain.config import Config, ConfigError
-from segtrain.console import progress_bar
-from segtrain.data import PolygonDataset, build_dataset, build_loader, coco_ids
-from segtrain.device import effective_precision
-from segtrain.distributed import DistInfo
-from segtrain.errors import UserError
+from segtrain.core.errors import UserError
+from segtrain.data import PolygonDataset, build_dataset, build_loader
+from segtrain.data.formats import coco_ids
 from segtrain.evaluation.cityscapes_export import CityscapesExport
 from segtrain.evaluation.evaluator import PanopticEvaluator, PanopticSpec, evaluate, evaluators_for
 from segtrain.evaluation.inference import model_from_checkpoint, native_forward
 from segtrain.evaluation.panoptic_export import CocoPanopticExport
 from segtrain.models.contract import contract_of
+from segtrain.runtime.console import progress_bar
+from segtrain.runtime.device import effective_precision
+from segtrain.runtime.distributed import DistInfo
 from segtrain.storage.local_files import atomic_write_bytes
 
 log = logging.getLogger("segtrain.evaluate")

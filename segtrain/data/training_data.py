@@ -16,7 +16,7 @@ from segtrain.config import Config, ConfigError
 from segtrain.data.dataset import PolygonDataset, build_dataset
 from segtrain.data.loaders import build_loader, fit_batch_to_data, per_rank_batch
 from segtrain.data.pipeline import BatchStep, build_mapper, plan_pipeline
-from segtrain.distributed import DistInfo
+from segtrain.runtime.distributed import DistInfo
 
 log = logging.getLogger("segtrain.trainer")
 

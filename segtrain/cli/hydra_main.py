@@ -21,10 +21,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from segtrain import redact, storage
+from segtrain import storage
+from segtrain.cli.sweep import check_direction, check_repeated_keys
 from segtrain.config import VERSION_BASE, ConfigError, check_overrides, config_dir, config_from_checkpoint, finalize
 from segtrain.config.user_files import check_user_configs, split_flags
-from segtrain.errors import (
+from segtrain.core.errors import (
     EXIT_INTERRUPTED,
     EXIT_PREEMPTED,
     EXIT_USER_ERROR,
@@ -33,10 +34,10 @@ from segtrain.errors import (
     debug_requested,
     is_running,
 )
-from segtrain.launch_env import adopt_cluster_env, defer_hydra_record, env_rank, follower_overrides
-from segtrain.preemption import prefer_submitit_signal, requeue_with_submitit
+from segtrain.runtime import redact
+from segtrain.runtime.launch_env import adopt_cluster_env, defer_hydra_record, env_rank, follower_overrides
+from segtrain.runtime.preemption import prefer_submitit_signal, requeue_with_submitit
 from segtrain.storage.local_files import atomic_write_bytes, unwritable_error, writable_folder_problem
-from segtrain.sweep import check_direction, check_repeated_keys
 
 #: ``job(cfg, output_dir, notes)``: an entry point's work; ``notes`` (what ``classes=auto`` found) go to its log.
 Job = Callable[[DictConfig, str, list[str]], Any]
@@ -47,8 +48,8 @@ def run_entry(config_name: str, job: Job) -> None:
     ``dataset.classes=auto`` is read by the data layer while the config is finalized, and what it found
     (``notes``) is the job's to log once its log exists.
 
-    A :class:`~segtrain.errors.UserError` ends the process with one line on stderr and exit status 2
-    (printed once under torchrun, see segtrain/errors.py); a preemption (SIGTERM/SIGUSR1 handled, last.pt
+    A :class:`~segtrain.core.errors.UserError` ends the process with one line on stderr and exit status 2
+    (printed once under torchrun, see segtrain/core/errors.py); a preemption (SIGTERM/SIGUSR1 handled, last.pt
     saved) with status 75; anything else with its traceback (torchrun's ``@record`` reports it).
     """
     failure: list[BaseException] = []

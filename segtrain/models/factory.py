@@ -16,8 +16,8 @@ from torch import nn
 
 from segtrain.config import ConfigError, ModelConfig, check_value
 from segtrain.config.schema import MODEL_OUTPUTS
+from segtrain.core.registry import Registry, check_call, raised_at
 from segtrain.models.contract import ModelContractError, OutputKind, contract_of, output_shapes
-from segtrain.registry import Registry, check_call, raised_at
 
 Builder = Callable[..., nn.Module]  # builder(spec, **model.kwargs)
 B = TypeVar("B", bound=Builder)

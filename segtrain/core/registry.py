@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar, cast, overload
 
-from segtrain.errors import UserError
+from segtrain.core.errors import UserError
 
 T = TypeVar("T")
 
@@ -163,7 +163,7 @@ def check_call(obj: object, key: str, name: str, kwargs: dict[str, object], firs
     arguments from the config (``model.kwargs``) is checked before any work, without calling it."""
     import inspect
 
-    from segtrain.errors import ConfigError
+    from segtrain.core.errors import ConfigError
 
     if not callable(obj):
         raise ConfigError(f"{key}={name}: {type(obj).__name__} {obj!r} is not callable; name a function or class")

@@ -19,13 +19,13 @@ from typing import Any
 from segtrain import storage
 from segtrain.config import BACKGROUND_NAMES, DatasetConfig
 from segtrain.config.data_formats import FORMAT_FACTS, FormatFacts
+from segtrain.core.errors import UserError
+from segtrain.core.registry import Registry
 from segtrain.data.formats.coco import load_coco
 from segtrain.data.formats.confine import confine_paths
 from segtrain.data.formats.labelme import load_labelme
 from segtrain.data.formats.synthetic import ensure_synthetic
 from segtrain.data.records import IGNORE, ClassMap, ImageRecord, SkipReport
-from segtrain.errors import UserError
-from segtrain.registry import Registry
 
 Loader = Callable[[DatasetConfig, str, ClassMap], tuple[Sequence[ImageRecord], SkipReport]]
 Discovered = tuple[str, int] | tuple[str, int, bool]  # (label, instances[, is_stuff])
