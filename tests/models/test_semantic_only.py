@@ -17,6 +17,17 @@ from segtrain.data.targets.device_targets import make_targets_torch
 INSTANCE_KEYS = ("center", "offset", "center_weight", "offset_weight")
 
 
+def test_declared_names_are_the_semantic_only_builtins():
+    from segtrain.config.schema import MODEL_OUTPUTS
+    from segtrain.models.panoptic_deeplab import PanopticDeepLab
+    from segtrain.models.tiny import TinyPanoptic
+    from segtrain.models.torchvision_models import BUILDERS, TorchvisionSegmentation
+
+    semantic_only = {name for name, kind in MODEL_OUTPUTS.items() if kind == "semantic"}
+    assert set(BUILDERS) == semantic_only and TorchvisionSegmentation.instance_aware is False
+    assert PanopticDeepLab.instance_aware and TinyPanoptic.instance_aware
+
+
 def _case(seed: int, h: int = 48, w: int = 64):
     rng = np.random.default_rng(seed)
     mask = rng.integers(0, 7, (h, w)).astype(np.int32)
