@@ -15,7 +15,7 @@ gives the chosen way's and the alternative's time (best of ``--repeat``, the two
 * ``index_dtype`` (data/targets/device_targets.py): ``index_add_``/``index_select`` with int32 vs int64 on the CPU;
 * ``json_parser`` (data/index/reading.py): ``orjson.loads`` vs ``json.loads`` of a COCO-like document;
 * ``confine_per_path`` (data/formats/confine.py): resolving where image paths lead, per path (no alternative);
-* ``memmap_slices`` (data/index/record_index.py): slicing a plain ndarray view of a map vs ``np.memmap`` itself;
+* ``memmap_slices`` (data/index/index_file.py): slicing a plain ndarray view of a map vs ``np.memmap`` itself;
 * ``jpeg_end_check`` (data/images/image_io.py): the end-of-image check from the end vs walking the file's FF bytes;
 * ``warp_rgb`` (data/transforms/cpu_augment.py): ``cv2.warpAffine`` of RGB as it is vs around an RGBA conversion;
 * ``cv2_threads`` (engine/session.py): a torch op right after OpenCV calls, OpenCV's threads on vs serial;

@@ -49,6 +49,7 @@ import numpy as np
 import segtrain.data.index.polygon_text as polygon_text
 from segtrain import storage
 from segtrain.data.index.cache import cached_file_index
+from segtrain.data.index.columns import blob_arrays, encode_column
 from segtrain.data.index.json_chunks import NotSplittable, Structure, chunk_cuts, iter_chunks, parse_piece, skeleton
 from segtrain.data.index.reading import (
     Problems,
@@ -59,7 +60,7 @@ from segtrain.data.index.reading import (
     shown,
     warn_shared_names,
 )
-from segtrain.data.index.record_index import RecordIndex, blob_arrays, encode_column
+from segtrain.data.index.record_index import RecordIndex
 from segtrain.data.index.rle import coco_rle
 from segtrain.data.records import (
     MAX_ANNOTATION_BYTES,

@@ -5,7 +5,7 @@ content depends on: the annotation file's size and a hash of all its bytes (XXH3
 dependency; BLAKE2b without it; for a LabelMe folder: the name and hash of every JSON in it), the loader
 options that change the result (``max_image_pixels``), the index format and the record fields. Class
 lists, ``class_map``, ``unlisted`` and ``on_error`` are applied after loading (see reading.py), so they
-never force a rebuild. A file that is truncated, damaged (checksum of every array, record_index.py), built for
+never force a rebuild. A file that is truncated, damaged (checksum of every array, index_file.py), built for
 other inputs or structurally inconsistent is rebuilt with a warning, never used. Processes that start
 together (DDP ranks) build once: the others wait on a lock and map the result.
 
@@ -40,7 +40,8 @@ from typing import Any, BinaryIO
 
 from segtrain import storage
 from segtrain.config import expand_path
-from segtrain.data.index.record_index import RecordIndex, schema_fingerprint
+from segtrain.data.index.index_file import schema_fingerprint
+from segtrain.data.index.record_index import RecordIndex
 
 try:  # a dependency; without it the cache keys on BLAKE2b (same safety, slower second start)
     import xxhash

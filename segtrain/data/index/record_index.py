@@ -10,7 +10,7 @@ share the arrays (a memory map of the cache file, or the parent's pages) and cop
 Layout (``n`` images, ``m`` instances, ``p`` polygons, ``v`` vertices)::
 
     img/inst_off   (n+1,) int64   instances of image j: inst_off[j]:inst_off[j+1]
-    img/<field>    one column per ImageRecord field (see Codecs)
+    img/<field>    one column per ImageRecord field (see columns.py)
     inst/label     (m,) int32     code into meta["labels"]
     inst/iscrowd   (m,) bool
     inst/part_start, inst/part_count   polygons of each instance in part/vert_off
@@ -19,9 +19,9 @@ Layout (``n`` images, ``m`` instances, ``p`` polygons, ``v`` vertices)::
     part/vert_off  (p+1,) int64   vertices of polygon q: vert[vert_off[q]:vert_off[q+1]]
     vert           (v, 2) float64 (never float32: rasterisation snaps float64 values exactly)
 
-Codecs of a column ``X``: ``int`` (``X`` int64), ``float``, ``bool``, ``intstr`` (int64,
-materialised as ``str``), ``cat`` (``X/code`` int32 into a table in meta), ``str`` / ``bytes`` /
-``path`` / ``relstr`` (``X/off`` int64 + ``X/data`` uint8); any codec may carry ``X/null`` (bool).
+The columns' codecs are in ``columns.py``, the file format in ``index_file.py``, the structural checks of a
+loaded file in ``layout_checks.py`` and the packing of Python records in ``packing.py``; this module maps the
+arrays it is given and builds records from them.
 
 Class indices are not stored: they depend on ``dataset.classes``, ``class_map`` and ``unlisted``,
 and are applied when the index is bound to a :class:`ClassMap` (a lookup table over label codes),
@@ -31,151 +31,21 @@ so one cached index serves every class configuration and class discovery.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import struct
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from segtrain import storage
 from segtrain.config import IGNORE_LABEL as IGNORE_INDEX
+from segtrain.data.index.columns import Column
+from segtrain.data.index.index_file import load_arrays, save_arrays
+from segtrain.data.index.layout_checks import check_layout
+from segtrain.data.index.packing import pack_records
 from segtrain.data.records import ClassMap, ImageRecord, Instance
 
-try:  # a dependency; without it cache files are checksummed with zlib's CRC32
-    import xxhash
-except ImportError:  # pragma: no cover
-    xxhash = None  # type: ignore[assignment]
 
-FORMAT_VERSION = 1
-_MAGIC = b"SEGTIDX\x01"
-_ALIGN = 64
-
-#: Instance fields the index stores in its own layout, not as generic columns.
-_INST_SPECIAL = frozenset({"label", "iscrowd", "polygons", "rle", "class_id", "crowd_class"})
-#: ImageRecord fields with their own handling (instances; path / image_data resolution).
-_IMG_SPECIAL = frozenset({"instances"})
-
-
-def schema_fingerprint() -> str:
-    """Names of the record fields: part of the cache key, so a changed data model rebuilds caches."""
-    img = [f.name for f in dataclasses.fields(ImageRecord)]
-    inst = [f.name for f in dataclasses.fields(Instance)]
-    return f"v{FORMAT_VERSION}:" + ",".join(img) + ";" + ",".join(inst)
-
-
-class IndexFormatError(ValueError):
-    """A cache file that is not a complete, consistent index (it is rebuilt, never used)."""
-
-
-# --------------------------------------------------------------------------- columns
-def blob_arrays(items: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets int64 (n+1,), data uint8) of byte strings."""
-    off = np.zeros(len(items) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, items), np.int64, len(items)), out=off[1:])
-    return off, np.frombuffer(b"".join(items), np.uint8)
-
-
-def encode_column(name: str, values: Sequence[Any], codec: str | None = None) -> tuple[dict, dict[str, np.ndarray]]:
-    """(spec, arrays) of one column of Python values (None allowed): the codec is ``codec`` or
-    inferred from the values (``int``/``bool``/``float``/``cat``/``str``/``bytes``/``path``)."""
-    nulls = [v is None for v in values]
-    present = [v for v in values if v is not None]
-    if codec is None:
-        kinds = {type(v) for v in present}
-        if not kinds:
-            codec = "int"
-        elif kinds <= {bool}:
-            codec = "bool"
-        elif kinds <= {int}:
-            codec = "int"
-        elif kinds <= {int, float}:
-            codec = "float"
-        elif kinds <= {str}:
-            codec = "cat" if len(set(present)) <= max(16, len(present) // 8) else "str"
-        elif kinds <= {bytes}:
-            codec = "bytes"
-        elif all(isinstance(v, Path) for v in present):
-            codec = "path"
-        else:
-            raise TypeError(f"cannot store field {name!r} with values of types {sorted(k.__name__ for k in kinds)}")
-    arrays: dict[str, np.ndarray] = {}
-    spec: dict[str, Any] = {"codec": codec}
-    if any(nulls):
-        arrays[f"{name}/null"] = np.asarray(nulls, bool)
-    if codec in ("int", "intstr"):
-        arrays[name] = np.asarray([0 if v is None else int(v) for v in values], np.int64)
-    elif codec == "float":
-        arrays[name] = np.asarray([0.0 if v is None else float(v) for v in values], np.float64)
-    elif codec == "bool":
-        arrays[name] = np.asarray([bool(v) for v in values], bool)
-    elif codec == "cat":
-        table = sorted(set(present))
-        code = {s: i for i, s in enumerate(table)}
-        arrays[f"{name}/code"] = np.asarray([-1 if v is None else code[v] for v in values], np.int32)
-        spec["table"] = table
-    else:  # str, bytes, path, relstr
-        items = [b"" if v is None else v if isinstance(v, bytes) else str(v).encode("utf-8") for v in values]
-        arrays[f"{name}/off"], arrays[f"{name}/data"] = blob_arrays(items)
-    return spec, arrays
-
-
-class _Column:
-    """Reads one encoded column; ``root`` joins ``path`` / ``relstr`` values."""
-
-    def __init__(self, name: str, spec: Mapping[str, Any], arrays: Mapping[str, np.ndarray], root: Any = None):
-        self.codec = spec["codec"]
-        self.null = arrays.get(f"{name}/null")
-        self.root = root
-        if self.codec == "cat":
-            self.values = arrays[f"{name}/code"]
-            self.table = list(spec["table"])
-        elif self.codec in ("str", "bytes", "path", "relstr"):
-            self.off = arrays[f"{name}/off"]
-            self.data = arrays[f"{name}/data"]
-        else:
-            self.values = arrays[name]
-
-    def get_range(self, a: int, b: int) -> list:
-        """Values ``a:b`` (one slice of the arrays instead of ``b - a`` lookups)."""
-        c = self.codec
-        if c in ("int", "float", "bool", "intstr") and self.null is None:
-            vals = self.values[a:b].tolist()
-            return [str(v) for v in vals] if c == "intstr" else vals
-        if c == "cat" and self.null is None:
-            table = self.table
-            return [table[v] for v in self.values[a:b].tolist()]
-        return [self.get(i) for i in range(a, b)]
-
-    def get(self, i: int) -> Any:
-        if self.null is not None and self.null[i]:
-            return None
-        c = self.codec
-        if c == "int":
-            return int(self.values[i])
-        if c == "intstr":
-            return str(int(self.values[i]))
-        if c == "float":
-            return float(self.values[i])
-        if c == "bool":
-            return bool(self.values[i])
-        if c == "cat":
-            return self.table[self.values[i]]
-        raw = self.data[self.off[i] : self.off[i + 1]].tobytes()
-        if c == "bytes":
-            return raw
-        s = raw.decode("utf-8")
-        if c == "path":  # s3://bucket/images + name joins as text (a Path would make it s3:/bucket)
-            return Path(s) if self.root is None else storage.location(storage.join_name(self.root, s))
-        if c == "relstr":
-            return s if self.root is None else storage.join_name(self.root, s)
-        return s
-
-
-# --------------------------------------------------------------------------- the index
 class RecordIndex(Sequence[ImageRecord]):
     """``Sequence[ImageRecord]`` backed by flat arrays; ``index[i]`` builds record ``i``.
 
@@ -217,8 +87,8 @@ class RecordIndex(Sequence[ImageRecord]):
         self._rle_off = a["inst/rle/off"]
         self._rle_data = a["inst/rle/data"]
         cols = self.meta["columns"]
-        self._img_cols = {k: _Column(f"img/{k}", s, a, self.roots.get(k)) for k, s in cols["img"].items()}
-        self._inst_cols = {k: _Column(f"inst/{k}", s, a) for k, s in cols["inst"].items()}
+        self._img_cols = {k: Column(f"img/{k}", s, a, self.roots.get(k)) for k, s in cols["img"].items()}
+        self._inst_cols = {k: Column(f"inst/{k}", s, a) for k, s in cols["inst"].items()}
         self._img_fields = {f.name for f in dataclasses.fields(ImageRecord)}
         self._inst_fields = {f.name for f in dataclasses.fields(Instance)}
         self._stored_classes = "class_id" in cols["inst"]
@@ -236,7 +106,7 @@ class RecordIndex(Sequence[ImageRecord]):
         out = self.view()
         out.roots.update(roots)
         out._img_cols = {
-            k: _Column(f"img/{k}", s, out.arrays, out.roots.get(k)) for k, s in self.meta["columns"]["img"].items()
+            k: Column(f"img/{k}", s, out.arrays, out.roots.get(k)) for k, s in self.meta["columns"]["img"].items()
         }
         return out
 
@@ -445,56 +315,17 @@ class RecordIndex(Sequence[ImageRecord]):
         extra_labels: Iterable[str] = (),
         meta: Mapping[str, Any] | None = None,
     ) -> RecordIndex:
-        """Pack records (any ImageRecord / Instance fields, generically by value type).
-
-        ``store_classes=False`` leaves ``class_id`` / ``crowd_class`` out: they then come from
-        :meth:`bind` (what loaders do, so one index serves every class configuration).
-        ``codecs``: codec of some image fields (e.g. ``{"source": "relstr"}``); ``extra_columns``:
-        more image columns ``name -> (values, codec)``; ``extra_labels``: labels to give codes to
-        even if no instance has them (problems are recorded by label code); ``meta``: more meta."""
-        records = list(records)
-        codecs = dict(codecs or {})
-        img_fields = [f.name for f in dataclasses.fields(ImageRecord) if f.name not in _IMG_SPECIAL]
-        inst_fields = [f.name for f in dataclasses.fields(Instance) if f.name not in _INST_SPECIAL]
-        if store_classes:
-            inst_fields += ["class_id", "crowd_class"]
-        instances = [inst for r in records for inst in r.instances]
-        labels = sorted({inst.label for inst in instances} | set(extra_labels))
-        code = {s: i for i, s in enumerate(labels)}
-        polys = [p for inst in instances for p in inst.polygons]
-        vert = (
-            np.concatenate([np.asarray(p, np.float64).reshape(-1, 2) for p in polys])
-            if polys
-            else np.zeros((0, 2), np.float64)
+        """Pack records (any ImageRecord / Instance fields, generically by value type); the arguments are
+        :func:`~segtrain.data.index.packing.pack_records`'s."""
+        arrays, full_meta = pack_records(
+            records,
+            store_classes=store_classes,
+            codecs=codecs,
+            extra_columns=extra_columns,
+            extra_labels=extra_labels,
+            meta=meta,
         )
-        part_count = np.fromiter((len(inst.polygons) for inst in instances), np.int32, len(instances))
-        arrays: dict[str, np.ndarray] = {
-            "img/inst_off": _offsets([len(r.instances) for r in records]),
-            "inst/label": np.fromiter((code[inst.label] for inst in instances), np.int32, len(instances)),
-            "inst/iscrowd": np.fromiter((bool(inst.iscrowd) for inst in instances), bool, len(instances)),
-            "inst/part_start": (np.cumsum(part_count, dtype=np.int64) - part_count),
-            "inst/part_count": part_count,
-            "part/vert_off": _offsets([len(np.asarray(p).reshape(-1, 2)) for p in polys]),
-            "vert": vert,
-        }
-        arrays["inst/rle/off"], arrays["inst/rle/data"] = blob_arrays(
-            [_rle_bytes(inst.rle, r) for r in records for inst in r.instances]
-        )
-        columns: dict[str, dict] = {"img": {}, "inst": {}}
-        img_values: dict[str, tuple[Sequence[Any], str | None]] = {
-            name: ([getattr(r, name) for r in records], codecs.get(name)) for name in img_fields
-        }
-        img_values.update(extra_columns or {})
-        for name, (values, codec) in img_values.items():
-            spec, arrs = encode_column(f"img/{name}", values, codec)
-            columns["img"][name] = spec
-            arrays.update(arrs)
-        for name in inst_fields:
-            codec = "intstr" if name == "ann_id" and _all_int_strings(instances) else None
-            spec, arrs = encode_column(f"inst/{name}", [getattr(inst, name) for inst in instances], codec)
-            columns["inst"][name] = spec
-            arrays.update(arrs)
-        return cls(arrays, {"errors": [], **dict(meta or {}), "labels": labels, "columns": columns})
+        return cls(arrays, full_meta)
 
     # ---- persistence
     def save(self, path: str | os.PathLike, key: str = "") -> None:
@@ -503,7 +334,7 @@ class RecordIndex(Sequence[ImageRecord]):
 
     @classmethod
     def load(cls, path: str | os.PathLike, key: str | None = None, verify: bool = True) -> RecordIndex:
-        """Memory-map an index written by :meth:`save`; :class:`IndexFormatError` unless it is
+        """Memory-map an index written by :meth:`save`; ``IndexFormatError`` (index_file.py) unless it is
         complete, consistent and (``verify``) its checksum matches."""
         arrays, meta = load_arrays(path, key, verify)
         index = cls(arrays, meta, file=str(path))
@@ -513,39 +344,7 @@ class RecordIndex(Sequence[ImageRecord]):
     def validate(self) -> None:
         """Structural checks (offsets monotonic and in bounds, codes in range): a damaged file
         must never make materialisation read out of bounds."""
-        a = self.arrays
-        n_inst, n_part, n_vert = len(self._label), len(self._vert_off) - 1, len(self._vert)
-        _check_offsets("img/inst_off", self._inst_off, n_inst)
-        _check_offsets("part/vert_off", self._vert_off, n_vert)
-        _check_offsets("inst/rle/off", self._rle_off, len(self._rle_data))
-        if self._vert.ndim != 2 or self._vert.shape[1] != 2 or self._vert.dtype != np.float64:
-            raise IndexFormatError("vertices are not (V, 2) float64")
-        for name in ("inst/iscrowd", "inst/part_start", "inst/part_count", "inst/rle/off"):
-            want = n_inst + (name == "inst/rle/off")
-            if len(a[name]) != want:
-                raise IndexFormatError(f"{name} has {len(a[name])} entries, expected {want}")
-        if n_inst and (
-            self._part_start.min() < 0
-            or self._part_count.min() < 0
-            or (self._part_start + self._part_count).max() > n_part
-        ):
-            raise IndexFormatError("polygon ranges out of bounds")
-        if n_inst and (self._label.min() < 0 or self._label.max() >= len(self.meta["labels"])):
-            raise IndexFormatError("label codes out of range")
-        n_img = len(self._inst_off) - 1
-        for level, count in (("img", n_img), ("inst", n_inst)):
-            for name, spec in self.meta["columns"][level].items():
-                key = f"{level}/{name}"
-                if spec["codec"] == "cat":
-                    codes = a[f"{key}/code"]
-                    if len(codes) != count or (count and (codes.max() >= len(spec["table"]) or codes.min() < -1)):
-                        raise IndexFormatError(f"column {key} is inconsistent")
-                elif f"{key}/off" in a:
-                    _check_offsets(f"{key}/off", a[f"{key}/off"], len(a[f"{key}/data"]))
-                    if len(a[f"{key}/off"]) != count + 1:
-                        raise IndexFormatError(f"column {key} has the wrong length")
-                elif len(a[key]) != count:
-                    raise IndexFormatError(f"column {key} has the wrong length")
+        check_layout(self.arrays, self.meta)
 
     # ---- pickling (spawned loader workers): a mapped index is reopened, not copied
     def __reduce__(self):
@@ -593,153 +392,7 @@ def _restore(state: dict) -> RecordIndex:
     return out
 
 
-def _rle_bytes(rle: dict | None, rec: ImageRecord) -> bytes:
-    if rle is None:
-        return b""
-    if [int(v) for v in rle["size"]] != [rec.height, rec.width]:
-        raise ValueError(f"RLE size {rle['size']} differs from image {rec.image_id} ({rec.height}x{rec.width})")
-    c = rle["counts"]
-    return c.encode("ascii") if isinstance(c, str) else bytes(c)
-
-
-def _all_int_strings(instances: list[Instance]) -> bool:
-    return bool(instances) and all(
-        isinstance(i.ann_id, str) and i.ann_id.isdigit() and str(int(i.ann_id)) == i.ann_id and len(i.ann_id) < 19
-        for i in instances
-    )
-
-
-def _offsets(lengths: Sequence[int]) -> np.ndarray:
-    off = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(np.asarray(lengths, np.int64), out=off[1:])
-    return off
-
-
 def _ranges(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, e)`` for each pair, vectorised."""
     lens = stops - starts
     return np.arange(int(lens.sum())) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
-
-
-def _check_offsets(name: str, off: np.ndarray, size: int) -> None:
-    if off.ndim != 1 or len(off) < 1 or off[0] != 0 or off[-1] != size or (len(off) > 1 and np.any(off[1:] < off[:-1])):
-        raise IndexFormatError(f"{name}: offsets are not a monotonic 0..{size} range")
-
-
-# --------------------------------------------------------------------------- file format
-def save_arrays(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], key: str) -> None:
-    """One file: magic, header length, JSON header (array table, meta, key, checksum), 64-byte
-    aligned raw arrays. Written to a temp file beside ``path`` and renamed into place, so a reader sees
-    the old file or the whole new one.
-
-    Not fsynced: the file is derived data, and every start that maps it checks its size and the checksum
-    of every array (:func:`load_arrays`). What a crash before write-back can leave (an empty file, the
-    right size filled with zeros, part of the data) fails that check and is rebuilt from the annotations,
-    so forcing the data to the disk would buy nothing and cost every first start a flush of the whole
-    file (longest on network disks)."""
-    path = Path(path)
-    table, offset = {}, 0
-    check = _Checksum("xxh3_64" if xxhash is not None else "crc32")
-    for name, a in arrays.items():
-        a = np.ascontiguousarray(a)
-        table[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "offset": offset}
-        offset += _pad(a.nbytes)
-        if a.nbytes:
-            check.update(a.data.cast("B"))
-    header = json.dumps(
-        {"version": FORMAT_VERSION, "key": key, "meta": dict(meta, _key=key), "arrays": table, **check.entry()},
-        separators=(",", ":"),
-    ).encode("utf-8")
-    start = _pad(len(_MAGIC) + 8 + len(header))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(_MAGIC + struct.pack("<Q", len(header)) + header)
-            f.write(b"\0" * (start - f.tell()))
-            for a in arrays.values():
-                a = np.ascontiguousarray(a)
-                if a.nbytes:
-                    f.write(a.data.cast("B"))
-                f.write(b"\0" * (_pad(a.nbytes) - a.nbytes))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def load_arrays(
-    path: str | os.PathLike, key: str | None = None, verify: bool = True
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Arrays (read-only memory maps) and meta of a file written by :func:`save_arrays`."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(_MAGIC) + 8)
-            if len(head) < len(_MAGIC) + 8 or head[: len(_MAGIC)] != _MAGIC:
-                raise IndexFormatError(f"{path}: not a segtrain index file")
-            (hlen,) = struct.unpack("<Q", head[len(_MAGIC) :])
-            size = os.fstat(f.fileno()).st_size
-            if hlen > size:
-                raise IndexFormatError(f"{path}: header longer than the file")
-            header = json.loads(f.read(hlen).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise IndexFormatError(f"{path}: unreadable index header ({e})") from e
-    if header.get("version") != FORMAT_VERSION:
-        raise IndexFormatError(f"{path}: index format {header.get('version')}, expected {FORMAT_VERSION}")
-    if key is not None and header.get("key") != key:
-        raise IndexFormatError(f"{path}: index built for other inputs")
-    start = _pad(len(_MAGIC) + 8 + hlen)
-    table = header["arrays"]
-    try:
-        end = start + sum(_pad(int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize) for t in table.values())
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise IndexFormatError(f"{path}: malformed array table ({e})") from e
-    if end != size:
-        raise IndexFormatError(f"{path}: {size} bytes, expected {end} (truncated or padded)")
-    arrays: dict[str, np.ndarray] = {}
-    check = _Checksum("xxh3_64" if "xxh3_64" in header else "crc32")
-    if verify and check.name == "xxh3_64" and xxhash is None:
-        raise IndexFormatError(f"{path}: checksummed with xxhash, which is not installed")
-    # plain ndarray views of the map: np.memmap's Python-level __getitem__ would cost many times a view's slice
-    mm = np.memmap(path, np.uint8, "r").view(np.ndarray) if size > start else None
-    for name, t in table.items():
-        dtype, shape = np.dtype(t["dtype"]), tuple(int(v) for v in t["shape"])
-        if dtype.kind not in "biuf" or min(shape, default=0) < 0:  # never object arrays from a file
-            raise IndexFormatError(f"{path}: array {name!r} has dtype {dtype} / shape {shape}")
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        if nbytes == 0:
-            arrays[name] = np.zeros(shape, dtype)
-            continue
-        o = start + int(t["offset"])
-        assert mm is not None  # end == size and nbytes > 0, so the file holds data after the header
-        a = mm[o : o + nbytes].view(dtype).reshape(shape)
-        if verify:
-            check.update(a.data.cast("B") if a.flags.c_contiguous else a.tobytes())
-        arrays[name] = a
-    if verify and check.entry()[check.name] != header.get(check.name):
-        raise IndexFormatError(f"{path}: checksum mismatch (the file is damaged)")
-    return arrays, header["meta"]
-
-
-class _Checksum:
-    """Checksum of a cache file's arrays: XXH3 (64 bit) where xxhash is installed (a dependency; ~4x faster
-    than zlib's CRC32, which a second start pays on every byte of the index), else CRC32. The header names
-    which one it holds, so a file written either way is verified (or refused) correctly."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._h = xxhash.xxh3_64() if name == "xxh3_64" and xxhash is not None else None
-        self._crc = 0
-
-    def update(self, data: Any) -> None:
-        if self._h is not None:
-            self._h.update(data)
-        else:
-            self._crc = zlib.crc32(data, self._crc)
-
-    def entry(self) -> dict[str, Any]:
-        return {self.name: self._h.hexdigest() if self._h is not None else self._crc}
-
-
-def _pad(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
