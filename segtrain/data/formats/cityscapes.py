@@ -307,7 +307,18 @@ def load_cityscapes(
     """
     gt_root, img_root = storage.location(gt_dir), storage.location(images_dir)  # folders, or URLs (s3://...)
     col = Collector(on_error)
-    # one listing of each folder tree: in a store, not a request per city folder and per image
+    files, image_names = _annotation_files(gt_root, img_root)
+    records: list[ImageRecord] = []
+    for js in storage.reading_ahead(files, "Cityscapes annotation file", _MAX_JSON_BYTES):
+        record = _image_record(js, gt_root, img_root, image_names, class_map, col)
+        if record is not None:
+            records.append(record)
+    return records, col.report
+
+
+def _annotation_files(gt_root: Any, img_root: Any) -> tuple[list[Any], set[str]]:
+    """(the ``<city>/*_polygons.json`` files, sorted as Paths sort; the ``<city>/<name>`` of every image): one
+    listing of each folder tree, so that a store gets no request per city folder and per image."""
     gt_listed = storage.backend_for(gt_root).files_under(gt_root)
     gt_names = [n for n in gt_listed if n.count("/") == 1 and n.endswith("_polygons.json")]
     image_names = set(storage.backend_for(img_root).files_under(img_root))
@@ -321,88 +332,97 @@ def load_cityscapes(
         raise AnnotationError(
             f"{gt_root}: no <city>/*_gtFine_polygons.json files; is this gtFine/<split> of a Cityscapes download?"
         )
+    return files, image_names
 
-    def image_exists(path: Any) -> bool:
-        return f"{path.parent.name}/{path.name}" in image_names
 
-    records: list[ImageRecord] = []
-    for js in storage.reading_ahead(files, "Cityscapes annotation file", _MAX_JSON_BYTES):
-        src = str(js)
-        stem = _SUFFIX.sub("", js.name)
-        read = read_sized_file(
-            js,
-            "Cityscapes annotation file",
-            _MAX_JSON_BYTES,
-            kind="Cityscapes polygon file",
-            list_key="objects",
-            size_keys=("imgHeight", "imgWidth"),
-            fix="write the image size into the file",
-            folder=gt_root,
+def _image_record(
+    js: Any, gt_root: Any, img_root: Any, image_names: set[str], class_map: ClassMap, col: Collector
+) -> ImageRecord | None:
+    """The record of one polygon file, under its void region; None (the problem told to ``col``) when the file
+    is unreadable or its image is missing."""
+    src = str(js)
+    stem = _SUFFIX.sub("", js.name)
+    read = read_sized_file(
+        js,
+        "Cityscapes annotation file",
+        _MAX_JSON_BYTES,
+        kind="Cityscapes polygon file",
+        list_key="objects",
+        size_keys=("imgHeight", "imgWidth"),
+        fix="write the image size into the file",
+        folder=gt_root,
+    )
+    if isinstance(read, str):
+        col.image(read)
+        return None
+    data, h, w = read
+    path = img_root / js.parent.name / f"{stem}_leftImg8bit.png"
+    if f"{path.parent.name}/{path.name}" not in image_names:
+        col.image(
+            f"{src}: image not found: {path}. Fix: check dataset.<split>.images (= {img_root}, holding one "
+            "folder per city with <stem>_leftImg8bit.png), or set dataset.on_error=skip to leave it out"
         )
-        if isinstance(read, str):
-            col.image(read)
-            continue
-        data, h, w = read
-        path = img_root / js.parent.name / f"{stem}_leftImg8bit.png"
-        if not image_exists(path):
-            col.image(
-                f"{src}: image not found: {path}. Fix: check dataset.<split>.images (= {img_root}, holding one "
-                "folder per city with <stem>_leftImg8bit.png), or set dataset.on_error=skip to leave it out"
-            )
-            continue
-        kept: list[tuple[Instance, np.ndarray]] = []
-        for i, obj in enumerate(data["objects"]):
-            where = f"{src}: object {i}"
-            if not isinstance(obj, dict):
-                col.annotation(f"{where} is not an object")
-                continue
-            if obj.get("deleted"):
-                continue
-            label = str(obj.get("label", ""))
-            where = f"{where} (label {label!r})"
-            found = label_of(label)
-            if found is None:
-                col.annotation(
-                    f"{where}: unknown Cityscapes label; the labels are those of cityscapesscripts' "
-                    "helpers/labels.py (plus '<label>group' for groups). Fix the label, or set dataset.on_error=skip"
-                )
-                continue
-            lab, group = found
-            if lab.id < 0:
-                continue  # license plate: never drawn
-            try:
-                class_id = _class_of(lab, class_map)
-                points = _points(obj.get("polygon"))
-            except UnknownLabelError as e:
-                col.annotation(f"{where}: {e}")
-                continue
-            except ValueError as e:
-                col.annotation(f"{where}: {e}. Fix the polygon, or set dataset.on_error=skip to leave it out")
-                continue
-            if class_id is None:
-                continue  # dropped on purpose by dataset.class_map
-            crowd = group and lab.has_instances and class_id != IGNORE_LABEL
-            inst = Instance(
-                ann_id=f"{js.name}#{i}",
-                label=label,
-                class_id=IGNORE_LABEL if crowd else int(class_id),
-                polygons=[],
-                iscrowd=crowd,
-                crowd_class=int(class_id) if crowd else None,
-            )
-            kept.append((inst, points))
-        for (inst, _), poly in zip(kept, pil_polygons([p for _, p in kept]), strict=True):
-            inst.polygons.append(poly)
-        records.append(
-            ImageRecord(
-                image_id=stem,
-                source=src,
-                height=h,
-                width=w,
-                path=path,
-                image_data=None,
-                instances=[_void(h, w), *(inst for inst, _ in kept)],
-                paint_order="file",
-            )
+        return None
+    kept = [
+        found
+        for i, obj in enumerate(data["objects"])
+        if (found := _object_instance(obj, i, js, class_map, col)) is not None
+    ]
+    for (inst, _), poly in zip(kept, pil_polygons([p for _, p in kept]), strict=True):
+        inst.polygons.append(poly)
+    return ImageRecord(
+        image_id=stem,
+        source=src,
+        height=h,
+        width=w,
+        path=path,
+        image_data=None,
+        instances=[_void(h, w), *(inst for inst, _ in kept)],
+        paint_order="file",
+    )
+
+
+def _object_instance(
+    obj: Any, i: int, js: Any, class_map: ClassMap, col: Collector
+) -> tuple[Instance, np.ndarray] | None:
+    """(the instance, its polygon as drawn) of object ``i`` of the file ``js``; None when it is not drawn
+    (deleted, never drawn, dropped by the class map) or wrong (the problem told to ``col``)."""
+    where = f"{js}: object {i}"
+    if not isinstance(obj, dict):
+        col.annotation(f"{where} is not an object")
+        return None
+    if obj.get("deleted"):
+        return None
+    label = str(obj.get("label", ""))
+    where = f"{where} (label {label!r})"
+    found = label_of(label)
+    if found is None:
+        col.annotation(
+            f"{where}: unknown Cityscapes label; the labels are those of cityscapesscripts' "
+            "helpers/labels.py (plus '<label>group' for groups). Fix the label, or set dataset.on_error=skip"
         )
-    return records, col.report
+        return None
+    lab, group = found
+    if lab.id < 0:
+        return None  # license plate: never drawn
+    try:
+        class_id = _class_of(lab, class_map)
+        points = _points(obj.get("polygon"))
+    except UnknownLabelError as e:
+        col.annotation(f"{where}: {e}")
+        return None
+    except ValueError as e:
+        col.annotation(f"{where}: {e}. Fix the polygon, or set dataset.on_error=skip to leave it out")
+        return None
+    if class_id is None:
+        return None  # dropped on purpose by dataset.class_map
+    crowd = group and lab.has_instances and class_id != IGNORE_LABEL
+    inst = Instance(
+        ann_id=f"{js.name}#{i}",
+        label=label,
+        class_id=IGNORE_LABEL if crowd else int(class_id),
+        polygons=[],
+        iscrowd=crowd,
+        crowd_class=int(class_id) if crowd else None,
+    )
+    return inst, points
