@@ -265,6 +265,8 @@ def _time_parts() -> dict[str, float]:
     ``columns`` (the rest of the build: checks and arrays), ``write_map`` (save and map the cache file,
     checksums included)."""
     import segtrain.data.formats.coco as coco
+    import segtrain.data.formats.coco_build as coco_build
+    import segtrain.data.formats.coco_chunks as coco_chunks
     import segtrain.data.index.cache as cache
     import segtrain.data.index.polygon_text as polygon_text
     from segtrain.data.index.record_index import RecordIndex
@@ -288,7 +290,7 @@ def _time_parts() -> dict[str, float]:
     def timed(owner: Any, attr: str, part: str) -> None:
         setattr(owner, attr, wrap(getattr(owner, attr), part))
 
-    real_kernels = coco._kernels
+    real_kernels = coco_build.compiled_kernels
     timed_kernels = wrap(real_kernels, "jit_load")
 
     def in_scan_thread(real: Any) -> Any:
@@ -325,12 +327,13 @@ def _time_parts() -> dict[str, float]:
 
     concurrent.futures.Future.result = result  # type: ignore[method-assign]
 
-    coco._kernels = kernels  # type: ignore[assignment]
+    coco_build.compiled_kernels = kernels  # type: ignore[assignment]
     timed(coco, "read_annotation_file", "read")
     timed(cache, "bytes_hash", "hash")
     timed(cache, "file_fingerprint", "stream_hash")
-    timed(coco, "Structure", "structure")
-    timed(coco, "parse_json", "parse")  # what _loads_chunk and the whole-file parse call
+    timed(coco_build, "Structure", "structure")
+    timed(coco_chunks, "parse_json", "parse")  # what loads_chunk calls
+    timed(coco_build, "parse_json", "parse")  # the whole-file parse
     timed(polygon_text, "extract_polygons", "parse_text")  # the parser's fallback, in the converting thread
     timed(coco, "build_coco", "build")
     timed(RecordIndex, "save", "write_map")

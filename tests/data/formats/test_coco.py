@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import segtrain.data.formats.coco as coco_mod
+import segtrain.data.formats.coco_annotations as coco_annotations
+import segtrain.data.formats.coco_build as coco_build
 from segtrain.data.index import polygon_text
 from segtrain.data.index.record_index import RecordIndex
 from segtrain.data.records import AnnotationError, ClassMap
@@ -36,17 +37,17 @@ def _build(path: Path, monkeypatch: pytest.MonkeyPatch, fast: bool) -> tuple[Rec
         if fast:
             m.setattr(polygon_text, "MIN_FILE_BYTES", 0)
         else:
-            m.setattr(coco_mod, "_kernels", lambda: None)
+            m.setattr(coco_build, "compiled_kernels", lambda: None)
         scanned = []
-        real = coco_mod._Annotations.add_scanned
+        real = coco_annotations.Annotations.add_scanned
 
         def counting(self: Any, chunk: Any, base: int) -> None:
             scanned.append(len(chunk))
             real(self, chunk, base)
 
-        m.setattr(coco_mod._Annotations, "add_scanned", counting)
+        m.setattr(coco_annotations.Annotations, "add_scanned", counting)
         try:
-            return coco_mod.build_coco(path), len(scanned)
+            return coco_build.build_coco(path), len(scanned)
         except AnnotationError as e:  # then the same error either way
             return e, len(scanned)
 

@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import segtrain.data.formats.coco as coco_mod
+import segtrain.data.formats.coco_annotations as coco_annotations
+import segtrain.data.formats.coco_build as coco_build
+import segtrain.data.formats.coco_chunks as coco_chunks
 from segtrain.data.index import polygon_text
 from segtrain.data.index.coco_text_kernels import brackets, scan_annotations
 from segtrain.data.index.json_chunks import Structure
@@ -83,20 +85,20 @@ def _build(path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool) -> tuple
     """build_coco of ``path`` (chunks of ~200 bytes) with or without the compiled passes; also the number of
     chunks the compiled pass read."""
     with monkeypatch.context() as m:
-        m.setattr(coco_mod, "CHUNK_BYTES", 200)
+        m.setattr(coco_build, "CHUNK_BYTES", 200)
         m.setattr(polygon_text, "MIN_FILE_BYTES", 0)
         if not compiled:
-            m.setattr(coco_mod, "_kernels", lambda: None)
+            m.setattr(coco_build, "compiled_kernels", lambda: None)
         scanned = []
-        real = coco_mod._Annotations.add_scanned
+        real = coco_annotations.Annotations.add_scanned
 
         def counting(self: Any, chunk: Any, base: int) -> None:
             scanned.append(len(chunk))
             real(self, chunk, base)
 
-        m.setattr(coco_mod._Annotations, "add_scanned", counting)
+        m.setattr(coco_annotations.Annotations, "add_scanned", counting)
         try:
-            return coco_mod.build_coco(path), len(scanned)
+            return coco_build.build_coco(path), len(scanned)
         except Exception as e:  # the same error either way
             return e, len(scanned)  # type: ignore[return-value]
 
@@ -208,7 +210,7 @@ def test_chunks_scanned_in_threads_give_the_parsers_index_in_file_order(
         return real(buf, a, end)
 
     monkeypatch.setattr(coco_text_kernels, "scan_annotations", recording)
-    monkeypatch.setattr(coco_mod, "scan_threads", lambda: threads)
+    monkeypatch.setattr(coco_chunks, "scan_threads", lambda: threads)
     fast, scanned = _build(path, monkeypatch, compiled=True)
     slow, _ = _build(path, monkeypatch, compiled=False)
     assert scanned > 20

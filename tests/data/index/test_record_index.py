@@ -21,6 +21,7 @@ import pytest
 from pycocotools import mask as mask_utils
 
 from segtrain.data.formats import coco as coco_mod
+from segtrain.data.formats import coco_build
 from segtrain.data.formats.coco import discover_classes_coco, load_coco
 from segtrain.data.formats.labelme import discover_classes_labelme, load_labelme
 from segtrain.data.images.image_io import ImageReadError, read_encoded
@@ -297,13 +298,13 @@ def test_build_runs_without_the_cyclic_collector_and_restores_it(coco_copy, monk
     """The build turns the cyclic collector off (its containers form no cycles) and leaves it as it found it,
     also when the file is not a COCO instances file."""
     seen: list[bool] = []
-    real = coco_mod._build
+    real = coco_build._build
 
     def build(*args, **kwargs):
         seen.append(gc.isenabled())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(coco_mod, "_build", build)
+    monkeypatch.setattr(coco_build, "_build", build)
     was = gc.isenabled()
     (gc.enable if enabled else gc.disable)()
     try:
@@ -568,8 +569,8 @@ def test_split_parse_equals_whole_parse_on_odd_layouts(tmp_path, split):
     js = tmp_path / "ann.json"
     js.write_bytes(text.encode())
     raw = js.read_bytes()
-    a = coco_mod._build([raw], js, 1 << 28, split=split)
-    b = coco_mod._build([raw], js, 1 << 28, split=False)
+    a = coco_build._build([raw], js, 1 << 28, split=split)
+    b = coco_build._build([raw], js, 1 << 28, split=False)
     ia, ib = a.bind(ClassMap(["background", "person"]))[0], b.bind(ClassMap(["background", "person"]))[0]
     ia, ib = ia.with_roots(path=tmp_path), ib.with_roots(path=tmp_path)
     ia, ib = ia.with_consts(source="s"), ib.with_consts(source="s")
@@ -579,10 +580,10 @@ def test_split_parse_equals_whole_parse_on_odd_layouts(tmp_path, split):
 @pytest.mark.parametrize("split", [True, False])
 def test_many_small_chunks_give_the_legacy_records(test_data, tmp_path, monkeypatch, split):
     """Chunk boundaries everywhere (RLE and polygon annotations of one image in different chunks)."""
-    monkeypatch.setattr(coco_mod, "CHUNK_BYTES", 300)
-    monkeypatch.setattr(coco_mod, "CHUNK", 3)
+    monkeypatch.setattr(coco_build, "CHUNK_BYTES", 300)
+    monkeypatch.setattr(coco_build, "CHUNK", 3)
     if not split:
-        monkeypatch.setattr(coco_mod, "Structure", _not_splittable)
+        monkeypatch.setattr(coco_build, "Structure", _not_splittable)
     for name in (
         "panopticapi_sample/panoptic_coco_detection_format.json",
         "mmdetection_coco_dummy_annotations_only/instances_val2017.json",
@@ -596,7 +597,7 @@ def test_many_small_chunks_give_the_legacy_records(test_data, tmp_path, monkeypa
 
 
 def _not_splittable(raw):
-    raise coco_mod.NotSplittable("test")
+    raise coco_build.NotSplittable("test")
 
 
 def test_coco_syntax_error_reports_line_and_column(tmp_path):
