@@ -37,13 +37,14 @@ Class discovery (:func:`discover_classes_coco_panoptic`, for ``dataset.classes=a
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 import math
 import os
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -219,19 +220,46 @@ def load_coco_panoptic(
     src = str(ann_path)
     data, anns, categories = _read_panoptic_json(ann_path)
     warn_shared_names([str(c["name"]) for c in categories.values()], ann_path)
-    classes_of: dict[int, int | None] = {}  # category id -> training class (None: dropped)
+    classes_of, label_errors = _training_classes(categories, class_map)
+    if stuff_classes is not None:
+        _warn_thing_stuff(src, categories, classes_of, class_map, set(stuff_classes))
+    records, bad_images = _image_records(src, data["images"], img_root, col)
+    read_instances = functools.partial(
+        _instances,
+        categories=categories,
+        classes_of=classes_of,
+        label_errors=label_errors,
+        col=col,
+        unlabeled=unlabeled,
+    )
+    annotated = _attach_annotations(src, anns, records, bad_images, png_root, col, read_instances)
+    _drop_unannotated(src, records, annotated, col)
+    if check_files:
+        _drop_missing_files(src, records, col)
+    return list(records.values()), col.report
+
+
+def _training_classes(
+    categories: dict[int, dict[str, Any]], class_map: ClassMap
+) -> tuple[dict[int, int | None], dict[int, str]]:
+    """Each category id's training class (None: dropped by the class map), and the class map's error for
+    each category it does not know: reported for the segments that use it, not for the file."""
+    classes_of: dict[int, int | None] = {}
     label_errors: dict[int, str] = {}
     for cid, cat in categories.items():
         try:
             classes_of[cid] = class_map(cat["name"])
         except UnknownLabelError as e:
             label_errors[cid] = str(e)
-    if stuff_classes is not None:
-        _warn_thing_stuff(src, categories, classes_of, class_map, set(stuff_classes))
+    return classes_of, label_errors
 
+
+def _image_records(src: str, images: list, img_root: Path, col: Collector) -> tuple[dict[Any, ImageRecord], set[Any]]:
+    """A record without instances for each usable entry of 'images', by image id, and the ids of the
+    unusable ones (reported here, so their annotations are passed over without a second message)."""
     records: dict[Any, ImageRecord] = {}
     bad_images: set[Any] = set()
-    for i, im in enumerate(data["images"]):
+    for i, im in enumerate(images):
         im_id = im.get("id") if isinstance(im, dict) else None
         where = f"{src}: image id {im_id}" if im_id is not None else f"{src}: images[{i}]"
         if im_id is None or isinstance(im_id, dict | list):
@@ -259,7 +287,20 @@ def load_coco_panoptic(
             instances=[],
             paint_order="file",  # segments never overlap: the order does not matter
         )
+    return records, bad_images
 
+
+def _attach_annotations(
+    src: str,
+    anns: list,
+    records: dict[Any, ImageRecord],
+    bad_images: set[Any],
+    png_root: Path,
+    col: Collector,
+    read_instances: Callable[[str, ImageRecord, str, list], list[Instance] | None],
+) -> set[Any]:
+    """Each annotation's PNG and segments onto its image's record; an image whose annotation is unusable (or
+    doubled) leaves ``records`` for ``bad_images``. Returns the ids of the images that got an annotation."""
     annotated: set[Any] = set()
     for i, a in enumerate(anns):
         im_id = a.get("image_id") if isinstance(a, dict) else None
@@ -289,28 +330,34 @@ def load_coco_panoptic(
             col.image(f"{where}: needs the PNG's 'file_name' and a 'segments_info' list; fix the annotation")
             continue
         rec.panoptic_png = png_root / png_name
-        instances = _instances(src, rec, png_name, segments, categories, classes_of, label_errors, col, unlabeled)
+        instances = read_instances(src, rec, png_name, segments)
         if instances is None:
             bad_images.add(im_id)
             del records[im_id]
             continue
         rec.instances = instances
+    return annotated
 
+
+def _drop_unannotated(src: str, records: dict[Any, ImageRecord], annotated: set[Any], col: Collector) -> None:
+    """Images without an annotation have no PNG to train on: each one out, reported."""
     for im_id in [k for k in records if k not in annotated]:
         del records[im_id]
         col.image(
             f"{src}: image id {im_id} has no entry in 'annotations' (no PNG, no segments); add it, remove the "
             f"image, {_FIX_SKIP}"
         )
-    if check_files:
-        for im_id, rec in list(records.items()):
-            for what, path in (("image", rec.path), ("panoptic PNG", rec.panoptic_png)):
-                assert path is not None  # both are set above for every record
-                if not storage.backend_for(path).is_file(path):
-                    del records[im_id]
-                    col.image(f"{src}: image id {im_id}: {what} file not found: {path}; restore it, {_FIX_SKIP}")
-                    break
-    return list(records.values()), col.report
+
+
+def _drop_missing_files(src: str, records: dict[Any, ImageRecord], col: Collector) -> None:
+    """One stat per image and panoptic PNG (dataset.check_files=true): a record with a missing file out, reported."""
+    for im_id, rec in list(records.items()):
+        for what, path in (("image", rec.path), ("panoptic PNG", rec.panoptic_png)):
+            assert path is not None  # both are set for every record that kept its annotation
+            if not storage.backend_for(path).is_file(path):
+                del records[im_id]
+                col.image(f"{src}: image id {im_id}: {what} file not found: {path}; restore it, {_FIX_SKIP}")
+                break
 
 
 def _instances(
