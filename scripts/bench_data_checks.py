@@ -82,7 +82,7 @@ def main() -> None:
         targets["generated_coco"] = ann
         import orjson
 
-        from segtrain.data.formats.coco_build import build_coco
+        from segtrain.data.formats.coco.build import build_coco
 
         for what, target in targets.items():
             raw = target.read_bytes()

@@ -265,8 +265,8 @@ def _time_parts() -> dict[str, float]:
     ``columns`` (the rest of the build: checks and arrays), ``write_map`` (save and map the cache file,
     checksums included)."""
     import segtrain.data.formats.coco as coco
-    import segtrain.data.formats.coco_build as coco_build
-    import segtrain.data.formats.coco_chunks as coco_chunks
+    import segtrain.data.formats.coco.build as coco_build
+    import segtrain.data.formats.coco.chunks as coco_chunks
     import segtrain.data.index.cache as cache
     import segtrain.data.index.polygon_text as polygon_text
     from segtrain.data.index.record_index import RecordIndex

@@ -15,7 +15,7 @@ correctly (Clinger's fast path); an integer becomes ``float(m)``, so ``-0`` give
 
 The pass is compiled with numba, imported on first use only: loading it costs about half a second and
 leaves ~4 MB more private memory in each loader worker forked afterwards, so the COCO loader uses this path
-for files of :data:`MIN_FILE_BYTES` and more, where it saves far more than that (formats/coco_build.py).
+for files of :data:`MIN_FILE_BYTES` and more, where it saves far more than that (formats/coco/build.py).
 """
 
 from __future__ import annotations

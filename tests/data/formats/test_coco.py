@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import segtrain.data.formats.coco_annotations as coco_annotations
-import segtrain.data.formats.coco_build as coco_build
+import segtrain.data.formats.coco.annotations as coco_annotations
+import segtrain.data.formats.coco.build as coco_build
 from segtrain.data.index import polygon_text
 from segtrain.data.index.record_index import RecordIndex
 from segtrain.data.records import AnnotationError, ClassMap

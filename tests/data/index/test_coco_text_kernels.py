@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import segtrain.data.formats.coco_annotations as coco_annotations
-import segtrain.data.formats.coco_build as coco_build
-import segtrain.data.formats.coco_chunks as coco_chunks
+import segtrain.data.formats.coco.annotations as coco_annotations
+import segtrain.data.formats.coco.build as coco_build
+import segtrain.data.formats.coco.chunks as coco_chunks
 from segtrain.data.index import polygon_text
 from segtrain.data.index.coco_text_kernels import brackets, scan_annotations
 from segtrain.data.index.json_chunks import Structure

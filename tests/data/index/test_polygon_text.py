@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from segtrain.data.formats.coco_build import build_coco
+from segtrain.data.formats.coco.build import build_coco
 from segtrain.data.index import polygon_text
 from segtrain.data.index.polygon_text import extract_polygons, restore
 

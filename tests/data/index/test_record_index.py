@@ -21,7 +21,7 @@ import pytest
 from pycocotools import mask as mask_utils
 
 from segtrain.data.formats import coco as coco_mod
-from segtrain.data.formats import coco_build
+from segtrain.data.formats.coco import build as coco_build
 from segtrain.data.formats.coco import discover_classes_coco, load_coco
 from segtrain.data.formats.labelme import discover_classes_labelme, load_labelme
 from segtrain.data.images.image_io import ImageReadError, read_encoded

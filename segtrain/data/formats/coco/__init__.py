@@ -8,7 +8,7 @@ Two ways through a file, one fast path and one checked fallback, giving the same
   number), converted and checked vectorised; the images, all valid, are checked with C-level loops. It builds
   COCO train2017 in less time than ``json.load`` of the file, at well under its peak memory.
 * the checked fallback, for everything else: each element on its own, parsed with orjson about
-  ``coco_build.CHUNK_BYTES`` of text at a time (index/json_chunks.py; a document that scan cannot split, or a
+  ``build.CHUNK_BYTES`` of text at a time (index/json_chunks.py; a document that scan cannot split, or a
   syntax error, is parsed whole for the exact error), every problem named with its file, id and fix. In
   large files a chunk the compiled pass refuses takes it, its plain polygon lists read from the text
   (index/polygon_text.py); a smaller file takes it throughout (numba is not worth loading for it).
@@ -25,9 +25,9 @@ decodable, non-negative and summing to height*width. Image files are not opened 
 unless ``check_files=True``: a missing image is reported when it is read (see image_io.py).
 
 This module is the reader's entry (the cached index, the class map, the file check, the ids for results files);
-the build has one module per step: coco_build.py (the document, split or whole), coco_chunks.py (the
-annotations array chunk by chunk: the compiled pass or the parser), coco_images.py, coco_annotations.py (the
-fast and checked conversion into arrays) and coco_polygons.py (coordinates converted and checked vectorised).
+the build has one module per step in this package: build.py (the document, split or whole), chunks.py (the
+annotations array chunk by chunk: the compiled pass or the parser), images.py, annotations.py (the
+fast and checked conversion into arrays) and polygons.py (coordinates converted and checked vectorised).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from segtrain import storage
-from segtrain.data.formats.coco_build import build_coco
+from segtrain.data.formats.coco.build import build_coco
 from segtrain.data.index.cache import cached_file_index
 from segtrain.data.index.reading import bounded_list, finish, read_annotation_file, warn_shared_names
 from segtrain.data.index.record_index import RecordIndex

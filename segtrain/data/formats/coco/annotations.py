@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from segtrain.data.formats.coco_chunks import Scanned
-from segtrain.data.formats.coco_images import Images, element_problem
-from segtrain.data.formats.coco_polygons import convert_parts, part_problem, segments_any
+from segtrain.data.formats.coco.chunks import Scanned
+from segtrain.data.formats.coco.images import Images, element_problem
+from segtrain.data.formats.coco.polygons import convert_parts, part_problem, segments_any
 from segtrain.data.index.columns import blob_arrays
 from segtrain.data.index.reading import Problems, shown
 from segtrain.data.index.rle import coco_rle

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import segtrain.data.index.polygon_text as polygon_text
-from segtrain.data.formats.coco_annotations import Annotations
-from segtrain.data.formats.coco_chunks import Scanned, compiled_kernels, loads_chunk, scanned_chunks
-from segtrain.data.formats.coco_images import Images
+from segtrain.data.formats.coco.annotations import Annotations
+from segtrain.data.formats.coco.chunks import Scanned, compiled_kernels, loads_chunk, scanned_chunks
+from segtrain.data.formats.coco.images import Images
 from segtrain.data.index.columns import encode_column
 from segtrain.data.index.json_chunks import NotSplittable, Structure, iter_chunks, skeleton
 from segtrain.data.index.reading import Problems, parse_json, read_annotation_file, shown
