@@ -1,7 +1,7 @@
 """segtrain's configuration: the schema (:mod:`.schema`) with what each value may hold declared on its field
-(:mod:`.rules`), the checks made before any work (:mod:`.checks`),
-composition into the resolved config every rank sees (:mod:`.resolve`), where each input stage runs
-(:mod:`.placement`) and what each data format declares (:mod:`.data_formats`).
+(:mod:`.rules`; the fixed lists in :mod:`.choices`, the bounds in :mod:`.limits`), the checks made before any work
+(:mod:`.checks`), composition into the resolved config every rank sees (:mod:`.resolve`), where each input stage
+runs (:mod:`.placement`) and what each data format declares (:mod:`.data_formats`).
 
 ``compose(overrides)`` gives the config exactly as ``python -m segtrain.train <overrides>`` sees it. Nothing
 here imports torch or any segtrain package above the config, by name neither (the layers above read the
@@ -20,6 +20,24 @@ from segtrain.config.checks import (
     given_on_command_line,
     validate,
 )
+from segtrain.config.choices import (
+    BACKGROUND_NAMES,
+    COMPILE_MODES,
+    EXPORT_FORMATS,
+    INFERENCE_MODES,
+    ON_ERROR,
+    OUTPUT_STRIDES,
+    PANOPTIC_BACKGROUNDS,
+    PANOPTIC_EXPORTS,
+    PANOPTIC_METRICS,
+    PANOPTIC_UNANNOTATED,
+    PRECISIONS,
+    QUERY_METHODS,
+    SEMANTIC_METRICS,
+    UNLISTED,
+    VALIDATION_METRICS,
+)
+from segtrain.config.limits import MAX_SLIDING_WINDOWS, MAX_STORED_VALUES
 from segtrain.config.resolve import (
     ClassDiscovery,
     chdir_note,
@@ -32,27 +50,10 @@ from segtrain.config.resolve import (
     use_class_discovery,
 )
 from segtrain.config.schema import (
-    BACKGROUND_NAMES,
     CHECKPOINT_SECTIONS,
-    COMPILE_MODES,
-    EXPORT_FORMATS,
     IGNORE_LABEL,
-    INFERENCE_MODES,
-    MAX_SLIDING_WINDOWS,
-    MAX_STORED_VALUES,
-    ON_ERROR,
-    OUTPUT_STRIDES,
-    PANOPTIC_BACKGROUNDS,
-    PANOPTIC_EXPORTS,
-    PANOPTIC_METRICS,
-    PANOPTIC_UNANNOTATED,
     POSTPROCESS,
-    PRECISIONS,
-    QUERY_METHODS,
     QUERY_POSTPROCESS,
-    SEMANTIC_METRICS,
-    UNLISTED,
-    VALIDATION_METRICS,
     VERSION_BASE,
     AugmentConfig,
     Config,

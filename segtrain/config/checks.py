@@ -14,18 +14,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from segtrain.config.choices import BACKGROUND_NAMES, PANOPTIC_EXPORTS
 from segtrain.config.data_formats import format_facts
+from segtrain.config.limits import MAX_SIGMA
 from segtrain.config.placement import check as check_placement
 from segtrain.config.rules import Bound, Phase, Rule, declared_rules, is_image_size
-from segtrain.config.schema import (
-    BACKGROUND_NAMES,
-    IGNORE_LABEL,
-    MAX_SIGMA,
-    MODEL_BACKBONES,
-    PANOPTIC_EXPORTS,
-    SegtrainConfig,
-    config_dir,
-)
+from segtrain.config.schema import IGNORE_LABEL, MODEL_BACKBONES, SegtrainConfig, config_dir
 from segtrain.core.errors import ConfigError
 
 _GROUPS = ("model", "dataset", "augment", "optim", "schedule", "trainer", "experiment", "hparams_search")

@@ -18,15 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from segtrain.config.checks import check_data_values, check_missing, check_overrides, validate
 from segtrain.config.data_formats import format_facts
-from segtrain.config.schema import (
-    _NOT_FROM_CHECKPOINT,
-    CHECKPOINT_SECTIONS,
-    MAX_STORED_DEPTH,
-    MAX_STORED_VALUES,
-    VERSION_BASE,
-    SegtrainConfig,
-    config_dir,
-)
+from segtrain.config.limits import MAX_STORED_DEPTH, MAX_STORED_VALUES
+from segtrain.config.schema import _NOT_FROM_CHECKPOINT, CHECKPOINT_SECTIONS, VERSION_BASE, SegtrainConfig, config_dir
 from segtrain.core.errors import ConfigError
 
 

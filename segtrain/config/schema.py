@@ -1,7 +1,8 @@
-"""The config schema: one dataclass per section (registered with Hydra as ``segtrain_schema``), the
-defaults that several layers share (post-processing, the pixel cap), the fixed choice lists and metric names,
-and the limits the checks enforce. What each key may hold is declared on its field (``metadata=rule(...)``,
-:mod:`.rules`), once; :mod:`.checks` walks those declarations. Everything here is data: no check runs on import."""
+"""The config schema: one dataclass per section (registered with Hydra as ``segtrain_schema``), the defaults
+that several layers share (post-processing, the ignore label) and what the built-in models declare. What each key
+may hold is declared on its field (``metadata=rule(...)``, :mod:`.rules`), once, from the fixed lists of
+:mod:`.choices` and the bounds of :mod:`.limits`; :mod:`.checks` walks those declarations. Everything here is
+data: no check runs on import."""
 
 from __future__ import annotations
 
@@ -11,6 +12,20 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
+from segtrain.config.choices import (
+    COMPILE_MODES,
+    EXPORT_FORMATS,
+    INFERENCE_MODES,
+    ON_ERROR,
+    OUTPUT_STRIDES,
+    PANOPTIC_BACKGROUNDS,
+    PANOPTIC_UNANNOTATED,
+    PRECISIONS,
+    QUERY_METHODS,
+    UNLISTED,
+    VALIDATION_METRICS,
+)
+from segtrain.config.limits import MAX_IMAGE_PIXELS_CAP, MAX_SYNTHETIC_IMAGES, MAX_SYNTHETIC_INSTANCES
 from segtrain.config.rules import MIN_SIDE, Bound, rule
 from segtrain.runtime.image_limits import DEFAULT_MAX_IMAGE_PIXELS
 
@@ -49,70 +64,6 @@ class QueryPostprocessDefaults:
 
 
 QUERY_POSTPROCESS = QueryPostprocessDefaults()
-QUERY_METHODS = ("transformers", "paper")
-
-
-# Fixed sets of values. Sets that grow (models, data formats, augmentation pipelines, optimisers,
-# schedules, hooks) are registries (segtrain.core.registry): their allowed values come from there.
-# The lists the code branches on are defined here once and imported by it (config imports no package).
-ON_ERROR = ("raise", "skip")  # segtrain.data.records.Collector, data.index.reading
-
-
-UNLISTED = ("error", "drop", "ignore")  # segtrain.data.records.ClassMap
-
-
-INFERENCE_MODES = ("fit", "pad", "sliding")  # segtrain.data.mappers.NativeMapper
-
-
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile(mode=)
-
-
-PRECISIONS = ("fp32", "fp16", "bf16", "auto")  # segtrain.runtime.device.effective_precision
-
-
-PANOPTIC_BACKGROUNDS = ("void", "stuff")  # segtrain.data.targets.panoptic_gt
-PANOPTIC_UNANNOTATED = ("auto", "background", "void")  # segtrain.evaluation.evaluator.PanopticSpec
-
-
-# segtrain.tools.export; torchscript: legacy (torch.jit is deprecated upstream)
-EXPORT_FORMATS = ("onnx", "torch_export", "torchscript")
-
-
-OUTPUT_STRIDES = (8, 16, 32)  # segtrain.models.backbones
-
-
-#: What validation reports: semantic metrics always, panoptic ones for instance-aware models.
-SEMANTIC_METRICS = ("miou", "pixel_acc")
-
-
-PANOPTIC_METRICS = ("pq", "sq", "rq", "pq_th", "pq_st", "ap", "ap50", "ap75", "aps", "apm", "apl")
-
-
-VALIDATION_METRICS = SEMANTIC_METRICS + PANOPTIC_METRICS
-
-
-#: Most sliding windows one image may take (``inference.mode=sliding``), checked before the first one runs.
-MAX_SLIDING_WINDOWS = 4096
-
-
-#: ``evaluate.export`` names that write panoptic predictions (tools/evaluate_checkpoint.py's EXPORTS say so too; a
-#: test keeps them equal), checked with the config so the mistake is reported before torch loads.
-PANOPTIC_EXPORTS = ("coco_panoptic", "coco_instances", "coco")
-
-
-#: Largest ``dataset.max_image_pixels``: a 65536 x 65536 image, 12 GiB as RGB; no loader worker decodes more.
-MAX_IMAGE_PIXELS_CAP = 1 << 32
-
-
-#: Largest synthetic split and instances per synthetic image (a demo and test set, written to the cache).
-MAX_SYNTHETIC_IMAGES = 1_000_000
-
-
-MAX_SYNTHETIC_INSTANCES = 1000
-
-
-#: Largest centre-heatmap sigma in pixels (Panoptic-DeepLab: 8): its window is (6 sigma + 3)^2 floats.
-MAX_SIGMA = 256
 
 
 #: Values a key may hold, declared on its field: ``field(default=..., metadata=rule(...))`` (see :mod:`.rules`).
@@ -613,19 +564,7 @@ class SegtrainConfig:
 Config = SegtrainConfig | DictConfig
 
 
-#: Names accepted for the class of unannotated pixels (COCO, LabelMe, synthetic: index 0).
-BACKGROUND_NAMES = ("background", "_background_", "__background__", "bg", "void", "unlabeled", "unlabelled")
-
-
 CHECKPOINT_SECTIONS = ("model", "dataset")
 
 
 _NOT_FROM_CHECKPOINT = ("cache_dir", "synthetic", "max_image_pixels", "allow_outside_paths")
-
-
-#: A checkpoint's stored config holding more values, or nested deeper, than this is no segtrain config (a
-#: real one holds a few hundred values, a few thousand with the largest class lists and maps, 5 levels).
-MAX_STORED_VALUES = 100_000
-
-
-MAX_STORED_DEPTH = 32

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from segtrain.config.schema import MAX_STORED_VALUES
+from segtrain.config.limits import MAX_STORED_VALUES
 from segtrain.core.errors import ConfigError
 
 #: Hydra flags that take the next argument as their value (``--info`` takes one only when it is a topic).
