@@ -26,8 +26,9 @@ from segtrain.models.heads import (
 def atrous_branch(cin: int, cout: int, rate: int) -> nn.Sequential:
     """1x1 reduction, then a depthwise atrous 3x3: ~cin*cout parameters instead of 9*cin*cout.
 
-    Pointwise first on purpose: PyTorch's CPU depthwise *dilated* conv is ~20x slower in backward when its
-    input needs no gradient (a frozen backbone), and depthwise on cout channels is cheaper than on cin.
+    Pointwise first on purpose: PyTorch's CPU depthwise *dilated* conv is far slower in backward when its input
+    needs no gradient (a frozen backbone; docs/performance.md), and depthwise on cout channels is cheaper than on
+    cin.
     """
     return nn.Sequential(ConvBNReLU(cin, cout, 1), ConvBNReLU(cout, cout, 3, dilation=rate, groups=cout))
 

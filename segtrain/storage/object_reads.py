@@ -1,8 +1,8 @@
 """Whole-object reads from S3 through obstore (Rust's ``object_store``): the loader's image reads.
 
-Why: s3fs signs each request and parses each response in Python (botocore), 2-5 ms of CPU per GET, on the same
-cores that decode the images; obstore does both in Rust, well under 1 ms. With an image per request, that is the
-difference between a loader that keeps up with a store 30 ms away and one that is CPU-bound (docs/storage.md).
+Why: s3fs signs each request and parses each response in Python (botocore), on the same cores that decode the
+images; obstore does both in Rust. With an image per request, that is the difference between a loader that keeps
+up with a distant store and one that is CPU-bound (docs/storage.md has the figures and the script).
 
 Optional (``pip install -e '.[storage]'`` brings it): without obstore, or where it cannot honour what s3fs
 would, :func:`usable` says no and :mod:`segtrain.storage.object_store` reads through s3fs as before. obstore reads
