@@ -76,7 +76,7 @@ class ImageRecord:
     # How the image's pixel grid relates to the annotation (see image_io.py): "stored" (COCO: the grid as
     # stored, EXIF Orientation ignored) or "exif" (LabelMe annotates the EXIF-rotated view).
     orientation: str = "stored"
-    # COCO panoptic: the PNG whose segment ids hold the instances' pixels (see coco_panoptic.py)
+    # COCO panoptic: the PNG whose segment ids hold the instances' pixels (see formats/coco_panoptic/png.py)
     panoptic_png: Path | None = None
 
 

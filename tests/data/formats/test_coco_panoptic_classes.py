@@ -13,8 +13,7 @@ import yaml
 
 from segtrain.config import compose, config_dir
 from segtrain.core.errors import UserError
-from segtrain.data.formats import coco_panoptic
-from segtrain.data.formats.coco_panoptic import discover_classes_coco_panoptic
+from segtrain.data.formats.coco_panoptic import discover_classes_coco_panoptic, discovery
 from segtrain.data.records import AnnotationError
 
 # The explicit list configs/dataset/coco_panoptic.yaml held before it said `classes: auto` (after class 0
@@ -159,10 +158,10 @@ def test_discovery_is_cached_and_follows_the_file(tmp_path, monkeypatch):
     first = discover_classes_coco_panoptic(path, cache_dir=cache)
     assert first == discover_classes_coco_panoptic(path)  # the same without a cache
     assert [n for n, _, _ in first] == SMALL_ORDER[1:] and len(list((cache / "index").glob("*.json"))) == 1
-    real = coco_panoptic._discover
-    monkeypatch.setattr(coco_panoptic, "_discover", lambda p: pytest.fail("the cached result was not used"))
+    real = discovery._discover
+    monkeypatch.setattr(discovery, "_discover", lambda p: pytest.fail("the cached result was not used"))
     assert discover_classes_coco_panoptic(path, cache_dir=cache) == first
-    monkeypatch.setattr(coco_panoptic, "_discover", real)
+    monkeypatch.setattr(discovery, "_discover", real)
     path.write_text(json.dumps(_panoptic_json([*SMALL_CATEGORIES, {"id": 4, "name": "tree", "isthing": 0}])))
     changed = discover_classes_coco_panoptic(path, cache_dir=cache)
     assert [n for n, _, _ in changed] == ["person", "bike", "car", "road", "tree", "sky"]
