@@ -39,14 +39,15 @@ def copy_logs(run_dir: Path, root: Any) -> None:
     """With ``root`` (``trainer.checkpoint.dir``) in a store: the run's records into ``<root>/logs/``, each a
     whole-object upload (TensorBoard's event files under ``logs/tb/``). A failed copy is a warning: the run's
     checkpoints, not its logs, are what a failure must not cost."""
-    if storage.backend_for(root).local:  # the records are on this machine already
+    store = storage.backend_for(root)
+    if store.local:  # the records are on this machine already
         return
     if storage.unreachable():  # the run ends because the store stopped answering: no second wait
         log.warning("did not copy the run's logs to %s: the store did not answer (above)", root)
         return
     for name, path in _records(Path(run_dir)):
         try:
-            storage.write_bytes(storage.join(root, FOLDER, *name.split("/")), path.read_bytes())
+            store.write_bytes(store.join(root, FOLDER, *name.split("/")), path.read_bytes())
         except (OSError, storage.StorageError) as e:
             log.warning("could not copy %s to %s: %s", name, root, e)
             if isinstance(e, storage.StorageError):
@@ -61,15 +62,16 @@ def _is_record(name: str) -> bool:
 def restore_logs(run_dir: Path, root: Any) -> list[str]:
     """On resume from ``root`` in a store: each record of ``<root>/logs/`` that the run directory lacks, or holds
     a shorter copy of (an earlier part of the run ran on another node), written into it. Returns the names."""
-    if storage.backend_for(root).local:
+    store = storage.backend_for(root)
+    if store.local:
         return []
-    remote = storage.files_under(storage.join(root, FOLDER))
+    remote = store.files_under(store.join(root, FOLDER))
     written = []
     for name, meta in sorted(remote.items()):
         local = Path(run_dir) / name
         if not _is_record(name) or (local.is_file() and local.stat().st_size >= int(meta.get("size") or 0)):
             continue
-        atomic_write_bytes(local, storage.read_bytes(storage.join(root, FOLDER, *name.split("/")), "run log"))
+        atomic_write_bytes(local, store.read_bytes(store.join(root, FOLDER, *name.split("/")), "run log"))
         written.append(name)
     if written:
         log.info("brought back %s from %s/%s", ", ".join(written), root, FOLDER)
