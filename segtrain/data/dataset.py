@@ -80,12 +80,18 @@ class PolygonDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
+    @property
+    def images_in_store(self) -> bool:
+        """Whether the images are objects in a store (requested ahead, timed as requests): the first record's
+        path says it, since a data set's images share one root."""
+        return bool(self.records) and not storage.backend_for(self.records[0].path).local
+
     def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
         """A batch (the loader's fetcher calls this): the images on an object store are requested together first,
         in this process's read-ahead pool, then those of this process's next batch (the keys' ``ahead``, see
         :mod:`segtrain.data.read_ahead`), so their round trips overlap with this batch's decoding."""
         n = len(self.records)
-        if n and not storage.backend_for(self.records[0].path).local:
+        if self.images_in_store:
             now = [k[1] if isinstance(k, tuple) else int(k) for k in keys]
             records = [self.records[i % n] for i in now + ahead_of(keys)]
             storage.prefetch(p for r in records for p in (r.path, getattr(r, "panoptic_png", None)))

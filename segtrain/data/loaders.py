@@ -188,7 +188,7 @@ def worker_init(worker_id: int) -> None:
 def epoch_sample_keys(dataset: PolygonDataset, epoch: int, order: list[int], batch_size: int, workers: int) -> list:
     """``(epoch, index)`` keys of ``order`` as :func:`build_loader`'s sampler yields them: each naming the index its
     loader process reads ahead when the images are on an object store (the doctor measures the same loader)."""
-    if len(dataset) and not storage.backend_for(dataset.records[0].path).local:
+    if dataset.images_in_store:
         return list(epoch_keys(epoch, order, stride(batch_size, workers)))
     return [(epoch, i) for i in order]
 

@@ -19,7 +19,6 @@ import numpy as np
 import psutil
 import torch
 
-from segtrain import storage
 from segtrain.config import Config
 from segtrain.config.placement import DEVICE
 from segtrain.data import (
@@ -330,8 +329,7 @@ def diagnose(cfg: Config, dist: DistInfo, dataset: PolygonDataset | None = None)
     if global_bs != configured:
         report["batch_lowered_from"] = configured
     stages = stage_times(dataset, n_img)  # after WARMUP_ITEMS untimed images: one-time costs excluded
-    in_store = len(dataset) and not storage.backend_for(dataset.records[0].path).local
-    if in_store:  # reading is requests to an object store
+    if dataset.images_in_store:  # reading is requests to an object store
         stages[STORAGE_LATENCY] = stages.pop("read", 0.0)
     stages["collate"] = collate_ms(dataset, bs)
     report["warmup_images"] = WARMUP_ITEMS
